@@ -1,0 +1,279 @@
+"""Domain types shared by the controller, the scheduling core, the store and the RPC layer.
+
+Everything here is a frozen dataclass or an enum: plain values with no I/O, so the pure scheduling core
+(controller/sched/) can take them as input and the simulator can build them without a database.
+The only legal job state changes are listed in ``TRANSITIONS``; ``check_transition`` enforces them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+
+class JobState(enum.StrEnum):
+    PENDING = "PENDING"
+    CONFIGURING = "CONFIGURING"  # allocated, ranks starting
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"  # ranks being stopped or reported; GPUs not yet free
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def holds_resources(self) -> bool:
+        return self in (JobState.CONFIGURING, JobState.RUNNING, JobState.COMPLETING)
+
+
+TERMINAL_STATES = frozenset(
+    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.NODE_FAIL}
+)
+
+# The only legal job state changes. A requeue is X -> PENDING; a job whose ranks must be stopped first
+# passes through COMPLETING, which keeps its GPUs allocated until every process group is empty.
+TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.CONFIGURING, JobState.CANCELLED, JobState.FAILED}),
+    JobState.CONFIGURING: frozenset(
+        {
+            JobState.RUNNING,
+            JobState.COMPLETING,
+            JobState.PENDING,
+            JobState.COMPLETED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.NODE_FAIL,
+        }
+    ),
+    JobState.RUNNING: frozenset(
+        {
+            JobState.COMPLETING,
+            JobState.COMPLETED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.TIMEOUT,
+            JobState.NODE_FAIL,
+            JobState.PENDING,
+        }
+    ),
+    JobState.COMPLETING: frozenset(
+        {
+            JobState.COMPLETED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.TIMEOUT,
+            JobState.NODE_FAIL,
+            JobState.PENDING,
+        }
+    ),
+    JobState.COMPLETED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+    JobState.TIMEOUT: frozenset(),
+    JobState.NODE_FAIL: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    """A job state change that the transition table does not allow."""
+
+
+def check_transition(current: JobState, new: JobState) -> None:
+    if new not in TRANSITIONS[current]:
+        raise IllegalTransition(f"illegal job state change {current} -> {new}")
+
+
+class LaunchMode(enum.StrEnum):
+    RANK = "rank"  # one process per allocated GPU (or --ntasks-per-node)
+    NODE = "node"  # one process per node
+    SINGLE = "single"  # once, on the first node, like an sbatch script
+
+
+class NodeState(enum.StrEnum):
+    UP = "UP"
+    DOWN = "DOWN"  # not heard from within the heartbeat timeout
+    DRAIN = "DRAIN"  # admin said: no new work
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What the user asked for, validated by the controller (never trusted from the CLI)."""
+
+    name: str
+    command: tuple[str, ...]  # argv of each rank; a script is written to disk and run by path
+    script: str | None = None  # batch script text, when submitted as a script
+    nodes: int | None = None  # -N; None lets the scheduler choose the spread
+    gpus: int | None = None  # -G total
+    gpus_per_node: int | None = None
+    gpu_type: str | None = None  # "a100" from --gpus a100:2, matched against the GPU name
+    cpus_per_gpu: int = 0
+    mem_mb: int = 0
+    time_limit_s: int | None = None  # None: the partition default
+    account: str | None = None
+    partition: str | None = None
+    workdir: str = "/"
+    env: Mapping[str, str] = field(default_factory=dict)
+    output: str | None = None  # pattern, %j %t %n %A %a expanded by the agent
+    error: str | None = None
+    launch: LaunchMode = LaunchMode.RANK
+    ntasks_per_node: int | None = None
+    requeue: bool = True
+    max_restarts: int = 0
+
+    def total_gpus(self) -> int:
+        """Total GPUs this job needs (0 for a CPU-only job)."""
+        if self.gpus is not None:
+            return self.gpus
+        if self.gpus_per_node is not None:
+            return self.gpus_per_node * (self.nodes or 1)
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAllocation:
+    node: str
+    gpus: tuple[int, ...]  # GPU indices on that node, in local-rank order
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Where one attempt of a job runs: node order is node rank (rank 0 lives on nodes[0])."""
+
+    nodes: tuple[NodeAllocation, ...]
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(n.node for n in self.nodes)
+
+    def gpu_count(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+    def gpus_on(self, node: str) -> tuple[int, ...]:
+        for n in self.nodes:
+            if n.node == node:
+                return n.gpus
+        return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One start of a job. A requeue or restart makes a new attempt with the next number."""
+
+    job_id: int
+    attempt: int
+    allocation: Allocation
+    start_time: float
+    end_time: float | None = None
+    state: JobState = JobState.CONFIGURING
+    exit_code: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    job_id: int
+    spec: JobSpec
+    user: str
+    uid: int
+    gid: int
+    account: str
+    partition: str
+    time_limit_s: int
+    submit_time: float
+    state: JobState = JobState.PENDING
+    reason: str = ""
+    priority: int = 0
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    exit_code: int | None = None
+    attempts: tuple[Attempt, ...] = ()
+    restart_count: int = 0
+
+    @property
+    def current_attempt(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @property
+    def allocation(self) -> Allocation | None:
+        att = self.current_attempt
+        if att is None or not self.state.holds_resources:
+            return None
+        return att.allocation
+
+    @property
+    def display_id(self) -> str:
+        if self.array_job_id is not None and self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return str(self.job_id)
+
+    def with_state(self, new: JobState, **changes: object) -> Job:
+        check_transition(self.state, new)
+        return replace(self, state=new, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    pci_bus_id: str
+    numa_node: int
+    cpu_affinity: str  # cpu list such as "0-19,40-59"
+    mig_enabled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    """What an agent discovered on its node (through NVML, real or fake)."""
+
+    hostname: str
+    gpus: tuple[Gpu, ...]
+    # nvlink[i][j] = number of NVLink lanes between GPU i and GPU j (0 when none; NVSwitch = all-to-all)
+    nvlink: tuple[tuple[int, ...], ...]
+    # topo[i][j] = nvidia-smi topo -m label for the pair: "X", "NV12", "PIX", "PXB", "PHB", "NODE", "SYS"
+    topo: tuple[tuple[str, ...], ...]
+    cpus: int
+    memory_mb: int
+    model: str = ""  # machine description name, or "" for a real node
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    inventory: NodeInventory
+    state: NodeState = NodeState.UP
+    reason: str = ""
+    last_heartbeat: float = 0.0
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.inventory.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    name: str
+    nodes: tuple[str, ...] | None  # None: every node
+    default_time_s: int
+    max_time_s: int
+    default: bool = False
+    allowed_accounts: tuple[str, ...] | None = None  # None: any account
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is asking, as proven by a credential: never from a request body."""
+
+    user: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()

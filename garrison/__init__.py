@@ -1,0 +1,1 @@
+"""Garrison: a Slurm-style batch system for bare-metal GPU clusters."""
