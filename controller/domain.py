@@ -125,6 +125,8 @@ class JobSpec:
     ntasks_per_node: int | None = None
     requeue: bool = True
     max_restarts: int = 0
+    qos: str | None = None
+    array_max_running: int | None = None  # %N of --array: tasks of this array running at once
 
     def total_gpus(self) -> int:
         """Total GPUs this job needs (0 for a CPU-only job)."""

@@ -814,8 +814,11 @@ class Register(_message.Message):
     RUNNING_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     agent_version: _builtins.str
+    address: _builtins.str
+    """where other nodes reach this one (MASTER_ADDR when it hosts rank 0)"""
     @_builtins.property
     def inventory(self) -> Global___NodeInventory: ...
     @_builtins.property
@@ -830,10 +833,11 @@ class Register(_message.Message):
         running: _abc.Iterable[Global___JobRef] | None = ...,
         finished: _abc.Iterable[Global___JobResult] | None = ...,
         agent_version: _builtins.str = ...,
+        address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "finished", b"finished", "inventory", b"inventory", "node_name", b"node_name", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "finished", b"finished", "inventory", b"inventory", "node_name", b"node_name", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,46 @@
+"""gsub: submit a batch job (sbatch's counterpart)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from garrison.cli.client import EXIT_USAGE, Client, CliError, fail
+from garrison.cli.parsing import UsageError
+from garrison.cli.submission import HelpRequested, Submission, parse_submission
+
+
+def build_request(submission: Submission):  # type: ignore[no-untyped-def]
+    from garrison.controller.rpc.convert import spec_to_pb
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    request = pb.SubmitJobRequest(spec=spec_to_pb(submission.spec))
+    if submission.array is not None:
+        request.array_indices.extend(submission.array.indices)
+        if submission.array.max_running is not None:
+            request.array_max_running = submission.array.max_running
+    return request
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        submission = parse_submission(args, os.environ, os.getcwd())
+    except HelpRequested as help_text:
+        print(help_text.text)
+        sys.exit(0)
+    except UsageError as exc:
+        fail("gsub", CliError(str(exc), EXIT_USAGE))
+    try:
+        with Client() as client:
+            response = client.call("SubmitJob", build_request(submission))
+    except CliError as exc:
+        fail("gsub", exc)
+    if submission.parsable:
+        print(response.job_id)
+    else:
+        print(f"Submitted batch job {response.job_id}")
+
+
+if __name__ == "__main__":
+    main()

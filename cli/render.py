@@ -1,0 +1,139 @@
+"""Pure functions that turn controller answers into text: plain columns for pipes, rich tables for
+terminals, JSON for scripts. No I/O here, so every view is testable as text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+JOB_COLUMNS = ("JOBID", "NAME", "USER", "ACCOUNT", "STATE", "TIME", "GPUS", "NODES(REASON)")
+NODE_COLUMNS = ("NODE", "STATE", "GPUS(A/T)", "MODEL", "GPU", "REASON")
+
+
+def format_duration(seconds: float) -> str:
+    """Slurm's elapsed-time format: M:SS, H:MM:SS, D-HH:MM:SS."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"
+
+
+def elapsed(job: Any) -> float:
+    if not job.start_time:
+        return 0.0
+    end = job.end_time or job.now
+    return end - job.start_time
+
+
+def job_row(job: Any) -> tuple[str, ...]:
+    where = ",".join(job.node_list) if job.state in ("CONFIGURING", "RUNNING", "COMPLETING") else ""
+    if job.state == "PENDING":
+        where = f"({job.reason or 'None'})"
+    elif not where and job.state not in ("CONFIGURING", "RUNNING", "COMPLETING"):
+        where = ",".join(job.node_list)
+    return (
+        job.display_id,
+        job.name,
+        job.user,
+        job.account,
+        job.state,
+        format_duration(elapsed(job)),
+        str(job.gpus),
+        where,
+    )
+
+
+def plain_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def rich_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Any:
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for header in headers:
+        table.add_column(header)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def job_json(job: Any) -> dict[str, Any]:
+    return {
+        "job_id": job.display_id,
+        "array_job_id": job.array_job_id if job.HasField("array_job_id") else None,
+        "array_task_id": job.array_task_id if job.HasField("array_task_id") else None,
+        "name": job.name,
+        "user": job.user,
+        "account": job.account,
+        "partition": job.partition,
+        "state": job.state,
+        "reason": job.reason,
+        "submit_time": job.submit_time,
+        "start_time": job.start_time or None,
+        "end_time": job.end_time or None,
+        "elapsed_s": round(elapsed(job), 3),
+        "time_limit_s": job.time_limit_s,
+        "gpus": job.gpus,
+        "nodes": list(job.node_list),
+        "exit_code": job.exit_code if job.HasField("exit_code") else None,
+        "restart_count": job.restart_count,
+    }
+
+
+def jobs_json(jobs: Sequence[Any]) -> str:
+    return json.dumps({"jobs": [job_json(j) for j in jobs]}, indent=2)
+
+
+def node_row(node: Any) -> tuple[str, ...]:
+    total = len(node.inventory.gpus)
+    allocated = len(node.allocated_gpus)
+    state = node.state
+    if state == "UP":
+        state = "IDLE" if allocated == 0 else ("ALLOCATED" if allocated >= total > 0 else "MIXED")
+    gpu_model = node.inventory.gpus[0].name if node.inventory.gpus else "-"
+    return (node.name, state, f"{allocated}/{total}", node.inventory.model or "-", gpu_model, node.reason)
+
+
+def job_detail(job: Any) -> str:
+    spec = job.spec
+    lines = [
+        f"JobId={job.display_id} JobName={job.name}",
+        f"   UserId={job.user}({job.uid}) Account={job.account} Partition={job.partition}",
+        f"   JobState={job.state} Reason={job.reason or 'None'} ExitCode="
+        f"{job.exit_code if job.HasField('exit_code') else '-'} Restarts={job.restart_count}",
+        f"   SubmitTime={_ts(job.submit_time)} StartTime={_ts(job.start_time)} EndTime={_ts(job.end_time)}",
+        f"   RunTime={format_duration(elapsed(job))} TimeLimit={format_duration(job.time_limit_s)}",
+        f"   NumNodes={job.nodes} GPUs={job.gpus} NodeList={','.join(job.node_list) or '(null)'}",
+        f"   Launch={spec.launch or 'rank'} WorkDir={spec.workdir}",
+        f"   Command={' '.join(spec.command) if spec.command else '(script)'}",
+        f"   StdOut={spec.output or '(default)'} StdErr={spec.error or '(stdout)'}",
+    ]
+    for att in job.attempts:
+        where = " ".join(f"{a.node}:gpus={','.join(str(g) for g in a.gpus) or '-'}" for a in att.allocation)
+        code = att.exit_code if att.HasField("exit_code") else "-"
+        lines.append(
+            f"   Attempt {att.attempt}: {att.state} start={_ts(att.start_time)} end={_ts(att.end_time)} "
+            f"exit={code} {where}" + (f" reason={att.reason}" if att.reason else "")
+        )
+    return "\n".join(lines)
+
+
+def _ts(value: float) -> str:
+    if not value:
+        return "Unknown"
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(value))

@@ -1,0 +1,251 @@
+"""garrison up / down: a whole local cluster (controller + agents with fake GPUs) in one directory.
+
+`up` writes the configuration on first use and reuses it afterwards, so a second `up` on a partly dead
+directory restarts only the dead daemons, at the same addresses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+from garrison.cli.client import Client, CliError, fail
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+DEFAULT_TOPOLOGY = "dgx-a100"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _toml_str(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _controller_section(state_dir: Path, port: int, allow_root: bool) -> str:
+    agent_uids = sorted({0, os.getuid()})
+    return "\n".join(
+        [
+            "[controller]",
+            f"address = {_toml_str(f'127.0.0.1:{port}')}",
+            f"database = {_toml_str('sqlite:///' + str(state_dir / 'controller.db'))}",
+            f"state_dir = {_toml_str(str(state_dir / 'controller'))}",
+            f"credential_socket = {_toml_str(str(state_dir / 'auth.sock'))}",
+            f"key_file = {_toml_str(str(state_dir / 'controller' / 'credential.key'))}",
+            "heartbeat_interval_s = 1.0",
+            "heartbeat_timeout_s = 10.0",
+            "schedule_interval_s = 0.5",
+            "kill_wait_s = 5.0",
+            "finished_job_retention_s = 600.0",
+            f"allow_root_jobs = {'true' if allow_root else 'false'}",
+            f"agent_uids = [{', '.join(str(u) for u in agent_uids)}]",
+            "",
+        ]
+    )
+
+
+def _write_configs(state_dir: Path, topologies: list[str]) -> None:
+    allow_root = os.geteuid() == 0
+    controller = _controller_section(state_dir, _free_port(), allow_root)
+    (state_dir / "garrison.toml").write_text(controller)
+    for i, topology in enumerate(topologies, start=1):
+        topo = topology if topology in ("dgx-a100", "dgx1v", "pcie4", "pcie8") else str(Path(topology).resolve())
+        agent = "\n".join(
+            [
+                "[agent]",
+                f"controller = {_toml_str(_address(state_dir))}",
+                f"node_name = {_toml_str(f'node{i}')}",
+                'address = "127.0.0.1"',
+                f"state_dir = {_toml_str(str(state_dir / f'agent-{i}'))}",
+                f"credential_socket = {_toml_str(str(state_dir / 'auth.sock'))}",
+                f"fake_topology = {_toml_str(topo)}",
+                "",
+            ]
+        )
+        (state_dir / f"agent-{i}.toml").write_text(controller + "\n" + agent)
+
+
+def _address(state_dir: Path) -> str:
+    from garrison.config import load_config
+
+    return load_config(state_dir / "garrison.toml").controller.address
+
+
+def _pid_alive(pid_file: Path, marker: str) -> int | None:
+    """The pid in pid_file if that process is alive and really is our daemon (pids get reused)."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    if marker not in cmdline:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return None
+    except OSError:
+        return None
+    return pid
+
+
+def _start(args: list[str], log_path: Path, pid_file: Path) -> int:
+    env = dict(os.environ)
+    env.pop("NOTIFY_SOCKET", None)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env=env,
+        )
+    pid_file.write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def _wait_for(what: str, check, deadline: float) -> None:  # type: ignore[no-untyped-def]
+    delay = 0.02
+    while True:
+        if check():
+            return
+        if time.monotonic() > deadline:
+            raise CliError(f"timed out waiting for {what}")
+        time.sleep(delay)  # polling an external process with backoff, bounded by the deadline
+        delay = min(delay * 1.5, 0.5)
+
+
+def _agent_configs(state_dir: Path) -> list[Path]:
+    return sorted(state_dir.glob("agent-*.toml"), key=lambda p: int(p.stem.split("-")[1]))
+
+
+def cluster_up(state_dir: Path, agents: int | None, topologies: list[str]) -> str:
+    state_dir = state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if len(str(state_dir / "auth.sock")) > 100:
+        raise CliError(f"state dir path too long for a Unix socket: {state_dir}")
+    if not (state_dir / "garrison.toml").exists():
+        count = agents if agents is not None else (len(topologies) if len(topologies) > 1 else 2)
+        if len(topologies) > 1 and len(topologies) != count:
+            raise CliError(f"--fake-topology given {len(topologies)} times for {count} agents", 2)
+        names = topologies if len(topologies) == count else [topologies[0] if topologies else DEFAULT_TOPOLOGY] * count
+        from garrison.nodeagent.gpu.fake_nvml import resolve_topology
+
+        for name in names:
+            try:
+                resolve_topology(name)
+            except ValueError as exc:
+                raise CliError(str(exc), 2) from None
+        _write_configs(state_dir, names)
+    config = state_dir / "garrison.toml"
+    if os.geteuid() == 0:
+        print(f"garrison up: running as root: jobs may run as root on this local cluster "
+              f"(allow_root_jobs = true in {config})", file=sys.stderr)
+    address = _address(state_dir)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    if _pid_alive(state_dir / "controller.pid", str(config)) is None:
+        _start(["-m", "garrison.controller.main", "--config", str(config)],
+               state_dir / "controller.log", state_dir / "controller.pid")
+    agent_configs = _agent_configs(state_dir)
+    for agent_config in agent_configs:
+        name = agent_config.stem
+        if _pid_alive(state_dir / f"{name}.pid", str(agent_config)) is None:
+            _start(["-m", "garrison.nodeagent.main", "--config", str(agent_config)],
+                   state_dir / f"{name}.log", state_dir / f"{name}.pid")
+    wanted = {f"node{p.stem.split('-')[1]}" for p in agent_configs}
+
+    def all_registered() -> bool:
+        if _pid_alive(state_dir / "controller.pid", str(config)) is None:
+            raise CliError(f"the controller exited; see {state_dir / 'controller.log'}")
+        try:
+            with Client(address) as client:
+                from garrison.protos.v1 import garrison_pb2 as pb
+
+                nodes = client.call("ListNodes", pb.ListNodesRequest()).nodes
+        except CliError:
+            return False
+        up = {n.name for n in nodes if n.state in ("UP", "DRAIN")}
+        return wanted <= up
+
+    _wait_for("every agent to register", all_registered, deadline)
+    return address
+
+
+def _stop_pid(pid_file: Path, marker: str) -> None:
+    pid = _pid_alive(pid_file, marker)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        try:
+            _wait_for(f"pid {pid} to exit", lambda: _pid_alive(pid_file, marker) is None,
+                      time.monotonic() + STOP_TIMEOUT_S)
+        except CliError:
+            os.kill(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)
+
+
+def cluster_down(state_dir: Path) -> None:
+    from garrison.nodeagent.supervisor import client as supervisor
+
+    state_dir = state_dir.resolve()
+    if not (state_dir / "garrison.toml").exists():
+        raise CliError(f"{state_dir} holds no local cluster (no garrison.toml)")
+    for agent_config in _agent_configs(state_dir):
+        _stop_pid(state_dir / f"{agent_config.stem}.pid", str(agent_config))
+        jobs_dir = state_dir / agent_config.stem / "jobs"
+        if jobs_dir.is_dir():
+            for job_dir in jobs_dir.iterdir():
+                if job_dir.is_dir():
+                    supervisor.kill_now(job_dir)
+                    supervisor.kill_orphans(job_dir)
+    _stop_pid(state_dir / "controller.pid", str(state_dir / "garrison.toml"))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def garrison() -> None:
+    """Garrison local cluster management."""
+
+
+@garrison.command()
+@click.option("--state-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for the cluster's configuration, database, logs and pid files.")
+@click.option("--agents", type=click.IntRange(1, 64), default=None, help="Number of agents (default 2).")
+@click.option("--fake-topology", "topologies", multiple=True,
+              help="dgx-a100, dgx1v, pcie4, pcie8 or a TOML file: once for all agents, or once per agent.")
+def up(state_dir: Path, agents: int | None, topologies: tuple[str, ...]) -> None:
+    """Start (or restart what is dead of) a local cluster and print its export line."""
+    try:
+        address = cluster_up(state_dir, agents, list(topologies))
+    except CliError as exc:
+        fail("garrison up", exc)
+    click.echo(f"export GARRISON_CONTROLLER={address}")
+
+
+@garrison.command()
+@click.option("--state-dir", required=True, type=click.Path(file_okay=False, path_type=Path))
+def down(state_dir: Path) -> None:
+    """Stop a local cluster's daemons and their jobs."""
+    try:
+        cluster_down(state_dir)
+    except CliError as exc:
+        fail("garrison down", exc)
+
+
+def main() -> None:
+    garrison(prog_name="garrison")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""The controller's engine: runs scheduling cycles, timers and the agent links around ClusterState.
+
+All state changes happen on the asyncio event loop thread, one at a time; a scheduling cycle computes its
+plan off the loop on an immutable snapshot and the plan is re-checked when applied (ClusterState
+.start_attempts). The engine turns the instructions that state operations return into messages on the
+agents' streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from garrison.controller.clock import Clock
+from garrison.controller.domain import Job, JobState, Principal
+from garrison.controller.rpc import convert
+from garrison.controller.sched.cycle import Plan, SchedulerConfig, schedule
+from garrison.controller.sched.snapshot import Snapshot
+from garrison.controller.state import (
+    AckResult,
+    ClusterState,
+    Instruction,
+    Launch,
+    NodeResult,
+    SignalAttempt,
+)
+from garrison.controller.validate import ValidationError, partition_nodes, validate_submission
+from garrison.protos.v1 import garrison_pb2 as pb
+
+from garrison.config import ControllerConfig
+
+log = logging.getLogger("garrison.controller")
+
+
+class PermissionDenied(Exception):
+    """The principal may not do this (gRPC PERMISSION_DENIED)."""
+
+
+class NotFound(Exception):
+    """No such job (gRPC NOT_FOUND)."""
+
+
+@dataclass(eq=False)
+class AgentSession:
+    node: str
+    address: str
+    queue: asyncio.Queue[pb.ControllerMessage | None] = field(default_factory=asyncio.Queue)
+
+    def send(self, message: pb.ControllerMessage) -> None:
+        self.queue.put_nowait(message)
+
+    def close(self) -> None:
+        self.queue.put_nowait(None)
+
+
+def master_port(job_id: int, attempt: int) -> int:
+    """A per-attempt rendezvous port, spread over 20000-39999 so concurrent jobs rarely collide."""
+    return 20000 + (job_id * 7919 + attempt * 104729) % 20000
+
+
+def parse_job_ref(text: str) -> tuple[int, int | None]:
+    """"12" -> (12, None); "12_3" -> (12, 3). ValueError on anything else."""
+    head, sep, tail = text.strip().partition("_")
+    if not head.isdigit() or (sep and not tail.isdigit()) or len(text) > 40:
+        raise ValueError(f"invalid job id {text!r}")
+    return int(head), (int(tail) if sep else None)
+
+
+class Engine:
+    def __init__(self, config: ControllerConfig, state: ClusterState, clock: Clock) -> None:
+        self.config = config
+        self.state = state
+        self.clock = clock
+        self.sessions: dict[str, AgentSession] = {}
+        self.admin_uids = {0, os.getuid()}
+        self._wake = asyncio.Event()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sched")
+        self._tasks: list[asyncio.Task[None]] = []
+        self.cycle_count = 0
+        self.last_cycle_ms = 0.0
+
+    # ---------------------------------------------------------------------------------------------
+    # Lifecycle
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._scheduler_loop(), name="scheduler"),
+            asyncio.create_task(self._timer_loop(), name="timers"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for session in list(self.sessions.values()):
+            session.close()
+        self._pool.shutdown(wait=False)
+
+    def request_schedule(self) -> None:
+        self._wake.set()
+
+    async def _scheduler_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.config.schedule_interval_s)
+            self._wake.clear()
+            try:
+                snapshot = self.state.snapshot()
+                if not snapshot.pending:
+                    continue
+                started = time.perf_counter()
+                plan = await loop.run_in_executor(self._pool, self._compute_plan, snapshot, self.clock.now())
+                self.last_cycle_ms = (time.perf_counter() - started) * 1000
+                self.cycle_count += 1
+                self._apply_plan(plan)
+            except Exception:  # a bug in one cycle must not stop scheduling for good
+                log.exception("scheduling cycle failed")
+
+    @staticmethod
+    def _compute_plan(snapshot: Snapshot, now: float) -> Plan:
+        return schedule(snapshot, now, SchedulerConfig())
+
+    def _apply_plan(self, plan: Plan) -> None:
+        now = self.clock.now()
+        instructions = self.state.start_attempts([(s.job_id, s.allocation) for s in plan.starts], now)
+        self.state.wait_reasons.update(plan.waiting)
+        for job_id in plan.waiting:
+            job = self.state.jobs.get(job_id)
+            if job is not None and job.state == JobState.PENDING and not job.reason.startswith("Requeued"):
+                self.state.jobs[job_id] = replace(job, reason=plan.waiting[job_id])
+        self.execute(instructions)
+
+    async def _timer_loop(self) -> None:
+        interval = min(0.2, self.config.heartbeat_interval_s)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                now = self.clock.now()
+                instructions = self.state.expire_time_limits(now)
+                instructions += self.state.expire_heartbeats(now)
+                self.state.purge_finished(now, self.config.finished_job_retention_s)
+                if instructions:
+                    self.execute(instructions)
+                    self.request_schedule()
+            except Exception:
+                log.exception("timer tick failed")
+
+    # ---------------------------------------------------------------------------------------------
+    # Instructions -> agent messages
+
+    def execute(self, instructions: Iterable[Instruction]) -> None:
+        for ins in instructions:
+            session = self.sessions.get(ins.node)
+            if session is None:
+                continue  # the node is not connected; reconciliation on its return covers this
+            if isinstance(ins, Launch):
+                session.send(pb.ControllerMessage(launch=self._launch_message(ins)))
+                log.info("job %d attempt %d: launch on %s", ins.job.job_id, ins.attempt, ins.node)
+            elif isinstance(ins, SignalAttempt):
+                action = {"signal": pb.SignalJob.SIGNAL, "terminate": pb.SignalJob.TERMINATE, "kill": pb.SignalJob.KILL}[
+                    ins.action
+                ]
+                session.send(
+                    pb.ControllerMessage(
+                        signal=pb.SignalJob(job_id=ins.job_id, attempt=ins.attempt, action=action, signal=ins.signal)
+                    )
+                )
+                log.info("job %d attempt %d: %s on %s", ins.job_id, ins.attempt, ins.action, ins.node)
+            elif isinstance(ins, AckResult):
+                session.send(pb.ControllerMessage(ack=pb.AckResult(job_id=ins.job_id, attempt=ins.attempt)))
+
+    def _launch_message(self, ins: Launch) -> pb.LaunchJob:
+        job = ins.job
+        attempt = job.attempts[ins.attempt]
+        names = attempt.allocation.node_names
+        head = self.sessions.get(names[0])
+        msg = pb.LaunchJob(
+            job_id=job.job_id,
+            attempt=ins.attempt,
+            user=job.user,
+            uid=job.uid,
+            gid=job.gid,
+            spec=convert.spec_to_pb(job.spec),
+            allocation=convert.allocation_to_pb(attempt.allocation),
+            node_rank=names.index(ins.node),
+            master_addr=head.address if head is not None else names[0],
+            master_port=master_port(job.job_id, ins.attempt),
+            restart_count=job.restart_count,
+            kill_wait_s=self.config.kill_wait_s,
+            time_limit_s=job.time_limit_s,
+        )
+        if job.array_job_id is not None:
+            msg.array_job_id = job.array_job_id
+        if job.array_task_id is not None:
+            msg.array_task_id = job.array_task_id
+        return msg
+
+    # ---------------------------------------------------------------------------------------------
+    # Client operations
+
+    def submit(self, principal: Principal, request: pb.SubmitJobRequest) -> tuple[int, int]:
+        spec = convert.spec_from_pb(request.spec)
+        indices = list(request.array_indices)
+        if request.HasField("array_max_running"):
+            spec = replace(spec, array_max_running=request.array_max_running)
+        resolved = validate_submission(spec, principal, self.config, self.state.nodes, indices)
+        now = self.clock.now()
+        count = len(indices) or 1
+        first = self.state.store.allocate_job_ids(count)
+        common = dict(
+            spec=resolved.spec,
+            user=principal.user,
+            uid=principal.uid,
+            gid=principal.gid,
+            account=resolved.account,
+            partition=resolved.partition,
+            time_limit_s=resolved.time_limit_s,
+            submit_time=now,
+        )
+        if indices:
+            jobs = [
+                Job(job_id=first + i, array_job_id=first, array_task_id=index, **common)  # type: ignore[arg-type]
+                for i, index in enumerate(indices)
+            ]
+        else:
+            jobs = [Job(job_id=first, **common)]  # type: ignore[arg-type]
+        self.state.add_jobs(jobs)
+        log.info("submitted job %d (%d task(s)) for %s", first, count, principal.user)
+        self.request_schedule()
+        return first, count
+
+    def _resolve_refs(self, refs: Sequence[str]) -> list[Job]:
+        jobs: list[Job] = []
+        for text in refs:
+            try:
+                job_id, task = parse_job_ref(text)
+            except ValueError as exc:
+                raise ValidationError(str(exc)) from None
+            if task is not None:
+                found = [j for j in self.state.jobs.values() if j.array_job_id == job_id and j.array_task_id == task]
+            else:
+                found = [j for j in self.state.jobs.values() if j.array_job_id == job_id]
+                direct = self.state.jobs.get(job_id)
+                if not found and direct is not None:
+                    found = [direct]
+            if not found:
+                raise NotFound(f"no such job {text}")
+            jobs.extend(found)
+        return jobs
+
+    def may_manage(self, principal: Principal, job: Job) -> bool:
+        return principal.uid == job.uid or principal.uid in self.admin_uids
+
+    def cancel(self, principal: Principal, request: pb.CancelJobsRequest) -> list[int]:
+        states = {s.upper() for s in request.states}
+        unknown = states - {s.value for s in JobState}
+        if unknown:
+            raise ValidationError(f"unknown job state {sorted(unknown)[0]!r}")
+        if request.job_ids:
+            jobs = self._resolve_refs(request.job_ids)
+        elif request.user or states:
+            jobs = list(self.state.jobs.values())
+        else:
+            raise ValidationError("nothing to cancel: give job ids, a user or states")
+        if request.user:
+            jobs = [j for j in jobs if j.user == request.user]
+        if states:
+            jobs = [j for j in jobs if j.state.value in states]
+        if not request.job_ids:
+            # Filters alone select only the caller's jobs unless an admin asks.
+            jobs = [j for j in jobs if self.may_manage(principal, j)]
+        for job in jobs:
+            if not self.may_manage(principal, job):
+                raise PermissionDenied(f"job {job.display_id} belongs to {job.user}; only its owner may cancel it")
+        cancelled, instructions = self.state.cancel([j.job_id for j in jobs], self.clock.now())
+        self.execute(instructions)
+        if cancelled:
+            log.info("%s cancelled %d job(s)", principal.user, len(cancelled))
+            self.request_schedule()
+        return cancelled
+
+    def list_jobs(self, request: pb.ListJobsRequest) -> list[Job]:
+        states = {s.upper() for s in request.states}
+        unknown = states - {s.value for s in JobState}
+        if unknown:
+            raise ValidationError(f"unknown job state {sorted(unknown)[0]!r}")
+        jobs: Iterable[Job]
+        jobs = self._resolve_refs(request.job_ids) if request.job_ids else self.state.jobs.values()
+        users = set(request.users)
+        selected = [
+            j for j in jobs if (not users or j.user in users) and (not states or j.state.value in states)
+        ]
+        return sorted(selected, key=lambda j: j.job_id)
+
+    def get_job(self, ref: str) -> Job:
+        jobs = self._resolve_refs([ref])
+        if len(jobs) != 1:
+            try:
+                job_id, _ = parse_job_ref(ref)
+            except ValueError as exc:
+                raise ValidationError(str(exc)) from None
+            direct = self.state.jobs.get(job_id)
+            if direct is None:
+                raise NotFound(f"no such job {ref}")
+            return direct
+        return jobs[0]
+
+    # ---------------------------------------------------------------------------------------------
+    # Agent link
+
+    def node_partitions(self, name: str) -> frozenset[str]:
+        parts = []
+        for part in self.config.partitions:
+            if not part.nodes or name in part.nodes:
+                parts.append(part.name)
+        return frozenset(parts)
+
+    def agent_connected(self, session: AgentSession, register: pb.Register) -> None:
+        old = self.sessions.get(session.node)
+        if old is not None and old is not session:
+            old.close()
+        self.sessions[session.node] = session
+        session.send(
+            pb.ControllerMessage(registered=pb.RegisterAck(heartbeat_interval_s=self.config.heartbeat_interval_s))
+        )
+        now = self.clock.now()
+        instructions = self.state.register_node(
+            session.node,
+            convert.inventory_from_pb(register.inventory),
+            self.node_partitions(session.node),
+            [(r.job_id, r.attempt) for r in register.running],
+            [convert.result_from_pb(r) for r in register.finished],
+            now,
+        )
+        log.info(
+            "node %s registered: %d GPUs, %d running, %d finished results",
+            session.node,
+            len(register.inventory.gpus),
+            len(register.running),
+            len(register.finished),
+        )
+        self.execute(instructions)
+        self.request_schedule()
+
+    def agent_message(self, session: AgentSession, message: pb.AgentMessage) -> None:
+        if self.sessions.get(session.node) is not session:
+            return  # a stream that has been replaced by a newer connection
+        now = self.clock.now()
+        self.state.heartbeat(session.node, now)
+        kind = message.WhichOneof("kind")
+        if kind == "started":
+            self.execute(self.state.node_started(session.node, message.started.job_id, message.started.attempt))
+        elif kind == "finished":
+            result: NodeResult = convert.result_from_pb(message.finished)
+            self.execute(self.state.node_finished(session.node, result, now))
+            self.request_schedule()
+
+    def agent_disconnected(self, session: AgentSession) -> None:
+        if self.sessions.get(session.node) is session:
+            del self.sessions[session.node]
+            self.state.disconnect(session.node)
+            log.warning("node %s disconnected", session.node)
+
+    def nodes_view(self) -> list[pb.NodeInfo]:
+        out = []
+        for node in sorted(self.state.nodes.values(), key=lambda n: n.name):
+            allocated = list(self.state.gpu_owner.get(node.name, {}))
+            out.append(convert.node_to_pb(node, allocated, node.name in self.state.connected))
+        return out
+
+    def partition_of(self, name: str) -> list[str]:
+        part = next(p for p in self.config.partitions if p.name == name)
+        return [n.name for n in partition_nodes(part, list(self.state.nodes.values()))]

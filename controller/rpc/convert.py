@@ -1,0 +1,210 @@
+"""The only place where protobuf messages and domain types meet."""
+
+from __future__ import annotations
+
+from garrison.controller.domain import (
+    Allocation,
+    Gpu,
+    Job,
+    JobSpec,
+    LaunchMode,
+    Node,
+    NodeAllocation,
+    NodeInventory,
+)
+from garrison.controller.state import NodeResult, RankOutcome
+from garrison.protos.v1 import garrison_pb2 as pb
+
+
+def inventory_to_pb(inv: NodeInventory) -> pb.NodeInventory:
+    return pb.NodeInventory(
+        hostname=inv.hostname,
+        gpus=[
+            pb.GpuInfo(
+                index=g.index,
+                uuid=g.uuid,
+                name=g.name,
+                memory_mib=g.memory_mib,
+                pci_bus_id=g.pci_bus_id,
+                numa_node=g.numa_node,
+                cpu_affinity=g.cpu_affinity,
+                mig_enabled=g.mig_enabled,
+            )
+            for g in inv.gpus
+        ],
+        nvlink=[pb.IntRow(values=list(row)) for row in inv.nvlink],
+        topo=[pb.LabelRow(values=list(row)) for row in inv.topo],
+        cpus=inv.cpus,
+        memory_mb=inv.memory_mb,
+        model=inv.model,
+    )
+
+
+def inventory_from_pb(msg: pb.NodeInventory) -> NodeInventory:
+    return NodeInventory(
+        hostname=msg.hostname,
+        gpus=tuple(
+            Gpu(
+                index=g.index,
+                uuid=g.uuid,
+                name=g.name,
+                memory_mib=g.memory_mib,
+                pci_bus_id=g.pci_bus_id,
+                numa_node=g.numa_node,
+                cpu_affinity=g.cpu_affinity,
+                mig_enabled=g.mig_enabled,
+            )
+            for g in msg.gpus
+        ),
+        nvlink=tuple(tuple(row.values) for row in msg.nvlink),
+        topo=tuple(tuple(row.values) for row in msg.topo),
+        cpus=msg.cpus,
+        memory_mb=msg.memory_mb,
+        model=msg.model,
+    )
+
+
+def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
+    msg = pb.JobSpec(
+        name=spec.name,
+        command=list(spec.command),
+        gpu_type=spec.gpu_type or "",
+        cpus_per_gpu=spec.cpus_per_gpu,
+        mem_mb=spec.mem_mb,
+        account=spec.account or "",
+        partition=spec.partition or "",
+        workdir=spec.workdir,
+        env=dict(spec.env),
+        output=spec.output or "",
+        error=spec.error or "",
+        launch=spec.launch.value,
+        no_requeue=not spec.requeue,
+        max_restarts=spec.max_restarts,
+        qos=spec.qos or "",
+    )
+    if spec.script is not None:
+        msg.script = spec.script
+    if spec.nodes is not None:
+        msg.nodes = spec.nodes
+    if spec.gpus is not None:
+        msg.gpus = spec.gpus
+    if spec.gpus_per_node is not None:
+        msg.gpus_per_node = spec.gpus_per_node
+    if spec.time_limit_s is not None:
+        msg.time_limit_s = spec.time_limit_s
+    if spec.ntasks_per_node is not None:
+        msg.ntasks_per_node = spec.ntasks_per_node
+    return msg
+
+
+class InvalidRequest(ValueError):
+    """A request that fails validation; maps to INVALID_ARGUMENT with this one-line message."""
+
+
+def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
+    """Decode a spec. Only decoding happens here; the controller validates the values (validate.py)."""
+    try:
+        launch = LaunchMode(msg.launch or "rank")
+    except ValueError:
+        raise InvalidRequest(f"unknown launch mode {msg.launch!r} (expected rank, node or single)") from None
+    return JobSpec(
+        name=msg.name,
+        command=tuple(msg.command),
+        script=msg.script if msg.HasField("script") else None,
+        nodes=msg.nodes if msg.HasField("nodes") else None,
+        gpus=msg.gpus if msg.HasField("gpus") else None,
+        gpus_per_node=msg.gpus_per_node if msg.HasField("gpus_per_node") else None,
+        gpu_type=msg.gpu_type or None,
+        cpus_per_gpu=msg.cpus_per_gpu,
+        mem_mb=msg.mem_mb,
+        time_limit_s=msg.time_limit_s if msg.HasField("time_limit_s") else None,
+        account=msg.account or None,
+        partition=msg.partition or None,
+        workdir=msg.workdir,
+        env=dict(msg.env),
+        output=msg.output or None,
+        error=msg.error or None,
+        launch=launch,
+        ntasks_per_node=msg.ntasks_per_node if msg.HasField("ntasks_per_node") else None,
+        requeue=not msg.no_requeue,
+        max_restarts=msg.max_restarts,
+        qos=msg.qos or None,
+    )
+
+
+def allocation_to_pb(allocation: Allocation) -> list[pb.NodeAllocation]:
+    return [pb.NodeAllocation(node=n.node, gpus=list(n.gpus)) for n in allocation.nodes]
+
+
+def allocation_from_pb(nodes: list[pb.NodeAllocation]) -> Allocation:
+    return Allocation(tuple(NodeAllocation(node=n.node, gpus=tuple(n.gpus)) for n in nodes))
+
+
+def job_to_pb(job: Job, now: float, with_spec: bool = False) -> pb.JobInfo:
+    attempt = job.current_attempt
+    node_list = list(attempt.allocation.node_names) if attempt is not None else []
+    gpus = attempt.allocation.gpu_count() if attempt is not None else job.spec.total_gpus()
+    msg = pb.JobInfo(
+        job_id=job.job_id,
+        display_id=job.display_id,
+        name=job.spec.name,
+        user=job.user,
+        uid=job.uid,
+        account=job.account,
+        partition=job.partition,
+        state=job.state.value,
+        reason=job.reason,
+        priority=job.priority,
+        submit_time=job.submit_time,
+        start_time=job.start_time or 0.0,
+        end_time=job.end_time or 0.0,
+        time_limit_s=job.time_limit_s,
+        gpus=gpus,
+        nodes=len(node_list) if node_list else (job.spec.nodes or 1),
+        node_list=node_list,
+        restart_count=job.restart_count,
+        now=now,
+    )
+    if job.exit_code is not None:
+        msg.exit_code = job.exit_code
+    if job.array_job_id is not None:
+        msg.array_job_id = job.array_job_id
+    if job.array_task_id is not None:
+        msg.array_task_id = job.array_task_id
+    if with_spec:
+        spec = spec_to_pb(job.spec)
+        spec.ClearField("env")  # the environment can hold secrets; gjob shows the rest
+        msg.spec.CopyFrom(spec)
+        for att in job.attempts:
+            info = pb.AttemptInfo(
+                attempt=att.attempt,
+                allocation=allocation_to_pb(att.allocation),
+                state=att.state.value,
+                start_time=att.start_time,
+                end_time=att.end_time or 0.0,
+                reason=att.reason,
+            )
+            if att.exit_code is not None:
+                info.exit_code = att.exit_code
+            msg.attempts.append(info)
+    return msg
+
+
+def node_to_pb(node: Node, allocated: list[int], connected: bool) -> pb.NodeInfo:
+    return pb.NodeInfo(
+        name=node.name,
+        state=node.state.value if connected or node.state.value != "UP" else "UNKNOWN",
+        reason=node.reason,
+        inventory=inventory_to_pb(node.inventory),
+        allocated_gpus=sorted(allocated),
+        last_heartbeat=node.last_heartbeat,
+    )
+
+
+def result_from_pb(msg: pb.JobResult) -> NodeResult:
+    return NodeResult(
+        job_id=msg.job_id,
+        attempt=msg.attempt,
+        ranks=tuple(RankOutcome(r.rank, r.exit_code, r.error) for r in msg.ranks),
+        error=msg.error,
+    )

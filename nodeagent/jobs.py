@@ -1,0 +1,224 @@
+"""The agent's job attempts on this node: launch through detached supervisors, signal, collect results.
+
+Everything an attempt needs survives in its job directory (``STATE_DIR/jobs/<job>.<attempt>/``): the
+launch description, the supervisor's pid and status, and an ``acked`` marker. So a restarted agent finds its
+running attempts and its unacknowledged results again by scanning the directory, and the controller's
+launch commands are idempotent (keyed by job id and attempt).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from garrison.controller.domain import Allocation, JobSpec, NodeAllocation
+from garrison.nodeagent.launch.env import LaunchContext, plan_ranks
+from garrison.nodeagent.supervisor import client as supervisor
+from garrison.nodeagent.supervisor.spec import LaunchSpec, RankSpec
+
+log = logging.getLogger("garrison.agent.jobs")
+
+PLACEHOLDER = "placeholder"  # a node of the allocation with no ranks (e.g. --launch single)
+ACKED = "acked"
+TERMINATE_REQUESTED = "terminate-requested"
+
+
+@dataclass(frozen=True, slots=True)
+class RankResult:
+    rank: int
+    exit_code: int
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    job_id: int
+    attempt: int
+    ranks: tuple[RankResult, ...]
+    error: str = ""
+    finished_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRequest:
+    job_id: int
+    attempt: int
+    user: str
+    uid: int
+    gid: int
+    spec: JobSpec
+    allocation: Allocation
+    node_rank: int
+    master_addr: str
+    master_port: int
+    restart_count: int
+    kill_wait_s: float
+    time_limit_s: int
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+
+
+class RefusedLaunch(Exception):
+    """This node will not start the attempt (e.g. a root job where root jobs are not allowed)."""
+
+
+class JobManager:
+    def __init__(self, state_dir: Path, notify_socket: str, allow_root_jobs: bool) -> None:
+        self.jobs_dir = state_dir / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.jobs_dir, 0o711)
+        self.notify_socket = notify_socket
+        self.allow_root_jobs = allow_root_jobs
+
+    def job_dir(self, job_id: int, attempt: int) -> Path:
+        return self.jobs_dir / f"{job_id}.{attempt}"
+
+    @staticmethod
+    def parse_dir_name(name: str) -> tuple[int, int] | None:
+        head, _, tail = name.partition(".")
+        if head.isdigit() and tail.isdigit():
+            return int(head), int(tail)
+        return None
+
+    def attempts(self) -> list[tuple[int, int]]:
+        found = []
+        for entry in os.scandir(self.jobs_dir):
+            key = self.parse_dir_name(entry.name)
+            if key is not None and entry.is_dir():
+                found.append(key)
+        return sorted(found)
+
+    # ---------------------------------------------------------------------------------------------
+
+    def launch(self, req: LaunchRequest) -> None:
+        """Start the attempt's ranks on this node. Idempotent: a second call for the same attempt is a no-op."""
+        job_dir = self.job_dir(req.job_id, req.attempt)
+        if job_dir.exists():
+            return
+        if req.uid == 0 and not self.allow_root_jobs:
+            raise RefusedLaunch("root jobs are not allowed on this node")
+        staging = job_dir.with_name(job_dir.name + ".new")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(mode=0o711)
+        argv: list[str] = list(req.spec.command)
+        if req.spec.script is not None:
+            script = staging / "script"
+            script.write_text(req.spec.script)
+            os.chmod(script, 0o700)
+            self._give_to_user(script, req)
+            argv = [str(job_dir / "script"), *req.spec.command]
+        ctx = LaunchContext(
+            job_id=req.job_id,
+            attempt=req.attempt,
+            user=req.user,
+            spec=req.spec,
+            allocation=req.allocation,
+            node_rank=req.node_rank,
+            master_addr=req.master_addr,
+            master_port=req.master_port,
+            restart_count=req.restart_count,
+            time_limit_s=req.time_limit_s,
+            array_job_id=req.array_job_id,
+            array_task_id=req.array_task_id,
+            error_file_dir=str(job_dir),
+        )
+        ranks = plan_ranks(ctx, argv)
+        if not ranks:
+            (staging / PLACEHOLDER).touch()
+            staging.rename(job_dir)
+            return
+        spec = LaunchSpec(
+            job_id=req.job_id,
+            attempt=req.attempt,
+            uid=req.uid,
+            gid=req.gid,
+            groups=_groups_of(req.user, req.gid) if req.uid != os.getuid() else [],
+            user=req.user,
+            ranks=[
+                RankSpec(rank=r.rank, argv=list(r.argv), env=dict(r.env), cwd=r.cwd, stdout=r.stdout, stderr=r.stderr)
+                for r in ranks
+            ],
+            kill_wait_s=req.kill_wait_s,
+            notify_socket=self.notify_socket,
+        )
+        # Rename first so a crash never leaves a half-written job dir under the attempt's real name.
+        staging.rename(job_dir)
+        supervisor.spawn(job_dir, spec)
+
+    @staticmethod
+    def _give_to_user(path: Path, req: LaunchRequest) -> None:
+        if os.getuid() == 0 and req.uid != 0:
+            os.chown(path, req.uid, req.gid)
+
+    def is_placeholder(self, job_id: int, attempt: int) -> bool:
+        return (self.job_dir(job_id, attempt) / PLACEHOLDER).exists()
+
+    def signal(self, job_id: int, attempt: int, action: str, signum: int = 0) -> bool:
+        """Deliver a stop or a signal. Returns False when the attempt is unknown here."""
+        job_dir = self.job_dir(job_id, attempt)
+        if not job_dir.exists():
+            return False
+        if action in ("terminate", "kill"):
+            (job_dir / TERMINATE_REQUESTED).touch()
+        if self.is_placeholder(job_id, attempt):
+            return True
+        if action == "terminate":
+            supervisor.terminate(job_dir)
+        elif action == "kill":
+            supervisor.kill_now(job_dir)
+        elif signum:
+            supervisor.send(job_dir, signum)
+        return True
+
+    def result(self, job_id: int, attempt: int) -> AttemptResult | None:
+        """The attempt's result once every rank here has ended, else None."""
+        job_dir = self.job_dir(job_id, attempt)
+        if self.is_placeholder(job_id, attempt):
+            if (job_dir / TERMINATE_REQUESTED).exists():
+                return AttemptResult(job_id, attempt, ())
+            return None
+        status = supervisor.read_status(job_dir)
+        if status is not None and status.state == "finished":
+            ranks = tuple(
+                RankResult(r.rank, r.exit_code if r.exit_code is not None else 1, r.error or "") for r in status.ranks
+            )
+            return AttemptResult(job_id, attempt, ranks, finished_at=status.finished_at or 0.0)
+        if supervisor.is_alive(job_dir):
+            return None
+        if status is None and not (job_dir / "launch.json").exists():
+            return AttemptResult(job_id, attempt, (), error="launch did not complete")
+        # The supervisor died without a final status: kill what it left and report the attempt as failed.
+        supervisor.kill_orphans(job_dir)
+        return AttemptResult(job_id, attempt, (), error="supervisor died")
+
+    def acknowledge(self, job_id: int, attempt: int) -> None:
+        job_dir = self.job_dir(job_id, attempt)
+        if job_dir.exists():
+            shutil.rmtree(job_dir, ignore_errors=True)
+
+    def scan(self) -> tuple[list[tuple[int, int]], list[AttemptResult]]:
+        """(running attempts, finished results not yet acknowledged): what a reconnect reports."""
+        running: list[tuple[int, int]] = []
+        finished: list[AttemptResult] = []
+        for job_id, attempt in self.attempts():
+            result = self.result(job_id, attempt)
+            if result is None:
+                running.append((job_id, attempt))
+            else:
+                finished.append(result)
+        return running, finished
+
+
+def _groups_of(user: str, gid: int) -> list[int]:
+    try:
+        return sorted(set(os.getgrouplist(user, gid)))
+    except (KeyError, OSError):
+        return [gid]
+
+
+def allocation_of(nodes: Iterable[tuple[str, Iterable[int]]]) -> Allocation:
+    return Allocation(tuple(NodeAllocation(node, tuple(gpus)) for node, gpus in nodes))

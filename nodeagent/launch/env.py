@@ -1,0 +1,138 @@
+"""From an allocation to each rank's process: argv, environment, output files. Pure (no I/O).
+
+Per-rank mode gives every rank exactly the environment torchrun gives its workers (RANK, LOCAL_RANK,
+GROUP_RANK, WORLD_SIZE, MASTER_ADDR, ... see docs/), so a scheduler-launched gang needs no torchrun.
+CUDA_VISIBLE_DEVICES lists the node's allocated GPUs in local-rank order: entry LOCAL_RANK is the rank's
+own GPU, as under torchrun (scripts call torch.cuda.set_device(LOCAL_RANK)).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from garrison.cli.parsing import expand_output_pattern
+from garrison.controller.domain import Allocation, JobSpec, LaunchMode
+
+DEFAULT_OUTPUT = "garrison-%j.out"
+DEFAULT_ARRAY_OUTPUT = "garrison-%A_%a.out"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchContext:
+    job_id: int
+    attempt: int
+    user: str
+    spec: JobSpec
+    allocation: Allocation
+    node_rank: int
+    master_addr: str
+    master_port: int
+    restart_count: int
+    time_limit_s: int
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    error_file_dir: str = ""  # where TORCHELASTIC_ERROR_FILE points, per rank
+
+
+@dataclass(frozen=True, slots=True)
+class RankPlan:
+    rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    stdout: str
+    stderr: str
+
+
+def ranks_on_node(spec: JobSpec, allocation: Allocation, node_rank: int) -> int:
+    if spec.launch == LaunchMode.SINGLE:
+        return 1 if node_rank == 0 else 0
+    if spec.launch == LaunchMode.NODE:
+        return 1
+    if spec.ntasks_per_node is not None:
+        return spec.ntasks_per_node
+    return max(1, len(allocation.nodes[node_rank].gpus))
+
+
+def _resolve_output(pattern: str, ctx: LaunchContext, rank: int) -> str:
+    path = expand_output_pattern(
+        pattern,
+        job_id=ctx.job_id,
+        rank=rank,
+        node_rank=ctx.node_rank,
+        array_job_id=ctx.array_job_id,
+        array_task_id=ctx.array_task_id,
+        user=ctx.user,
+        job_name=ctx.spec.name,
+    )
+    return path if os.path.isabs(path) else os.path.join(ctx.spec.workdir, path)
+
+
+def plan_ranks(ctx: LaunchContext, argv: Sequence[str]) -> list[RankPlan]:
+    """Every rank this node starts for the attempt, with its complete environment."""
+    spec = ctx.spec
+    nodes = ctx.allocation.nodes
+    counts = [ranks_on_node(spec, ctx.allocation, i) for i in range(len(nodes))]
+    local_count = counts[ctx.node_rank]
+    first_rank = sum(counts[: ctx.node_rank])
+    world = sum(counts)
+    gpus = nodes[ctx.node_rank].gpus
+    output = spec.output or (DEFAULT_ARRAY_OUTPUT if ctx.array_job_id is not None else DEFAULT_OUTPUT)
+
+    common: dict[str, str] = dict(spec.env)
+    common.update(
+        {
+            "GARRISON_JOB_ID": str(ctx.job_id),
+            "GARRISON_JOB_NAME": spec.name,
+            "GARRISON_ATTEMPT": str(ctx.attempt),
+            "GARRISON_RESTART_COUNT": str(ctx.restart_count),
+            "GARRISON_JOB_USER": ctx.user,
+            "GARRISON_NODELIST": ",".join(ctx.allocation.node_names),
+            "GARRISON_NNODES": str(len(nodes)),
+            "GARRISON_NODE_RANK": str(ctx.node_rank),
+            "GARRISON_NODENAME": nodes[ctx.node_rank].node,
+            "GARRISON_GPUS_ON_NODE": str(len(gpus)),
+            "GARRISON_TIME_LIMIT": str(ctx.time_limit_s),
+            "GARRISON_SUBMIT_DIR": spec.workdir,
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+            "MASTER_ADDR": ctx.master_addr,
+            "MASTER_PORT": str(ctx.master_port),
+        }
+    )
+    if ctx.array_job_id is not None and ctx.array_task_id is not None:
+        common["GARRISON_ARRAY_JOB_ID"] = str(ctx.array_job_id)
+        common["GARRISON_ARRAY_TASK_ID"] = str(ctx.array_task_id)
+    if spec.launch == LaunchMode.RANK:
+        common.update(
+            {
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(local_count),
+                "GROUP_RANK": str(ctx.node_rank),
+                "NODE_RANK": str(ctx.node_rank),
+                "GROUP_WORLD_SIZE": str(len(nodes)),
+                "ROLE_NAME": "default",
+                "ROLE_WORLD_SIZE": str(world),
+                "TORCHELASTIC_RUN_ID": f"garrison-{ctx.job_id}",
+                "TORCHELASTIC_RESTART_COUNT": str(ctx.restart_count),
+                "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            }
+        )
+        if local_count > 1 and "OMP_NUM_THREADS" not in spec.env:
+            common["OMP_NUM_THREADS"] = "1"
+    plans = []
+    for local_rank in range(local_count):
+        rank = first_rank + local_rank
+        env = dict(common)
+        if spec.launch == LaunchMode.RANK:
+            env.update({"RANK": str(rank), "LOCAL_RANK": str(local_rank), "ROLE_RANK": str(rank)})
+            if ctx.error_file_dir:
+                env["TORCHELASTIC_ERROR_FILE"] = os.path.join(ctx.error_file_dir, f"error-{rank}.json")
+        env["GARRISON_PROCID"] = str(rank)
+        env["GARRISON_LOCALID"] = str(local_rank)
+        stdout = _resolve_output(output, ctx, rank)
+        stderr = _resolve_output(spec.error, ctx, rank) if spec.error else stdout
+        plans.append(RankPlan(rank=rank, argv=tuple(argv), env=env, cwd=spec.workdir, stdout=stdout, stderr=stderr))
+    return plans
