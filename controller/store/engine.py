@@ -1,0 +1,83 @@
+"""Creating a SQLAlchemy engine for a store URL, with the per-backend settings the store relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.pool import StaticPool
+
+# How long a writer waits for another process's write transaction (a `migrate` command, say) before it
+# gives up with "database is locked". Writers inside one store queue on a Python lock instead.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class UnsupportedDatabaseURL(ValueError):
+    """A store URL that names neither SQLite nor PostgreSQL."""
+
+
+def create_store_engine(url: str | URL) -> Engine:
+    """An engine for ``sqlite:///path.db`` or ``postgresql+psycopg://user@host:port/db``."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(parsed)
+    if backend == "postgresql":
+        if parsed.get_driver_name() != "psycopg":
+            # A bare postgresql:// means psycopg2 to SQLAlchemy, which is not a dependency; psycopg 3 is.
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        # pre_ping: a controller outlives database restarts and idle-connection reapers; a dead pooled
+        # connection is replaced at checkout instead of failing the write that drew it.
+        return create_engine(parsed, pool_pre_ping=True)
+    raise UnsupportedDatabaseURL(
+        f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}: "
+        "expected sqlite:///path/to/file.db or postgresql+psycopg://user@host:port/database"
+    )
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    database = url.database
+    in_memory = database in (None, "", ":memory:")
+    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False}}
+    if in_memory:
+        # Every connection to :memory: is a separate empty database; share one connection (the store
+        # serialises its use) so that the migrated schema is the one the store then writes to.
+        kwargs["poolclass"] = StaticPool
+    else:
+        assert database is not None
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, **kwargs)
+    event.listen(engine, "connect", _configure_sqlite_connection)
+    event.listen(engine, "begin", _begin_immediate)
+    return engine
+
+
+def _configure_sqlite_connection(dbapi_connection: Any, _connection_record: object) -> None:
+    # Take transaction control away from Python's sqlite3 module, which opens transactions only before
+    # INSERT/UPDATE/DELETE and commits implicitly before DDL; the "begin" listener issues BEGIN itself, so
+    # that reads are consistent and a migration's DDL commits or rolls back as a whole.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        # WAL: readers do not block the writer, and a commit is an append to the log.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode syncs at checkpoints, not at every commit: a commit survives the process being
+        # killed (it is in the OS page cache) but the last few may be lost if the machine loses power.
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    finally:
+        cursor.close()
+
+
+def _begin_immediate(connection: Connection) -> None:
+    # IMMEDIATE takes the write lock at BEGIN. With a plain (deferred) BEGIN, two transactions that read
+    # first and write later can each hold a read lock the other's write waits on, and one fails at once
+    # with SQLITE_BUSY, without the busy timeout helping.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")

@@ -1,0 +1,37 @@
+"""Running the Alembic migrations in ``migrations/`` programmatically (no alembic.ini at run time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine
+from sqlalchemy.engine import Connection
+
+from .engine import create_store_engine
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic config for the store's migrations; env.py runs them on ``connection`` when given."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["connection"] = connection
+    return config
+
+
+def upgrade_engine(engine: Engine) -> None:
+    """Migrate the database behind ``engine`` to the newest schema, in one transaction."""
+    with engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "head")
+
+
+def upgrade(url: str) -> None:
+    """Migrate the database at ``url`` to the newest schema (``garrison-controller migrate``)."""
+    engine = create_store_engine(url)
+    try:
+        upgrade_engine(engine)
+    finally:
+        engine.dispose()

@@ -1,0 +1,120 @@
+"""The store's schema, declared once for SQLite and PostgreSQL.
+
+The Alembic migrations in ``migrations/versions/`` must build exactly this schema; a unit test runs them on
+an empty database and compares the result with ``metadata`` (``alembic.autogenerate.compare_metadata``).
+So a change here needs a new migration, which ``alembic revision --autogenerate`` can draft.
+
+Times are float epoch seconds. Values that only the controller interprets (a job's spec, an attempt's
+allocation, a node's inventory) are JSON text columns (see ``serde.py``); the columns beside them are the ones
+worth querying or indexing.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+)
+
+# Deterministic constraint names, so that later migrations can drop or alter them by name on both backends.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# Job ids and uids are unsigned 32-bit values or more, past PostgreSQL's INTEGER. On SQLite every integer is
+# 64-bit anyway, and only a column typed exactly INTEGER PRIMARY KEY becomes the rowid (no extra index).
+JobId = BigInteger().with_variant(Integer(), "sqlite")
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("job_id", JobId, primary_key=True, autoincrement=False),
+    Column("array_job_id", BigInteger, nullable=True),
+    Column("array_task_id", Integer, nullable=True),
+    Column("name", Text, nullable=False),
+    Column("user_name", Text, nullable=False),
+    Column("uid", BigInteger, nullable=False),
+    Column("gid", BigInteger, nullable=False),
+    Column("account", Text, nullable=False),
+    Column("partition", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("time_limit_s", Integer, nullable=False),
+    Column("submit_time", Double, nullable=False),
+    Column("start_time", Double, nullable=True),
+    Column("end_time", Double, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("restart_count", Integer, nullable=False),
+    Column("spec_json", Text, nullable=False),
+    Index(None, "state"),
+    Index(None, "user_name"),
+)
+
+job_attempts = Table(
+    "job_attempts",
+    metadata,
+    Column(
+        "job_id",
+        JobId,
+        ForeignKey("jobs.job_id", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    Column("attempt", Integer, primary_key=True, autoincrement=False),
+    Column("allocation_json", Text, nullable=False),
+    Column("start_time", Double, nullable=False),
+    Column("end_time", Double, nullable=True),
+    Column("state", Text, nullable=False),
+    Column("exit_code", Integer, nullable=True),
+    Column("reason", Text, nullable=False),
+)
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("state", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("last_heartbeat", Double, nullable=False),
+    Column("inventory_json", Text, nullable=False),
+)
+
+# A queryable copy of each node's GPUs (which node holds GPU uuid X?). The node's inventory_json stays the
+# source the controller loads from, since it also carries the NVLink and topology matrices.
+gpus = Table(
+    "gpus",
+    metadata,
+    Column("node", Text, ForeignKey("nodes.name", ondelete="CASCADE"), primary_key=True),
+    Column("gpu_index", Integer, primary_key=True, autoincrement=False),
+    Column("uuid", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("memory_mib", BigInteger, nullable=False),
+    Column("pci_bus_id", Text, nullable=False),
+    Column("numa_node", Integer, nullable=False),
+)
+
+# The job id sequence, one row (id = 1). A counter row rather than a database sequence because SQLite has
+# none, and because reserving a block of ids for a job array is one UPDATE ... RETURNING on both backends.
+COUNTER_ROW_ID = 1
+counters = Table(
+    "counters",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("next_job_id", BigInteger, nullable=False),
+    CheckConstraint(f"id = {COUNTER_ROW_ID}", name="single_row"),
+)

@@ -1,0 +1,669 @@
+"""The controller's durable store: one contract, run against every backend on a real database.
+
+``StoreContract`` holds the tests; ``TestSqliteStore`` and ``TestPostgresStore`` run them on SQLite in a
+temporary directory and on PostgreSQL at 127.0.0.1:5432. The PostgreSQL run creates a database
+``garrison_test_<random>`` for the session (a fresh, empty schema per test) and drops it at the end. Without a
+reachable server those tests are skipped, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import MISSING, fields, replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from garrison.controller.domain import (
+    Allocation,
+    Attempt,
+    Gpu,
+    Job,
+    JobSpec,
+    JobState,
+    LaunchMode,
+    Node,
+    NodeAllocation,
+    NodeInventory,
+    NodeState,
+)
+from garrison.controller.store import (
+    LoadedState,
+    SqlStore,
+    Store,
+    UnsupportedDatabaseURL,
+    open_store,
+    upgrade,
+)
+from garrison.controller.store.migrate import alembic_config
+from garrison.controller.store.schema import gpus, job_attempts, metadata
+from garrison.controller.store.serde import (
+    allocation_from_json,
+    allocation_to_json,
+    inventory_from_json,
+    inventory_to_json,
+    spec_from_json,
+    spec_to_json,
+)
+from psycopg import sql
+from sqlalchemy import Engine, create_engine, event, inspect, select, text
+
+POSTGRES_HOST, POSTGRES_PORT = "127.0.0.1", 5432
+POSTGRES_ADMIN_DSN = f"host={POSTGRES_HOST} port={POSTGRES_PORT} user=postgres dbname=test connect_timeout=3"
+POSTGRES_URL_TEMPLATE = f"postgresql+psycopg://postgres@{POSTGRES_HOST}:{POSTGRES_PORT}/{{database}}"
+
+# -- sample values ---------------------------------------------------------------------------------------
+
+
+def full_spec() -> JobSpec:
+    """A spec with every field away from its default, so that a field the store drops shows up."""
+    return JobSpec(
+        name="train-llm",
+        command=("torchrun", "--nproc-per-node=8", "train.py", "--lr", "3e-4"),
+        script="#!/bin/bash\necho 'héllo'\n",
+        nodes=2,
+        gpus=16,
+        gpus_per_node=8,
+        gpu_type="h100",
+        cpus_per_gpu=12,
+        mem_mb=512_000,
+        time_limit_s=7200,
+        account="research",
+        partition="gpu",
+        workdir="/home/ada/run",
+        env={"NCCL_DEBUG": "INFO", "EMPTY": "", "UNICODE": "ünï"},
+        output="out-%j-%t.log",
+        error="err-%j-%t.log",
+        launch=LaunchMode.NODE,
+        ntasks_per_node=4,
+        requeue=False,
+        max_restarts=3,
+        qos="high",
+        array_max_running=4,
+    )
+
+
+def full_job(job_id: int = 7) -> Job:
+    """A job with every field away from its default and two attempts (one finished, one running)."""
+    first = Attempt(
+        job_id=job_id,
+        attempt=0,
+        allocation=Allocation(nodes=(NodeAllocation("gpu-a", (0, 1, 2, 3, 4, 5, 6, 7)),)),
+        start_time=1_700_000_010.125,
+        end_time=1_700_000_500.5,
+        state=JobState.NODE_FAIL,
+        exit_code=-9,
+        reason="node gpu-a stopped responding",
+    )
+    second = Attempt(
+        job_id=job_id,
+        attempt=1,
+        allocation=Allocation(
+            nodes=(NodeAllocation("gpu-c", (7, 6, 5, 4, 3, 2, 1, 0)), NodeAllocation("gpu-b", (0, 2, 4, 6)))
+        ),
+        start_time=1_700_000_600.000_001,
+        state=JobState.RUNNING,
+    )
+    return Job(
+        job_id=job_id,
+        spec=full_spec(),
+        user="ada",
+        uid=4_294_967_294,  # past a signed 32-bit integer
+        gid=1001,
+        account="research",
+        partition="gpu",
+        time_limit_s=7200,
+        submit_time=1_700_000_000.123_456,
+        state=JobState.RUNNING,
+        reason="requeued after node failure",
+        priority=-5,
+        array_job_id=5,
+        array_task_id=2,
+        start_time=1_700_000_600.000_001,
+        end_time=1_700_000_900.0,
+        exit_code=137,
+        attempts=(first, second),
+        restart_count=1,
+    )
+
+
+def pending_job(job_id: int, user: str = "bob") -> Job:
+    """A freshly submitted job: every optional field empty."""
+    return Job(
+        job_id=job_id,
+        spec=JobSpec(name=f"job-{job_id}", command=("sleep", "60")),
+        user=user,
+        uid=1000,
+        gid=1000,
+        account="default",
+        partition="main",
+        time_limit_s=3600,
+        submit_time=1_700_000_000.0 + job_id,
+    )
+
+
+def running_job(job_id: int) -> Job:
+    attempt = Attempt(
+        job_id=job_id,
+        attempt=0,
+        allocation=Allocation(nodes=(NodeAllocation("node-1", (job_id % 8,)),)),
+        start_time=1_700_000_100.0 + job_id,
+        state=JobState.RUNNING,
+    )
+    return replace(
+        pending_job(job_id), state=JobState.RUNNING, start_time=attempt.start_time, attempts=(attempt,)
+    )
+
+
+def sample_inventory(hostname: str = "gpu-a", gpu_count: int = 2) -> NodeInventory:
+    gpu_list = tuple(
+        Gpu(
+            index=i,
+            uuid=f"GPU-{hostname}-{i:04d}",
+            name="NVIDIA H100 80GB HBM3",
+            memory_mib=81_559,
+            pci_bus_id=f"00000000:{0x18 + i:02X}:00.0",
+            numa_node=i // 4,
+            cpu_affinity="0-47,96-143" if i < 4 else "48-95,144-191",
+            mig_enabled=i == 1,
+        )
+        for i in range(gpu_count)
+    )
+    return NodeInventory(
+        hostname=hostname,
+        gpus=gpu_list,
+        nvlink=tuple(tuple(0 if i == j else 18 for j in range(gpu_count)) for i in range(gpu_count)),
+        topo=tuple(tuple("X" if i == j else "NV18" for j in range(gpu_count)) for i in range(gpu_count)),
+        cpus=192,
+        memory_mb=2_063_000,
+        model="dgx-h100",
+    )
+
+
+def sample_node(name: str = "gpu-a", gpu_count: int = 2) -> Node:
+    return Node(
+        name=name,
+        inventory=sample_inventory(name, gpu_count),
+        state=NodeState.DRAIN,
+        reason="bad DIMM",
+        last_heartbeat=1_700_000_123.75,
+    )
+
+
+def assert_every_field_set(value: Any) -> None:
+    """Fail if a dataclass field still holds its default: the sample would not prove it round-trips."""
+    for f in fields(value):
+        if f.default is not MISSING:
+            default = f.default
+        elif f.default_factory is not MISSING:
+            default = f.default_factory()
+        else:
+            continue
+        assert getattr(value, f.name) != default, f"sample {type(value).__name__}.{f.name} is the default"
+
+
+def sql_engine(store: Store) -> Engine:
+    assert isinstance(store, SqlStore)
+    return store.engine
+
+
+# -- serde: pure round trips --------------------------------------------------------------------------------
+
+
+class TestSerde:
+    def test_samples_cover_every_field(self) -> None:
+        assert_every_field_set(full_spec())
+        assert_every_field_set(full_job())
+        assert_every_field_set(sample_node())
+        assert_every_field_set(sample_inventory())
+        assert_every_field_set(sample_inventory().gpus[1])
+
+    def test_spec_round_trip(self) -> None:
+        for spec in (full_spec(), JobSpec(name="x", command=())):
+            text_form = spec_to_json(spec)
+            assert isinstance(json.loads(text_form), dict)
+            assert spec_from_json(text_form) == spec
+
+    def test_spec_json_is_deterministic(self) -> None:
+        assert spec_to_json(full_spec()) == spec_to_json(full_spec())
+
+    def test_spec_from_json_fills_missing_fields_and_ignores_unknown_ones(self) -> None:
+        # Written before a field existed, or by a newer controller with a field this one lacks.
+        spec = spec_from_json(
+            '{"name": "old", "command": ["true"], "launch": "single", "from_the_future": 1}'
+        )
+        assert spec == JobSpec(name="old", command=("true",), launch=LaunchMode.SINGLE)
+
+    def test_spec_from_json_rejects_non_objects(self) -> None:
+        with pytest.raises(ValueError, match="not a JSON object"):
+            spec_from_json("[1, 2]")
+
+    def test_allocation_round_trip(self) -> None:
+        for allocation in (
+            full_job().attempts[1].allocation,
+            Allocation(nodes=()),
+            Allocation((NodeAllocation("n", ()),)),
+        ):
+            assert allocation_from_json(allocation_to_json(allocation)) == allocation
+
+    def test_inventory_round_trip(self) -> None:
+        for inventory in (sample_inventory(gpu_count=8), sample_inventory(gpu_count=0)):
+            assert inventory_from_json(inventory_to_json(inventory)) == inventory
+
+
+# -- the contract every backend must meet ---------------------------------------------------------------------
+
+
+class StoreContract:
+    """The tests; a subclass provides ``store_url``: a database URL with nothing in it yet."""
+
+    # The target is 1-2 ms; the bound leaves room for a loaded CI machine (and for PostgreSQL's fsync at
+    # each commit on a slow disk).
+    one_job_save_budget_s = 0.010
+
+    @pytest.fixture
+    def store_url(self) -> str:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def store(self, store_url: str) -> Iterator[Store]:
+        store = open_store(store_url)
+        yield store
+        store.close()
+
+    def reopen(self, store_url: str) -> LoadedState:
+        store = open_store(store_url)
+        try:
+            return store.load()
+        finally:
+            store.close()
+
+    # -- jobs
+
+    def test_empty_store(self, store: Store) -> None:
+        assert store.load() == LoadedState(jobs=[], nodes=[], next_job_id=1)
+
+    def test_job_round_trip_keeps_every_field(self, store: Store, store_url: str) -> None:
+        saved = [full_job(7), pending_job(3), running_job(12)]
+        store.save_jobs(saved)
+
+        expected = sorted(saved, key=lambda job: job.job_id)
+        assert store.load().jobs == expected
+        assert self.reopen(store_url).jobs == expected  # from disk, through a new engine
+
+    def test_save_updates_a_job_through_its_life(self, store: Store) -> None:
+        job = pending_job(1)
+        store.save_jobs([job])
+
+        allocation = Allocation(nodes=(NodeAllocation("node-1", (0, 1)),))
+        first = Attempt(job_id=1, attempt=0, allocation=allocation, start_time=10.0)
+        job = job.with_state(JobState.CONFIGURING, start_time=10.0, attempts=(first,))
+        store.save_jobs([job])
+        assert store.load().jobs == [job]
+
+        first = replace(first, state=JobState.NODE_FAIL, end_time=20.0, exit_code=-9, reason="node lost")
+        second = Attempt(job_id=1, attempt=1, allocation=allocation, start_time=30.0, state=JobState.RUNNING)
+        job = replace(job, attempts=(first, second), restart_count=1, priority=9, reason="requeued")
+        job = job.with_state(JobState.RUNNING)
+        store.save_jobs([job])
+        assert store.load().jobs == [job]
+
+        second = replace(second, state=JobState.COMPLETED, end_time=40.0, exit_code=0)
+        job = job.with_state(JobState.COMPLETED, end_time=40.0, exit_code=0, attempts=(first, second))
+        store.save_jobs([job])
+        assert store.load().jobs == [job]
+
+    def test_save_of_a_job_listed_twice_keeps_the_last_version(self, store: Store) -> None:
+        job = running_job(4)
+        finished = job.with_state(JobState.COMPLETED, end_time=99.0, exit_code=0)
+        store.save_jobs([job, pending_job(5), finished])
+        assert store.load().jobs == [finished, pending_job(5)]
+
+    def test_save_jobs_with_nothing_to_save(self, store: Store) -> None:
+        store.save_jobs([])
+        assert store.load().jobs == []
+
+    def test_save_jobs_is_one_transaction(self, store: Store) -> None:
+        # Make the attempts' INSERT fail after the jobs' INSERT went through: nothing may stay behind.
+        def fail_attempt_inserts(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if statement.lstrip().upper().startswith("INSERT INTO JOB_ATTEMPTS"):
+                raise RuntimeError("injected failure")
+
+        engine = sql_engine(store)
+        store.save_jobs([pending_job(1)])
+        event.listen(engine, "before_cursor_execute", fail_attempt_inserts)
+        try:
+            with pytest.raises(RuntimeError, match="injected failure"):
+                store.save_jobs([running_job(1), running_job(2)])
+        finally:
+            event.remove(engine, "before_cursor_execute", fail_attempt_inserts)
+        assert store.load().jobs == [pending_job(1)]
+
+    def test_save_refuses_an_attempt_of_another_job(self, store: Store) -> None:
+        job = replace(running_job(1), attempts=running_job(2).attempts)
+        with pytest.raises(ValueError, match="attempt 0 of job 2"):
+            store.save_jobs([job])
+
+    def test_save_thousand_jobs_in_one_call(self, store: Store) -> None:
+        first_id = store.allocate_job_ids(1000)
+        batch = [running_job(first_id + i) for i in range(1000)]
+
+        started = time.perf_counter()
+        store.save_jobs(batch)
+        elapsed = time.perf_counter() - started
+
+        assert store.load().jobs == batch
+        assert elapsed < 0.5, f"save_jobs of 1,000 jobs took {elapsed:.3f} s"
+
+    def test_save_one_job_is_fast(self, store: Store) -> None:
+        job = running_job(1)
+        store.save_jobs([job])  # warm the statement cache and the pool
+        timings = []
+        for _ in range(50):
+            started = time.perf_counter()
+            store.save_jobs([job])
+            timings.append(time.perf_counter() - started)
+        median = sorted(timings)[len(timings) // 2]
+        assert median < self.one_job_save_budget_s, (
+            f"save_jobs of one job took {median * 1000:.2f} ms (median)"
+        )
+
+    def test_delete_jobs_removes_them_with_their_attempts(self, store: Store) -> None:
+        store.save_jobs([full_job(1), running_job(2), running_job(3), pending_job(4)])
+        store.delete_jobs([1, 3, 999])  # 999 was never there
+
+        assert store.load().jobs == [running_job(2), pending_job(4)]
+        with sql_engine(store).connect() as connection:
+            remaining = connection.execute(select(job_attempts.c.job_id)).scalars().all()
+        assert remaining == [2]
+
+        store.delete_jobs([])
+        assert [job.job_id for job in store.load().jobs] == [2, 4]
+
+    def test_delete_many_jobs(self, store: Store) -> None:
+        store.save_jobs([running_job(i) for i in range(1, 1201)])
+        store.delete_jobs(list(range(1, 1201, 2)) + [2])  # more ids than one DELETE statement takes
+        assert [job.job_id for job in store.load().jobs] == list(range(4, 1201, 2))
+
+    def test_jobs_are_indexed_by_state_and_user(self, store: Store) -> None:
+        indexes = inspect(sql_engine(store)).get_indexes("jobs")
+        assert {tuple(index["column_names"]) for index in indexes} >= {("state",), ("user_name",)}
+
+    # -- job ids
+
+    def test_job_ids_are_consecutive_and_never_reused(self, store: Store, store_url: str) -> None:
+        assert store.allocate_job_ids(1) == 1
+        assert store.allocate_job_ids(5) == 2  # 2..6, a job array
+        assert store.allocate_job_ids(1) == 7
+        assert store.load().next_job_id == 8
+
+        store.save_jobs([pending_job(7)])
+        store.delete_jobs([7])
+        assert self.reopen(store_url).next_job_id == 8
+        assert store.allocate_job_ids(1) == 8
+
+    def test_allocating_no_ids_is_refused(self, store: Store) -> None:
+        for count in (0, -1):
+            with pytest.raises(ValueError):
+                store.allocate_job_ids(count)
+        assert store.allocate_job_ids(1) == 1
+
+    def test_job_ids_are_unique_under_concurrency(self, store: Store, store_url: str) -> None:
+        # Threads share two stores (two engines, two pools) so that the atomicity comes from the database,
+        # not from one store's lock.
+        other_store = open_store(store_url)
+        stores = [store, other_store]
+        ranges: list[range] = []
+        ranges_lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def allocate_many(worker: int) -> None:
+            try:
+                for i in range(25):
+                    count = 1 + (worker + i) % 4
+                    first = stores[(worker + i) % 2].allocate_job_ids(count)
+                    with ranges_lock:
+                        ranges.append(range(first, first + count))
+            except BaseException as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=allocate_many, args=(worker,)) for worker in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        other_store.close()
+
+        assert errors == []
+        handed_out = sorted(job_id for r in ranges for job_id in r)
+        assert handed_out == list(range(1, len(handed_out) + 1))  # unique, and no gaps
+        assert store.load().next_job_id == len(handed_out) + 1
+
+    # -- nodes
+
+    def test_node_round_trip(self, store: Store, store_url: str) -> None:
+        nodes = [
+            sample_node("gpu-b", gpu_count=8),
+            sample_node("gpu-a"),
+            replace(sample_node("cpu-1", 0), state=NodeState.UP),
+        ]
+        for node in nodes:
+            store.save_node(node)
+
+        expected = sorted(nodes, key=lambda node: node.name)
+        assert store.load().nodes == expected
+        assert self.reopen(store_url).nodes == expected
+
+        with sql_engine(store).connect() as connection:
+            rows = connection.execute(
+                select(gpus).where(gpus.c.node == "gpu-a").order_by(gpus.c.gpu_index)
+            ).all()
+        assert [tuple(row) for row in rows] == [
+            ("gpu-a", g.index, g.uuid, g.name, g.memory_mib, g.pci_bus_id, g.numa_node)
+            for g in sample_inventory("gpu-a").gpus
+        ]
+
+    def test_node_update_replaces_state_and_gpus(self, store: Store) -> None:
+        store.save_node(sample_node("gpu-a", gpu_count=8))
+        # The node came back with two GPUs missing (fallen off the bus).
+        smaller = replace(
+            sample_node("gpu-a", gpu_count=6), state=NodeState.DOWN, reason="", last_heartbeat=1_800_000_000.5
+        )
+        store.save_node(smaller)
+
+        assert store.load().nodes == [smaller]
+        with sql_engine(store).connect() as connection:
+            indices = connection.execute(select(gpus.c.gpu_index).order_by(gpus.c.gpu_index)).scalars().all()
+        assert indices == list(range(6))
+
+    # -- durability
+
+    def test_committed_state_survives_sigkill(self, store_url: str) -> None:
+        """A child saves jobs, leaves a write uncommitted, and is killed: the parent finds what was committed
+        and nothing else, and never gets an id the child was given."""
+        child = textwrap.dedent(
+            """
+            import os, signal, sys
+            from garrison.controller.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation
+            from garrison.controller.store import open_store
+            from garrison.controller.store.schema import counters
+
+            store = open_store(sys.argv[1])
+            first = store.allocate_job_ids(10)
+            spare = store.allocate_job_ids(3)  # allocated, never used
+            jobs = []
+            for job_id in range(first, first + 10):
+                attempt = Attempt(job_id, 0, Allocation((NodeAllocation("n1", (0,)),)), 5.0, state=JobState.RUNNING)
+                jobs.append(Job(job_id=job_id, spec=JobSpec(name="j", command=("true",)), user="u", uid=1,
+                                gid=1, account="a", partition="p", time_limit_s=60, submit_time=1.0,
+                                state=JobState.RUNNING, start_time=5.0, attempts=(attempt,)))
+            store.save_jobs(jobs)
+            print(first, spare, flush=True)
+
+            # A transaction in flight at the moment of the kill: it must vanish.
+            connection = store.engine.connect()
+            in_flight = connection.begin()
+            connection.execute(counters.update().values(next_job_id=1))
+            os.kill(os.getpid(), signal.SIGKILL)
+            """
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", child, store_url], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == -signal.SIGKILL, result.stderr
+        first, spare = (int(word) for word in result.stdout.split())
+
+        store = open_store(store_url)
+        try:
+            state = store.load()
+            assert [job.job_id for job in state.jobs] == list(range(first, first + 10))
+            assert all(job.state is JobState.RUNNING and len(job.attempts) == 1 for job in state.jobs)
+            assert state.next_job_id == spare + 3
+            assert store.allocate_job_ids(1) == spare + 3
+        finally:
+            store.close()
+
+    # -- migrations
+
+    def test_migrations_build_exactly_the_declared_schema(self, store_url: str) -> None:
+        upgrade(store_url)
+        engine = create_engine(store_url)
+        try:
+            with engine.connect() as connection:
+                migration_context = MigrationContext.configure(connection, opts={"compare_type": True})
+                assert compare_metadata(migration_context, metadata) == []
+                head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+                assert migration_context.get_current_revision() == head
+        finally:
+            engine.dispose()
+
+    def test_migrations_downgrade_and_upgrade_again(self, store_url: str) -> None:
+        upgrade(store_url)
+        engine = create_engine(store_url)
+        try:
+            with engine.begin() as connection:
+                command.downgrade(alembic_config(connection), "base")
+            assert set(inspect(engine).get_table_names()) == {"alembic_version"}
+        finally:
+            engine.dispose()
+        upgrade(store_url)
+        upgrade(store_url)  # already at head: nothing to do
+        assert self.reopen(store_url) == LoadedState(jobs=[], nodes=[], next_job_id=1)
+
+
+# -- SQLite ---------------------------------------------------------------------------------------------------
+
+
+class TestSqliteStore(StoreContract):
+    @pytest.fixture
+    def store_url(self, tmp_path: Path) -> str:
+        # A directory that does not exist yet: the store creates it.
+        return f"sqlite:///{tmp_path}/state/controller.db"
+
+    def test_connection_settings(self, store: Store) -> None:
+        with sql_engine(store).connect() as connection:
+            settings = {
+                pragma: connection.exec_driver_sql(f"PRAGMA {pragma}").scalar()
+                for pragma in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
+            }
+        assert settings == {
+            "journal_mode": "wal",
+            "synchronous": 1,
+            "foreign_keys": 1,
+            "busy_timeout": 30_000,
+        }
+
+
+class TestInMemorySqliteStore:
+    def test_round_trip(self) -> None:
+        store = open_store("sqlite://")
+        try:
+            assert store.allocate_job_ids(2) == 1
+            store.save_jobs([full_job(1)])
+            store.save_node(sample_node())
+            assert store.load() == LoadedState(jobs=[full_job(1)], nodes=[sample_node()], next_job_id=3)
+        finally:
+            store.close()
+
+
+def test_unsupported_url_is_refused() -> None:
+    with pytest.raises(UnsupportedDatabaseURL, match="mysql://root:\\*\\*\\*@db/garrison"):
+        open_store("mysql://root:secret@db/garrison")
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """A database of its own for this test session, dropped at the end; its URL."""
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_DSN, autocommit=True)
+    except psycopg.OperationalError as error:
+        reason = f"PostgreSQL at {POSTGRES_HOST}:{POSTGRES_PORT} is unreachable: {error}".strip()
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} (CI=true: PostgreSQL tests must run)")
+        pytest.skip(reason)
+    name = f"garrison_test_{secrets.token_hex(6)}"
+    with admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            yield POSTGRES_URL_TEMPLATE.format(database=name)
+        finally:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.mark.postgres
+class TestPostgresStore(StoreContract):
+    one_job_save_budget_s = 0.025
+
+    @pytest.fixture
+    def store_url(self, postgres_database: str) -> str:
+        # Each test starts from an empty schema, which is quicker than a database per test.
+        engine = create_engine(postgres_database)
+        try:
+            with engine.begin() as connection:
+                connection.execute(text("DROP SCHEMA public CASCADE"))
+                connection.execute(text("CREATE SCHEMA public"))
+        finally:
+            engine.dispose()
+        return postgres_database
+
+    def test_bare_postgresql_url_uses_psycopg(self, store_url: str) -> None:
+        store = open_store(store_url.replace("postgresql+psycopg://", "postgresql://"))
+        try:
+            assert sql_engine(store).dialect.driver == "psycopg"
+            assert store.load().next_job_id == 1
+        finally:
+            store.close()
+
+    def test_counter_row_is_locked_while_allocating(self, store: Store, store_url: str) -> None:
+        # A second allocator waits for the first one's transaction instead of reading the same value.
+        engine = create_engine(store_url)
+        try:
+            with engine.begin() as connection:
+                connection.execute(text("SELECT next_job_id FROM counters FOR UPDATE"))
+                results: list[int] = []
+                waiter = threading.Thread(target=lambda: results.append(store.allocate_job_ids(1)))
+                waiter.start()
+                waiter.join(timeout=0.3)
+                assert waiter.is_alive() and results == []
+                connection.execute(text("UPDATE counters SET next_job_id = next_job_id + 100"))
+            waiter.join(timeout=10)
+            assert results == [101]
+        finally:
+            engine.dispose()
