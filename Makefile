@@ -1,0 +1,40 @@
+# Garrison: `make demo` runs a local cluster and a real job end to end; `make test` runs the whole suite.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test test-fast lint typecheck protos protos-check bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+demo: venv
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+test: venv
+	$(PY) scripts/gen_protos.py --check
+	$(PY) -m pytest -q
+
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow"
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy controller nodeagent cli garrison
+
+protos: venv
+	$(PY) scripts/gen_protos.py
+
+protos-check: venv
+	$(PY) scripts/gen_protos.py --check
+
+bench: venv
+	$(PY) tests/benchmarks/e2e_throughput.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,221 @@
+"""The controller's state machine, driven by events with no network: instructions out, store written through.
+
+Uses a real SQLite store, so each test also proves that a controller restarted on the same database
+(ClusterState.load) continues from where the old one stopped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from garrison.controller.domain import (
+    Allocation,
+    Gpu,
+    Job,
+    JobSpec,
+    JobState,
+    LaunchMode,
+    NodeAllocation,
+    NodeInventory,
+    NodeState,
+)
+from garrison.controller.state import AckResult, ClusterState, Launch, NodeResult, RankOutcome, SignalAttempt
+from garrison.controller.store import open_store
+
+
+def inventory(name: str, gpus: int = 8) -> NodeInventory:
+    return NodeInventory(
+        hostname=name,
+        gpus=tuple(Gpu(i, f"GPU-{name}-{i}", "NVIDIA A100", 40960, f"0000:{i:02x}:00.0", 0, "0-1") for i in range(gpus)),
+        nvlink=tuple(tuple(0 if i == j else 12 for j in range(gpus)) for i in range(gpus)),
+        topo=(),
+        cpus=2,
+        memory_mb=1024,
+    )
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'c.db'}"
+
+
+def new_state(db: str, now: float = 0.0) -> ClusterState:
+    state = ClusterState(open_store(db), heartbeat_timeout_s=10.0)
+    state.load(now, retention_s=1e9)
+    return state
+
+
+def connect(state: ClusterState, *names: str, now: float = 0.0, running=(), finished=()) -> list:
+    out = []
+    for name in names:
+        out += state.register_node(name, inventory(name), frozenset({"main"}), list(running), list(finished), now)
+    return out
+
+
+def submit(state: ClusterState, job_id: int, **spec: object) -> Job:
+    job = Job(
+        job_id=job_id,
+        spec=JobSpec(name="t", command=("true",), **spec),  # type: ignore[arg-type]
+        user="alice",
+        uid=1000,
+        gid=1000,
+        account="default",
+        partition="main",
+        time_limit_s=60,
+        submit_time=0.0,
+    )
+    state.add_jobs([job])
+    return job
+
+
+def two_node_alloc() -> Allocation:
+    return Allocation((NodeAllocation("n1", (0, 1)), NodeAllocation("n2", (0, 1))))
+
+
+def ok(job_id: int, attempt: int = 0, ranks: int = 2) -> NodeResult:
+    return NodeResult(job_id, attempt, tuple(RankOutcome(r, 0) for r in range(ranks)))
+
+
+def test_gang_runs_then_completes_and_frees_gpus(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1", "n2")
+    submit(state, 1, nodes=2, gpus_per_node=2)
+    out = state.start_attempts([(1, two_node_alloc())], now=1.0)
+    assert [(type(i), i.node) for i in out] == [(Launch, "n1"), (Launch, "n2")]
+    assert state.jobs[1].state == JobState.CONFIGURING
+    state.node_started("n1", 1, 0)
+    assert state.jobs[1].state == JobState.CONFIGURING  # not until every node has started
+    state.node_started("n2", 1, 0)
+    assert state.jobs[1].state == JobState.RUNNING
+    assert state.free_gpus(state.nodes["n1"]) == frozenset(range(2, 8))
+    assert state.node_finished("n1", ok(1), now=2.0) == [AckResult("n1", 1, 0)]
+    assert state.free_gpus(state.nodes["n1"]) == frozenset(range(8))
+    assert state.jobs[1].state == JobState.RUNNING
+    state.node_finished("n2", ok(1), now=3.0)
+    assert state.jobs[1].state == JobState.COMPLETED and state.jobs[1].exit_code == 0
+    # A restarted controller sees the same.
+    again = new_state(db)
+    assert again.jobs[1].state == JobState.COMPLETED
+    assert again.jobs[1].attempts[0].end_time == 3.0
+
+
+def test_one_failing_rank_stops_the_gang(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1", "n2")
+    submit(state, 1, nodes=2, gpus_per_node=2, requeue=False)
+    state.start_attempts([(1, two_node_alloc())], now=1.0)
+    failed = NodeResult(1, 0, (RankOutcome(0, 0), RankOutcome(1, 3)))
+    out = state.node_finished("n1", failed, now=2.0)
+    assert SignalAttempt("n2", 1, 0, "terminate") in out
+    assert state.jobs[1].state == JobState.COMPLETING
+    state.node_finished("n2", NodeResult(1, 0, (RankOutcome(2, 143), RankOutcome(3, 143))), now=3.0)
+    job = state.jobs[1]
+    assert job.state == JobState.FAILED and job.exit_code == 3 and "rank 1 exited with 3" in job.reason
+
+
+def test_cancel_pending_and_running(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1", "n2")
+    submit(state, 1, gpus=1)
+    submit(state, 2, nodes=2, gpus_per_node=2)
+    state.start_attempts([(2, two_node_alloc())], now=1.0)
+    cancelled, out = state.cancel([1, 2], now=2.0)
+    assert cancelled == [1, 2]
+    assert state.jobs[1].state == JobState.CANCELLED
+    assert {i.node for i in out if isinstance(i, SignalAttempt)} == {"n1", "n2"}
+    # The controller crashes here and restarts: it still knows job 2 is being cancelled.
+    state = new_state(db, now=3.0)
+    out = connect(state, "n1", "n2", running=[(2, 0)], now=3.0)
+    assert SignalAttempt("n1", 2, 0, "terminate") in out
+    state.node_finished("n1", ok(2), now=4.0)
+    state.node_finished("n2", ok(2), now=4.0)
+    assert state.jobs[2].state == JobState.CANCELLED
+
+
+def test_time_limit(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1")
+    submit(state, 1, gpus=1)
+    state.start_attempts([(1, Allocation((NodeAllocation("n1", (0,)),)))], now=0.0)
+    assert state.expire_time_limits(now=59.0) == []
+    assert state.expire_time_limits(now=60.0) == [SignalAttempt("n1", 1, 0, "terminate")]
+    state.node_finished("n1", NodeResult(1, 0, (RankOutcome(0, 143),)), now=61.0)
+    assert state.jobs[1].state == JobState.TIMEOUT
+
+
+def test_node_down_requeues_and_stale_ranks_are_killed_on_return(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1", "n2")
+    submit(state, 1, nodes=2, gpus_per_node=2)
+    state.start_attempts([(1, two_node_alloc())], now=1.0)
+    state.node_started("n1", 1, 0)
+    state.node_started("n2", 1, 0)
+    state.heartbeat("n1", now=20.0)
+    out = state.expire_heartbeats(now=20.0)  # n2 silent since 0
+    assert state.nodes["n2"].state == NodeState.DOWN
+    assert SignalAttempt("n1", 1, 0, "kill") in out
+    job = state.jobs[1]
+    assert job.state == JobState.COMPLETING  # n1's ranks are still being killed
+    state.node_finished("n1", NodeResult(1, 0, (RankOutcome(0, 137), RankOutcome(1, 137))), now=21.0)
+    job = state.jobs[1]
+    assert job.state == JobState.PENDING and job.attempts[0].state == JobState.NODE_FAIL
+    # The job restarts (attempt 1) on n1 while n2 is away.
+    state.start_attempts([(1, Allocation((NodeAllocation("n1", (0, 1, 2, 3)),)))], now=22.0)
+    assert state.jobs[1].restart_count == 1
+    # n2 comes back still running attempt 0: it is told to kill it, and its GPUs stay busy until then.
+    out = connect(state, "n2", running=[(1, 0)], now=23.0)
+    assert SignalAttempt("n2", 1, 0, "kill") in out
+    assert state.free_gpus(state.nodes["n2"]) == frozenset(range(2, 8))
+    state.node_finished("n2", NodeResult(1, 0, (RankOutcome(2, 137),)), now=24.0)
+    assert state.free_gpus(state.nodes["n2"]) == frozenset(range(8))
+    assert state.jobs[1].state == JobState.CONFIGURING  # the new attempt is unaffected
+
+
+def test_launch_is_resent_when_controller_crashed_before_sending(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1")
+    submit(state, 1, gpus=1)
+    state.start_attempts([(1, Allocation((NodeAllocation("n1", (0,)),)))], now=1.0)
+    # Crash: the launch never left. The restarted controller re-sends it when the agent registers.
+    state = new_state(db, now=2.0)
+    out = connect(state, "n1", now=2.0)
+    assert any(isinstance(i, Launch) and i.job.job_id == 1 for i in out)
+
+
+def test_results_reported_on_reconnect_finish_the_job_exactly_once(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1")
+    submit(state, 1, gpus=1)
+    state.start_attempts([(1, Allocation((NodeAllocation("n1", (0,)),)))], now=1.0)
+    state.node_started("n1", 1, 0)
+    state = new_state(db, now=5.0)
+    out = connect(state, "n1", finished=[NodeResult(1, 0, (RankOutcome(0, 0),))], now=5.0)
+    assert AckResult("n1", 1, 0) in out and state.jobs[1].state == JobState.COMPLETED
+    # The same result again (the ack was lost): acknowledged, nothing changes.
+    out = connect(state, "n1", finished=[NodeResult(1, 0, (RankOutcome(0, 0),))], now=6.0)
+    assert out == [AckResult("n1", 1, 0)]
+    assert len(state.jobs[1].attempts) == 1
+
+
+def test_single_launch_ends_when_the_script_ends(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1", "n2")
+    submit(state, 1, nodes=2, gpus_per_node=2, launch=LaunchMode.SINGLE)
+    state.start_attempts([(1, two_node_alloc())], now=1.0)
+    out = state.node_finished("n1", ok(1, ranks=1), now=2.0)
+    assert SignalAttempt("n2", 1, 0, "terminate") in out
+    state.node_finished("n2", NodeResult(1, 0, ()), now=2.5)
+    assert state.jobs[1].state == JobState.COMPLETED
+
+
+def test_stale_plan_is_rechecked(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1")
+    submit(state, 1, gpus=1)
+    submit(state, 2, gpus=1)
+    alloc = Allocation((NodeAllocation("n1", (0,)),))
+    state.start_attempts([(1, alloc)], now=1.0)
+    assert state.start_attempts([(2, alloc)], now=1.0) == []  # GPU 0 is taken: that part of the plan is dropped
+    assert state.jobs[2].state == JobState.PENDING
