@@ -1,0 +1,340 @@
+"""Pure parsers for gsub's option values and ``#GSUB`` directives.
+
+Nothing here touches the terminal, the file system or the network, so every rule can be tested directly.
+The formats follow sbatch wherever sbatch has one, so users can carry their habits (and scripts) over.
+The CLI checks these for the user's convenience only: the controller validates every request again.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Values end up in protobuf integer fields and database columns; refusing absurd numbers here gives the
+# user a clear message instead of an overflow somewhere further down.
+MAX_INT_VALUE = 2**31 - 1
+MAX_ARRAY_ELEMENTS = 100_000
+
+_DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() would also accept "²" and other digits
+_GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_MEMORY = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE)
+_MB_PER_UNIT = {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
+_ARRAY_ELEMENT = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OUTPUT_SPECIFIER = re.compile(r"%(%|([0-9]*)([A-Za-z]))")
+_MAX_PAD_WIDTH = 32
+_TIME_FORMATS = "M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"
+
+
+class UsageError(Exception):
+    """A mistake in how gsub was called. The message is one line; the CLI exits with ``exit_status``."""
+
+    exit_status = 2
+
+
+def parse_count(text: str, *, minimum: int = 1) -> int:
+    """A plain ASCII decimal number of at least ``minimum``. Errors read well after an option name."""
+    if not _DIGITS.fullmatch(text):
+        if text.startswith("-") and _DIGITS.fullmatch(text[1:]):
+            raise UsageError(f"must be at least {minimum}, got {text!r}")
+        raise UsageError(f"must be a whole number, got {text!r}")
+    value = int(text)
+    if value < minimum:
+        raise UsageError(f"must be at least {minimum}, got {text!r}")
+    if value > MAX_INT_VALUE:
+        raise UsageError(f"is too large: {text!r}")
+    return value
+
+
+def parse_time_limit(text: str) -> int:
+    """Slurm's time formats, returned in seconds.
+
+    "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S". The leading field may be as large as the user likes
+    ("90" is 90 minutes) but the fields after it are bounded ("1:75" is refused, not read as 2:15), since
+    an out-of-range trailing field is far more likely a typo than a wish.
+    """
+
+    def bad(reason: str) -> UsageError:
+        return UsageError(f"invalid time limit {text!r}: {reason}")
+
+    def field(value: str, name: str, limit: int | None) -> int:
+        if not _DIGITS.fullmatch(value):
+            raise bad(f"expected {_TIME_FORMATS}")
+        number = int(value)
+        if limit is not None and number >= limit:
+            raise bad(f"{name} must be less than {limit}")
+        return number
+
+    days_text, has_days, clock = text.strip().rpartition("-")
+    parts = clock.split(":")
+    if has_days:
+        # D-H[:M[:S]]: hours, minutes and seconds all follow the day count, so all are bounded.
+        if len(parts) > 3:
+            raise bad(f"expected {_TIME_FORMATS}")
+        days = field(days_text, "days", None)
+        hours = field(parts[0], "hours", 24)
+        minutes = field(parts[1], "minutes", 60) if len(parts) > 1 else 0
+        seconds = field(parts[2], "seconds", 60) if len(parts) > 2 else 0
+    elif len(parts) == 1:
+        days, hours, seconds = 0, 0, 0
+        minutes = field(parts[0], "minutes", None)
+    elif len(parts) == 2:
+        days, hours = 0, 0
+        minutes = field(parts[0], "minutes", None)
+        seconds = field(parts[1], "seconds", 60)
+    elif len(parts) == 3:
+        days = 0
+        hours = field(parts[0], "hours", None)
+        minutes = field(parts[1], "minutes", 60)
+        seconds = field(parts[2], "seconds", 60)
+    else:
+        raise bad(f"expected {_TIME_FORMATS}")
+
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total <= 0:
+        raise bad("must be longer than zero")
+    if total > MAX_INT_VALUE:
+        raise bad("too long")
+    return total
+
+
+def parse_gpu_request(text: str) -> tuple[str | None, int]:
+    """ "N" or "TYPE:N" (as in ``--gpus a100:8``) -> (type or None, N); N is at least 1."""
+    gpu_type, has_type, count_text = text.strip().rpartition(":")
+    if has_type and not _GPU_TYPE.fullmatch(gpu_type):
+        raise UsageError(f"invalid GPU request {text!r}: expected N or TYPE:N, such as 8 or a100:8")
+    try:
+        count = parse_count(count_text)
+    except UsageError as problem:
+        raise UsageError(f"invalid GPU request {text!r}: the count {problem}") from None
+    return (gpu_type if has_type else None), count
+
+
+def parse_memory_mb(text: str) -> int:
+    """Memory with an optional K/M/G/T suffix (binary units, as in Slurm); a plain number is megabytes.
+
+    Zero is refused: in Slurm ``--mem=0`` means "all of the node's memory", a meaning Garrison does not
+    give it, so accepting it silently would surprise anyone who relies on it.
+    """
+    match = _MEMORY.fullmatch(text.strip())
+    if match is None:
+        raise UsageError(
+            f"invalid memory size {text!r}: expected a number with an optional K, M, G or T suffix"
+        )
+    number, unit = int(match.group(1)), match.group(2).upper()
+    # Kilobytes round up so a small request never becomes a zero-megabyte one.
+    megabytes = -(-number // 1024) if unit == "K" else number * _MB_PER_UNIT[unit]
+    if megabytes <= 0:
+        raise UsageError(f"invalid memory size {text!r}: must be larger than zero")
+    if megabytes > MAX_INT_VALUE:
+        raise UsageError(f"invalid memory size {text!r}: too large")
+    return megabytes
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """The task indices of a job array, ascending and distinct, and how many may run at once."""
+
+    indices: tuple[int, ...]
+    max_running: int | None
+
+
+def parse_array(text: str) -> ArraySpec:
+    """sbatch's ``--array``: comma-separated N, N-M or N-M:STEP elements, optionally ending in %LIMIT.
+
+    Overlapping elements merge, as in Slurm. At most MAX_ARRAY_ELEMENTS indices; the size of a range is
+    checked before it is expanded, so "0-999999999" is refused without building a billion integers.
+    """
+
+    def bad(reason: str) -> UsageError:
+        return UsageError(f"invalid array {text!r}: {reason}")
+
+    elements_text, has_limit, limit_text = text.strip().partition("%")
+    max_running = None
+    if has_limit:
+        try:
+            max_running = parse_count(limit_text)
+        except UsageError as problem:
+            raise bad(f"the %limit {problem}") from None
+    if not elements_text:
+        raise bad("no indices given")
+
+    indices: set[int] = set()
+    for element in elements_text.split(","):
+        match = _ARRAY_ELEMENT.fullmatch(element)
+        if match is None:
+            raise bad(f"element {element!r} is not N, N-M or N-M:STEP")
+        start = int(match.group(1))
+        end = int(match.group(2)) if match.group(2) is not None else start
+        step = int(match.group(3)) if match.group(3) is not None else 1
+        if end < start:
+            raise bad(f"range {element!r} ends before it starts")
+        if step == 0:
+            raise bad(f"step in {element!r} must be at least 1")
+        if end > MAX_INT_VALUE:
+            raise bad(f"index in {element!r} is too large")
+        if (end - start) // step + 1 > MAX_ARRAY_ELEMENTS:
+            raise bad(f"more than {MAX_ARRAY_ELEMENTS} tasks")
+        indices.update(range(start, end + 1, step))
+        if len(indices) > MAX_ARRAY_ELEMENTS:
+            raise bad(f"more than {MAX_ARRAY_ELEMENTS} tasks")
+    return ArraySpec(indices=tuple(sorted(indices)), max_running=max_running)
+
+
+def _strip_trailing_comment(text: str) -> str:
+    """Cut ``text`` at a ``#`` that starts a word outside quotes, as a shell would.
+
+    Lets a directive carry a note (``#GSUB -N 2  # two nodes``) while "--output=a#b" keeps its ``#``.
+    """
+    quote: str | None = None
+    escaped = False
+    at_word_start = True
+    for position, char in enumerate(text):
+        starts_word, at_word_start = at_word_start, False
+        if escaped:
+            escaped = False
+        elif quote is not None:
+            if char == quote:
+                quote = None
+            elif char == "\\" and quote == '"':
+                escaped = True
+        elif char in "'\"":
+            quote = char
+        elif char == "\\":
+            escaped = True
+        elif char == "#" and starts_word:
+            return text[:position]
+        else:
+            at_word_start = char.isspace()
+    return text
+
+
+def read_directive_lines(script_text: str, directive: str = "#GSUB") -> list[tuple[int, list[str]]]:
+    """Each directive line of the script's leading comment block as (1-based line number, words).
+
+    Like sbatch with ``#SBATCH``: the directive must start the line; scanning stops at the first line
+    that is neither blank nor a comment, so a directive further down (say, in a heredoc) is ignored.
+    A "##GSUB" line is a plain comment, which is the usual way to switch a directive off.
+    """
+    found: list[tuple[int, list[str]]] = []
+    for line_number, line in enumerate(script_text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break
+        if not line.startswith(directive):
+            continue
+        rest = line[len(directive) :]
+        if rest and not rest[0].isspace():
+            continue  # "#GSUBX" is some other tool's comment, not ours
+        try:
+            words = shlex.split(_strip_trailing_comment(rest))
+        except ValueError as error:  # shlex's only failure: an unclosed quote or a trailing backslash
+            raise UsageError(f"line {line_number}: cannot split directive: {error}") from None
+        if words:
+            found.append((line_number, words))
+    return found
+
+
+def read_directives(script_text: str, directive: str = "#GSUB") -> list[str]:
+    """All directive words of the script's leading comment block, in order, as one argv list."""
+    return [word for _, words in read_directive_lines(script_text, directive) for word in words]
+
+
+def _split_export_items(text: str) -> list[str]:
+    """Split on commas outside quotes, so FOO="a,b" stays one item."""
+    items: list[str] = []
+    current: list[str] = []
+    quote: str | None = None
+    for char in text:
+        if quote is not None:
+            if char == quote:
+                quote = None
+        elif char in "'\"":
+            quote = char
+        elif char == ",":
+            items.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    if quote is not None:
+        raise UsageError(f"invalid --export {text!r}: unclosed quote")
+    items.append("".join(current))
+    return items
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def parse_export(text: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """sbatch's ``--export``: the job's environment built from the submitter's ``environ``.
+
+    "ALL" copies everything, "NONE" nothing; otherwise a comma list of NAME (copy the current value,
+    skipped when unset, as sbatch does) and NAME=VALUE, with "ALL" anywhere in it to start from a full
+    copy. Explicit NAME=VALUE items win over the copy wherever ALL appears.
+    """
+    items = _split_export_items(text.strip())
+    if any(not item for item in items):
+        raise UsageError(f"invalid --export {text!r}: empty entry")
+    keywords = [item.upper() for item in items if item.upper() in ("ALL", "NONE")]
+    if "NONE" in keywords:
+        if len(items) > 1:
+            raise UsageError(f"invalid --export {text!r}: NONE cannot be combined with other entries")
+        return {}
+    exported = dict(environ) if keywords else {}
+    for item in items:
+        if item.upper() == "ALL":
+            continue
+        name, has_value, value = item.partition("=")
+        if not _ENV_NAME.fullmatch(name):
+            raise UsageError(f"invalid --export {text!r}: {item!r} is not NAME or NAME=VALUE")
+        if has_value:
+            exported[name] = _unquote(value)
+        elif name in environ:
+            exported[name] = environ[name]
+    return exported
+
+
+def expand_output_pattern(
+    pattern: str,
+    *,
+    job_id: int,
+    rank: int,
+    node_rank: int,
+    array_job_id: int | None,
+    array_task_id: int | None,
+    user: str,
+    job_name: str,
+) -> str:
+    """Expand sbatch's filename specifiers: %j job id, %t rank, %n node rank, %A array job id,
+    %a array task id, %u user, %x job name, %% a literal percent.
+
+    A width between % and a numeric specifier zero-pads it ("%4a" -> "0007"), as in Slurm. A job outside
+    any array counts as an array of one: %A is its own id and %a is 0, so one pattern fits both kinds.
+    Unknown specifiers are left as written rather than guessed at.
+    """
+    numbers = {
+        "j": job_id,
+        "t": rank,
+        "n": node_rank,
+        "A": array_job_id if array_job_id is not None else job_id,
+        "a": array_task_id if array_task_id is not None else 0,
+    }
+    words = {"u": user, "x": job_name}
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(1) == "%":
+            return "%"
+        width, letter = match.group(2), match.group(3)
+        if letter in numbers:
+            # The width is capped so a typo like "%99999999j" cannot ask for a gigabyte of zeros.
+            return str(numbers[letter]).zfill(min(int(width), _MAX_PAD_WIDTH) if width else 0)
+        if letter in words:
+            return words[letter]
+        return match.group(0)
+
+    return _OUTPUT_SPECIFIER.sub(substitute, pattern)

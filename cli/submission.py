@@ -1,0 +1,330 @@
+"""gsub's command line: the click command that declares its options, and ``parse_submission``, which turns
+argv plus the batch script's ``#GSUB`` directives into a JobSpec without needing a terminal or a network.
+
+As in sbatch, directives are read first and the command line overrides them, option by option. Click does
+the word-level parsing (both of argv and of each directive line, so the two accept exactly the same
+spellings); the values are then checked by the pure parsers in ``parsing``, with errors that name the
+option and, for a directive, the script line it came from.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import click
+from click.core import ParameterSource
+
+from garrison.controller.domain import JobSpec, LaunchMode
+
+from .parsing import (
+    ArraySpec,
+    UsageError,
+    parse_array,
+    parse_count,
+    parse_export,
+    parse_gpu_request,
+    parse_memory_mb,
+    parse_time_limit,
+    read_directive_lines,
+)
+
+__all__ = ["HelpRequested", "Submission", "UsageError", "gsub_command", "parse_submission"]
+
+_Value = TypeVar("_Value")
+
+WRAP_JOB_NAME = "wrap"
+WRAP_SHEBANG = "#!/bin/sh\n"
+
+
+class HelpRequested(Exception):
+    """-h/--help was given: the caller prints ``text`` and exits 0 instead of submitting anything."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__("help requested")
+        self.text = text
+
+
+@dataclass(frozen=True)
+class Submission:
+    """Everything gsub will send: the job, its array indices and how to print the result.
+
+    ``qos`` is also copied into ``spec.qos`` (and the array's %limit into ``spec.array_max_running``);
+    it stays here too because the Submission's API promised it before JobSpec had the field.
+    """
+
+    spec: JobSpec
+    array: ArraySpec | None
+    parsable: bool
+    qos: str | None
+
+
+def _raise_help(ctx: click.Context, _param: click.Parameter, wanted: bool) -> None:
+    # Raising instead of printing (click's default) keeps parsing free of terminal output; gsub's main
+    # decides where the text goes.
+    if wanted:
+        raise HelpRequested(ctx.get_help())
+
+
+def _option(*declarations: str, metavar: str, help_text: str) -> click.Option:
+    return click.Option(list(declarations), metavar=metavar, help=help_text)
+
+
+gsub_command = click.Command(
+    "gsub",
+    help=(
+        "Submit a batch job: gsub [OPTIONS] SCRIPT [ARGS...] or gsub [OPTIONS] --wrap CMD. "
+        "#GSUB lines at the top of SCRIPT are read as options; the command line overrides them."
+    ),
+    add_help_option=False,
+    # Everything after the script name belongs to the script, even words that look like options.
+    context_settings={"allow_interspersed_args": False},
+    params=[
+        click.Option(
+            ["-h", "--help"],
+            is_flag=True,
+            expose_value=False,
+            is_eager=True,
+            callback=_raise_help,
+            help="Show this message and exit.",
+        ),
+        _option("-J", "--job-name", metavar="NAME", help_text="Job name (default: the script's file name)."),
+        _option("-N", "--nodes", metavar="N", help_text="Number of nodes (default: the scheduler chooses)."),
+        _option("-G", "--gpus", metavar="[TYPE:]N", help_text="GPUs for the whole job, e.g. 16 or h100:16."),
+        _option("--gpus-per-node", metavar="[TYPE:]N", help_text="GPUs on each node, e.g. 8 or a100:8."),
+        _option("--cpus-per-gpu", metavar="N", help_text="CPU cores per allocated GPU."),
+        _option("--mem", metavar="SIZE", help_text="Memory per node: 512M, 16G, 1T; a plain number is MB."),
+        _option(
+            "-t", "--time", metavar="TIME", help_text="Time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."
+        ),
+        _option("-A", "--account", metavar="NAME", help_text="Account to charge."),
+        _option("-p", "--partition", metavar="NAME", help_text="Partition to run in."),
+        _option("-q", "--qos", metavar="NAME", help_text="Quality of service."),
+        _option("-o", "--output", metavar="PATTERN", help_text="stdout file; %j %t %n %A %a %u %x expand."),
+        _option("-e", "--error", metavar="PATTERN", help_text="stderr file (default: with stdout)."),
+        _option("-D", "--chdir", metavar="DIR", help_text="Working directory (default: the current one)."),
+        _option(
+            "--export",
+            metavar="ALL|NONE|VARS",
+            help_text="Environment to pass: ALL (default), NONE, or NAME[=VALUE],... with optional ALL.",
+        ),
+        _option("-a", "--array", metavar="INDICES", help_text="Job array: 1-1000%50, 1,3,5 or 0-15:4."),
+        click.Option(["--parsable"], is_flag=True, help="Print only the job id."),
+        _option("--wrap", metavar="CMD", help_text="Run CMD with /bin/sh instead of a script."),
+        click.Option(
+            ["--launch"],
+            type=click.Choice([mode.value for mode in LaunchMode]),
+            help="rank: a process per GPU; node: one per node; single: once, like an sbatch script.",
+        ),
+        _option("--ntasks-per-node", metavar="N", help_text="Processes per node in rank mode."),
+        click.Option(
+            ["--requeue/--no-requeue"],
+            default=None,
+            help="Whether the job may be requeued after a node failure (default: yes).",
+        ),
+        _option("--max-restarts", metavar="N", help_text="Times a failed job is restarted (default: 0)."),
+        click.Argument(["script"], required=False),
+        click.Argument(["script_args"], nargs=-1, type=click.UNPROCESSED),
+    ],
+)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _given_options(words: Sequence[str]) -> dict[str, object]:
+    """Parse ``words`` with gsub_command; return only what they set explicitly, by parameter name."""
+    try:
+        ctx = gsub_command.make_context("gsub", list(words))
+    except click.ClickException as error:
+        raise UsageError(_one_line(error.format_message())) from None
+    return {
+        name: value
+        for name, value in ctx.params.items()
+        if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    }
+
+
+class _ChosenOptions:
+    """The winning value of each option and where it came from, so an error can point at the right line."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, tuple[object, str]] = {}
+
+    def apply(self, values: Mapping[str, object], origin: str) -> None:
+        for name, value in values.items():
+            self._values[name] = (value, origin)
+
+    def text(self, name: str) -> str | None:
+        value, _ = self._values.get(name, (None, ""))
+        assert value is None or isinstance(value, str), name
+        return value
+
+    def flag(self, name: str) -> bool | None:
+        value, _ = self._values.get(name, (None, ""))
+        assert value is None or isinstance(value, bool), name
+        return value
+
+    def error(self, name: str, problem: str) -> UsageError:
+        _, origin = self._values.get(name, (None, ""))
+        return UsageError(f"{origin}--{name.replace('_', '-')}: {problem}")
+
+    def nonempty_text(self, name: str) -> str | None:
+        value = self.text(name)
+        if value is not None and not value.strip():
+            raise self.error(name, "must not be empty")
+        return value
+
+    def count(self, name: str, *, minimum: int = 1) -> int | None:
+        value = self.text(name)
+        if value is None:
+            return None
+        try:
+            return parse_count(value.strip(), minimum=minimum)
+        except UsageError as problem:
+            raise self.error(name, str(problem)) from None
+
+
+def _read_script(path: str, cwd: str) -> str:
+    """The script's text, refused early when it could never run as a batch script."""
+    try:
+        with open(os.path.join(cwd, path), "rb") as script_file:
+            data = script_file.read()
+    except FileNotFoundError:
+        raise UsageError(f"script not found: {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"script is a directory: {path}") from None
+    except OSError as error:
+        raise UsageError(f"cannot read script {path}: {error.strerror}") from None
+    if b"\0" in data:
+        raise UsageError(f"script is a binary file, not text: {path}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"script is not UTF-8 text: {path}") from None
+    # Like sbatch: the agent executes the script file directly, which needs an interpreter line.
+    if not text.startswith("#!"):
+        raise UsageError(
+            f"script does not start with #! and an interpreter: {path} (for a command, use --wrap)"
+        )
+    return text
+
+
+def _job_name(chosen: _ChosenOptions, script: str | None) -> str:
+    name = chosen.nonempty_text("job_name")
+    if name is None:
+        return os.path.basename(script) if script is not None else WRAP_JOB_NAME
+    if any(not char.isprintable() for char in name):
+        raise chosen.error("job_name", f"contains a control character: {name!r}")
+    return name
+
+
+def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | None]:
+    """(gpu type, total gpus, gpus per node) from --gpus and --gpus-per-node."""
+    gpu_type: str | None = None
+    counts: dict[str, int | None] = {"gpus": None, "gpus_per_node": None}
+    for name in counts:
+        value = chosen.text(name)
+        if value is None:
+            continue
+        try:
+            requested_type, counts[name] = parse_gpu_request(value)
+        except UsageError as problem:
+            raise chosen.error(name, str(problem)) from None
+        if requested_type is not None and gpu_type is not None and requested_type != gpu_type:
+            raise chosen.error(name, f"GPU type {requested_type!r} differs from --gpus type {gpu_type!r}")
+        gpu_type = requested_type or gpu_type
+    return gpu_type, counts["gpus"], counts["gpus_per_node"]
+
+
+def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> Submission:
+    """Build the Submission for ``gsub ARGV`` run in directory ``cwd`` with environment ``environ``.
+
+    Reads the script file (relative paths against ``cwd``) but nothing else. Raises UsageError with a
+    one-line message for any mistake, and HelpRequested for -h/--help.
+    """
+    command_line = _given_options(argv)
+    script = command_line.get("script")
+    wrap = command_line.get("wrap")
+    script_args = command_line.get("script_args", ())
+    assert script is None or isinstance(script, str)
+    assert wrap is None or isinstance(wrap, str)
+    assert isinstance(script_args, tuple)
+
+    if script is not None and wrap is not None:
+        raise UsageError("give either a script or --wrap, not both")
+    if script is None and wrap is None:
+        raise UsageError("no script given: use gsub [OPTIONS] SCRIPT [ARGS...] or gsub [OPTIONS] --wrap CMD")
+
+    chosen = _ChosenOptions()
+    if script is not None:
+        script_text = _read_script(script, cwd)
+        for line_number, words in read_directive_lines(script_text):
+            origin = f"{script} line {line_number}: "
+            try:
+                directive = _given_options(words)
+            except UsageError as problem:
+                raise UsageError(f"{origin}{problem}") from None
+            except HelpRequested:
+                raise UsageError(f"{origin}--help is not a directive") from None
+            if "script" in directive:
+                raise UsageError(
+                    f"{origin}unexpected argument {directive['script']!r}: directives hold options only"
+                )
+            if "wrap" in directive:
+                raise UsageError(f"{origin}--wrap cannot be used in a script")
+            chosen.apply(directive, origin)
+        command = tuple(str(word) for word in script_args)
+    else:
+        assert wrap is not None
+        if not wrap.strip():
+            raise UsageError("--wrap: the command is empty")
+        script_text = WRAP_SHEBANG + wrap + "\n"
+        command = ()
+    chosen.apply(command_line, "")
+
+    def converted(name: str, parse: Callable[[str], _Value]) -> _Value | None:
+        value = chosen.text(name)
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except UsageError as problem:
+            raise chosen.error(name, str(problem)) from None
+
+    gpu_type, gpus, gpus_per_node = _gpu_request(chosen)
+    chdir = chosen.nonempty_text("chdir")
+    launch = chosen.text("launch")
+    requeue = chosen.flag("requeue")
+    export = converted("export", lambda text: parse_export(text, environ))
+    array = converted("array", parse_array)
+    qos = chosen.nonempty_text("qos")
+
+    spec = JobSpec(
+        name=_job_name(chosen, script),
+        command=command,
+        script=script_text,
+        nodes=chosen.count("nodes"),
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        gpu_type=gpu_type,
+        cpus_per_gpu=chosen.count("cpus_per_gpu") or 0,
+        mem_mb=converted("mem", parse_memory_mb) or 0,
+        time_limit_s=converted("time", parse_time_limit),
+        account=chosen.nonempty_text("account"),
+        partition=chosen.nonempty_text("partition"),
+        workdir=os.path.normpath(os.path.join(cwd, chdir)) if chdir is not None else cwd,
+        env=export if export is not None else dict(environ),
+        output=chosen.nonempty_text("output"),
+        error=chosen.nonempty_text("error"),
+        launch=LaunchMode(launch) if launch is not None else LaunchMode.RANK,
+        ntasks_per_node=chosen.count("ntasks_per_node"),
+        requeue=requeue if requeue is not None else True,
+        max_restarts=chosen.count("max_restarts", minimum=0) or 0,
+        qos=qos,
+        array_max_running=array.max_running if array is not None else None,
+    )
+    return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos)

@@ -1,0 +1,545 @@
+"""gsub's argument parsing: the value formats, #GSUB directives, and the Submission they produce."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from garrison.cli.parsing import (
+    MAX_ARRAY_ELEMENTS,
+    ArraySpec,
+    UsageError,
+    expand_output_pattern,
+    parse_array,
+    parse_export,
+    parse_gpu_request,
+    parse_memory_mb,
+    parse_time_limit,
+    read_directive_lines,
+    read_directives,
+)
+from garrison.cli.submission import HelpRequested, parse_submission
+from garrison.controller.domain import LaunchMode
+
+# ---------------------------------------------------------------------------------------------- time
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30", 30 * 60),  # M
+        ("90", 90 * 60),  # the leading field is not bounded
+        ("5:30", 5 * 60 + 30),  # M:S
+        ("2:03:04", 2 * 3600 + 3 * 60 + 4),  # H:M:S
+        ("48:00:00", 48 * 3600),
+        ("1-0", 86400),  # D-H
+        ("2-12", 2 * 86400 + 12 * 3600),
+        ("1-2:30", 86400 + 2 * 3600 + 30 * 60),  # D-H:M
+        ("1-2:30:15", 86400 + 2 * 3600 + 30 * 60 + 15),  # D-H:M:S
+        ("0:1", 1),
+        (" 10 ", 600),
+    ],
+)
+def test_time_limit_formats(text: str, seconds: int) -> None:
+    assert parse_time_limit(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1:2:3:4",
+        "-5",
+        "abc",
+        "1-",
+        "-",
+        "",
+        "1-2-3",
+        "1-1:2:3:4",
+        "1:",
+        ":1",
+        "1::2",
+        "1.5",
+        "0",
+        "0:0",
+        "1:60",  # seconds out of range
+        "1:60:00",  # minutes out of range
+        "1-24",  # hours out of range after a day count
+        "UNLIMITED",
+        "²",  # a Unicode digit is not an ASCII one
+        "99999999999999",
+    ],
+)
+def test_bad_time_limits_are_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="time limit"):
+        parse_time_limit(text)
+
+
+# ----------------------------------------------------------------------------------------------- gpus
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1", (None, 1)),
+        ("8", (None, 8)),
+        ("a100:8", ("a100", 8)),
+        ("h100-80gb:2", ("h100-80gb", 2)),
+        ("A100_SXM4.40:4", ("A100_SXM4.40", 4)),
+    ],
+)
+def test_gpu_requests(text: str, expected: tuple[str | None, int]) -> None:
+    assert parse_gpu_request(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "a100:0", "a100:-2", "a100", ":4", "a:b:4", "x y:1", "", "2.5"])
+def test_bad_gpu_requests_are_refused(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_gpu_request(text)
+
+
+# --------------------------------------------------------------------------------------------- memory
+
+
+@pytest.mark.parametrize(
+    ("text", "megabytes"),
+    [
+        ("512", 512),
+        ("512M", 512),
+        ("512m", 512),
+        ("16G", 16 * 1024),
+        ("16g", 16 * 1024),
+        ("1T", 1024 * 1024),
+        ("2048K", 2),
+        ("1K", 1),  # rounds up, never to zero
+        ("1025K", 2),
+    ],
+)
+def test_memory_sizes(text: str, megabytes: int) -> None:
+    assert parse_memory_mb(text) == megabytes
+
+
+@pytest.mark.parametrize("text", ["0", "0G", "-1G", "16GB", "1.5G", "G", "", "16 G", "16X", "99999999T"])
+def test_bad_memory_sizes_are_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="memory size"):
+        parse_memory_mb(text)
+
+
+# --------------------------------------------------------------------------------------------- arrays
+
+
+@pytest.mark.parametrize(
+    ("text", "indices", "max_running"),
+    [
+        ("1-5", (1, 2, 3, 4, 5), None),
+        ("1,3,5", (1, 3, 5), None),
+        ("0-15:4", (0, 4, 8, 12), None),
+        ("0-14:4", (0, 4, 8, 12), None),
+        ("7", (7,), None),
+        ("1-3,10,20-24:2", (1, 2, 3, 10, 20, 22, 24), None),
+        ("5,1,3", (1, 3, 5), None),  # ascending whatever the order written
+        ("1-3,2-4", (1, 2, 3, 4), None),  # overlaps merge
+        ("1-10%2", tuple(range(1, 11)), 2),
+    ],
+)
+def test_arrays(text: str, indices: tuple[int, ...], max_running: int | None) -> None:
+    assert parse_array(text) == ArraySpec(indices=indices, max_running=max_running)
+
+
+def test_large_array_with_limit() -> None:
+    spec = parse_array("1-1000%50")
+    assert spec.indices == tuple(range(1, 1001))
+    assert spec.max_running == 50
+
+
+def test_array_of_exactly_the_maximum_size_is_accepted() -> None:
+    assert len(parse_array(f"0-{MAX_ARRAY_ELEMENTS - 1}").indices) == MAX_ARRAY_ELEMENTS
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "5-1",
+        "",
+        "1-x",
+        "x",
+        "-1",
+        "1-",
+        "1,,2",
+        "1,",
+        "0-15:0",
+        "0-15:x",
+        "5:2",
+        "1-10%0",
+        "1-10%",
+        "1-10%x",
+        "%4",
+        "1 - 3",
+        f"0-{MAX_ARRAY_ELEMENTS}",  # one element too many
+        "0-999999999999",  # refused without being expanded
+        f"0-{MAX_ARRAY_ELEMENTS // 2},{MAX_ARRAY_ELEMENTS}-{MAX_ARRAY_ELEMENTS * 2}",  # too many in total
+    ],
+)
+def test_bad_arrays_are_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="array"):
+        parse_array(text)
+
+
+# ----------------------------------------------------------------------------------------- directives
+
+
+def test_directives_are_read_from_the_leading_comment_block_only() -> None:
+    script = (
+        "#!/bin/bash\n"
+        "# a comment\n"
+        "#GSUB -J train\n"
+        "\n"
+        "#GSUB --nodes=2 --gpus-per-node a100:8\n"
+        "##GSUB --time=5  (switched off)\n"
+        "#GSUBX --not-ours\n"
+        "  #GSUB --indented  (not at column 0: an ordinary comment)\n"
+        "#GSUB\n"
+        "echo hello\n"
+        "#GSUB --partition=after-the-first-command\n"
+    )
+    assert read_directive_lines(script) == [
+        (3, ["-J", "train"]),
+        (5, ["--nodes=2", "--gpus-per-node", "a100:8"]),
+    ]
+    assert read_directives(script) == ["-J", "train", "--nodes=2", "--gpus-per-node", "a100:8"]
+
+
+def test_directives_are_shell_split_and_may_carry_a_trailing_comment() -> None:
+    script = (
+        "#!/bin/sh\n"
+        "#GSUB -J 'my job' --output=\"out dir/%j.log\"  # where the logs go\n"
+        '#GSUB --error=err#1.log --export="A=#x"\n'
+    )
+    assert read_directives(script) == [
+        "-J",
+        "my job",
+        "--output=out dir/%j.log",
+        "--error=err#1.log",
+        "--export=A=#x",
+    ]
+
+
+def test_directive_with_an_unclosed_quote_names_its_line() -> None:
+    with pytest.raises(UsageError, match="line 2"):
+        read_directives("#!/bin/sh\n#GSUB -J 'unclosed\n")
+
+
+def test_custom_directive_prefix() -> None:
+    assert read_directives("#!/bin/sh\n#SBATCH -N 2\n#GSUB -N 3\n", directive="#SBATCH") == ["-N", "2"]
+
+
+# --------------------------------------------------------------------------------------------- export
+
+ENVIRON = {"HOME": "/home/ada", "PATH": "/usr/bin", "FOO": "current"}
+
+
+def test_export_all_copies_the_environment() -> None:
+    exported = parse_export("ALL", ENVIRON)
+    assert exported == ENVIRON
+    assert exported is not ENVIRON
+
+
+def test_export_none_is_empty() -> None:
+    assert parse_export("NONE", ENVIRON) == {}
+
+
+def test_export_all_plus_assignments_overrides_the_copy() -> None:
+    assert parse_export("ALL,FOO=1,NEW=2", ENVIRON) == {**ENVIRON, "FOO": "1", "NEW": "2"}
+    # Wherever ALL is written, explicit values win.
+    assert parse_export("FOO=1,ALL", ENVIRON) == {**ENVIRON, "FOO": "1"}
+
+
+def test_export_names_alone_copy_their_current_values() -> None:
+    assert parse_export("FOO,BAR=2", ENVIRON) == {"FOO": "current", "BAR": "2"}
+    assert parse_export("HOME,UNSET_VARIABLE", ENVIRON) == {"HOME": "/home/ada"}
+
+
+def test_export_values_may_be_empty_contain_equals_or_quoted_commas() -> None:
+    assert parse_export('EMPTY=,EQ=a=b,LIST="x,y"', ENVIRON) == {"EMPTY": "", "EQ": "a=b", "LIST": "x,y"}
+
+
+@pytest.mark.parametrize("text", ["", "FOO,,BAR", "NONE,FOO=1", "1BAD=x", "=x", "A-B=1", 'X="unclosed'])
+def test_bad_exports_are_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="export"):
+        parse_export(text, ENVIRON)
+
+
+# ------------------------------------------------------------------------------------- output pattern
+
+
+def _expand(pattern: str, **overrides: object) -> str:
+    values: dict[str, object] = {
+        "job_id": 42,
+        "rank": 3,
+        "node_rank": 1,
+        "array_job_id": 40,
+        "array_task_id": 7,
+        "user": "ada",
+        "job_name": "train",
+    }
+    values.update(overrides)
+    return expand_output_pattern(pattern, **values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expanded"),
+    [
+        ("slurm-%j.out", "slurm-42.out"),
+        ("%x-%u-%j-%t-%n.log", "train-ada-42-3-1.log"),
+        ("%A_%a.out", "40_7.out"),
+        ("100%%-%j", "100%-42"),
+        ("%%j", "%j"),
+        ("%4a-%3t-%02j", "0007-003-42"),
+        ("%5x", "train"),  # a width is ignored for a text specifier
+        ("%q-%", "%q-%"),  # unknown specifiers and a lone % are left as written
+        ("plain.log", "plain.log"),
+    ],
+)
+def test_output_patterns(pattern: str, expanded: str) -> None:
+    assert _expand(pattern) == expanded
+
+
+def test_output_pattern_for_a_job_outside_an_array() -> None:
+    assert _expand("%A_%a", array_job_id=None, array_task_id=None) == "42_0"
+
+
+# --------------------------------------------------------------------------------------- submissions
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def _write_script(directory: Path, body: str, name: str = "job.sh") -> Path:
+    path = directory / name
+    path.write_text(body)
+    return path
+
+
+def test_script_submission_defaults(workdir: Path) -> None:
+    body = "#!/bin/bash\necho hi\n"
+    _write_script(workdir, body)
+    environ = {"PATH": "/usr/bin", "FOO": "1"}
+
+    submission = parse_submission(["job.sh", "--lr", "0.1", "-N", "5"], environ, str(workdir))
+
+    spec = submission.spec
+    assert spec.name == "job.sh"
+    assert spec.script == body
+    assert spec.command == ("--lr", "0.1", "-N", "5")  # words after the script belong to it
+    assert spec.workdir == str(workdir)
+    assert spec.env == environ
+    assert spec.nodes is None
+    assert spec.gpus is None and spec.gpus_per_node is None and spec.gpu_type is None
+    assert spec.time_limit_s is None
+    assert spec.launch is LaunchMode.RANK
+    assert spec.requeue is True
+    assert spec.max_restarts == 0
+    assert submission.array is None
+    assert submission.parsable is False
+    assert submission.qos is None
+
+
+def test_wrap_submission(workdir: Path) -> None:
+    submission = parse_submission(["--wrap", "nvidia-smi -L && hostname"], {"A": "1"}, str(workdir))
+    assert submission.spec.name == "wrap"
+    assert submission.spec.script == "#!/bin/sh\nnvidia-smi -L && hostname\n"
+    assert submission.spec.command == ()
+
+
+def test_every_option_reaches_the_spec(workdir: Path) -> None:
+    _write_script(workdir, "#!/bin/sh\ntrue\n")
+    environ = {"PATH": "/usr/bin", "SECRET": "s"}
+    argv = [
+        "-J", "train", "-N", "2", "--gpus-per-node", "h100:8", "--cpus-per-gpu", "12", "--mem", "64G",
+        "-t", "1-00:00:00", "-A", "ml", "-p", "gpu", "-q", "high", "-o", "out-%j.log", "-e", "err-%j.log",
+        "-D", "sub/../run", "--export", "PATH,MODE=fast", "--array", "0-15:4%2", "--parsable",
+        "--launch", "node", "--ntasks-per-node", "4", "--no-requeue", "--max-restarts", "3",
+        "job.sh",
+    ]  # fmt: skip
+
+    submission = parse_submission(argv, environ, str(workdir))
+
+    spec = submission.spec
+    assert spec.name == "train"
+    assert spec.nodes == 2
+    assert (spec.gpu_type, spec.gpus_per_node, spec.gpus) == ("h100", 8, None)
+    assert spec.total_gpus() == 16
+    assert spec.cpus_per_gpu == 12
+    assert spec.mem_mb == 64 * 1024
+    assert spec.time_limit_s == 86400
+    assert (spec.account, spec.partition, spec.qos) == ("ml", "gpu", "high")
+    assert (spec.output, spec.error) == ("out-%j.log", "err-%j.log")
+    assert spec.workdir == str(workdir / "run")
+    assert spec.env == {"PATH": "/usr/bin", "MODE": "fast"}
+    assert spec.launch is LaunchMode.NODE
+    assert spec.ntasks_per_node == 4
+    assert spec.requeue is False
+    assert spec.max_restarts == 3
+    assert submission.array == ArraySpec(indices=(0, 4, 8, 12), max_running=2)
+    assert spec.array_max_running == 2
+    assert submission.parsable is True
+    assert submission.qos == "high"
+
+
+def test_total_gpus_and_typed_per_node_request_combine(workdir: Path) -> None:
+    submission = parse_submission(["-G", "16", "--gpus-per-node", "a100:8", "--wrap", "x"], {}, str(workdir))
+    assert (submission.spec.gpus, submission.spec.gpus_per_node, submission.spec.gpu_type) == (16, 8, "a100")
+
+
+def test_absolute_chdir_and_script_path(workdir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    script = _write_script(elsewhere, "#!/bin/sh\ntrue\n", name="run.sh")
+    submission = parse_submission(["-D", "/scratch/x", str(script)], {}, str(workdir))
+    assert submission.spec.workdir == "/scratch/x"
+    assert submission.spec.name == "run.sh"
+
+
+def test_directives_apply_and_the_command_line_overrides_them(workdir: Path) -> None:
+    _write_script(
+        workdir,
+        "#!/bin/bash\n"
+        "#GSUB -J from-directive\n"
+        "#GSUB -N 4 --time=2:00:00\n"
+        "#GSUB --no-requeue\n"
+        "#GSUB -N 3\n"  # a later directive beats an earlier one
+        "python train.py\n"
+        "#GSUB --partition=ignored\n",
+    )
+
+    from_script = parse_submission(["job.sh"], {}, str(workdir)).spec
+    assert (from_script.name, from_script.nodes, from_script.time_limit_s) == ("from-directive", 3, 7200)
+    assert from_script.requeue is False
+    assert from_script.partition is None
+
+    overridden = parse_submission(["-N", "8", "--requeue", "job.sh"], {}, str(workdir)).spec
+    assert (overridden.name, overridden.nodes, overridden.time_limit_s) == ("from-directive", 8, 7200)
+    assert overridden.requeue is True
+
+
+def test_a_bad_directive_value_overridden_on_the_command_line_is_not_an_error(workdir: Path) -> None:
+    _write_script(workdir, "#!/bin/sh\n#GSUB --time=abc\ntrue\n")
+    assert parse_submission(["-t", "10", "job.sh"], {}, str(workdir)).spec.time_limit_s == 600
+
+
+def test_unknown_directive_option_names_the_line(workdir: Path) -> None:
+    _write_script(workdir, "#!/bin/sh\n#GSUB -N 2\n\n#GSUB --frobnicate\ntrue\n")
+    with pytest.raises(UsageError, match=r"^job\.sh line 4: .*--frobnicate"):
+        parse_submission(["job.sh"], {}, str(workdir))
+
+
+def test_bad_directive_value_names_the_line_and_option(workdir: Path) -> None:
+    _write_script(workdir, "#!/bin/sh\n#GSUB --nodes 0\ntrue\n")
+    with pytest.raises(UsageError, match=r"^job\.sh line 2: --nodes: must be at least 1"):
+        parse_submission(["job.sh"], {}, str(workdir))
+
+
+@pytest.mark.parametrize(
+    ("directive", "problem"),
+    [
+        ("#GSUB -N 2 extra", "unexpected argument"),
+        ("#GSUB --wrap hostname", "--wrap"),
+        ("#GSUB --help", "--help"),
+    ],
+)
+def test_directives_hold_options_only(workdir: Path, directive: str, problem: str) -> None:
+    _write_script(workdir, f"#!/bin/sh\n{directive}\ntrue\n")
+    with pytest.raises(UsageError, match=f"line 2: .*{problem}"):
+        parse_submission(["job.sh"], {}, str(workdir))
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["-N", "0"], "--nodes"),
+        (["-N", "-1"], "--nodes"),
+        (["-N", "two"], "--nodes"),
+        (["-G", "0"], "--gpus"),
+        (["--gpus-per-node", "a100:0"], "--gpus-per-node"),
+        (["--cpus-per-gpu", "0"], "--cpus-per-gpu"),
+        (["--ntasks-per-node", "0"], "--ntasks-per-node"),
+        (["--max-restarts", "-1"], "--max-restarts"),
+        (["--mem", "lots"], "--mem"),
+        (["-t", "1:2:3:4"], "--time"),
+        (["--array", "5-1"], "--array"),
+        (["--export", "NONE,X=1"], "--export"),
+        (["--launch", "everywhere"], "--launch"),
+        (["-J", ""], "--job-name"),
+        (["-J", "a\nb"], "--job-name"),
+        (["-p", ""], "--partition"),
+        (["-G", "a100:1", "--gpus-per-node", "h100:1"], "--gpus-per-node"),
+        (["--no-such-option"], "--no-such-option"),
+        (["-N"], "-N"),
+    ],
+)
+def test_bad_options_name_the_option_on_one_line(workdir: Path, argv: list[str], problem: str) -> None:
+    with pytest.raises(UsageError) as raised:
+        parse_submission(["--wrap", "true", *argv], {}, str(workdir))
+    message = str(raised.value)
+    assert problem in message
+    assert "\n" not in message
+
+
+def test_script_and_wrap_together_is_an_error(workdir: Path) -> None:
+    _write_script(workdir, "#!/bin/sh\ntrue\n")
+    with pytest.raises(UsageError, match="not both"):
+        parse_submission(["--wrap", "hostname", "job.sh"], {}, str(workdir))
+
+
+def test_neither_script_nor_wrap_is_an_error(workdir: Path) -> None:
+    with pytest.raises(UsageError, match="no script"):
+        parse_submission(["-N", "2"], {}, str(workdir))
+
+
+def test_empty_wrap_is_an_error(workdir: Path) -> None:
+    with pytest.raises(UsageError, match="--wrap"):
+        parse_submission(["--wrap", "  "], {}, str(workdir))
+
+
+def test_missing_script_is_named(workdir: Path) -> None:
+    with pytest.raises(UsageError, match="^script not found: nope.sh$"):
+        parse_submission(["nope.sh"], {}, str(workdir))
+
+
+def test_script_is_resolved_against_cwd_not_chdir(workdir: Path) -> None:
+    (workdir / "run").mkdir()
+    _write_script(workdir / "run", "#!/bin/sh\ntrue\n")
+    with pytest.raises(UsageError, match="script not found"):
+        parse_submission(["-D", "run", "job.sh"], {}, str(workdir))
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"#!/bin/sh\n\x00\x01\x02", "binary"),
+        (b"#!/bin/sh\necho \xff\xfe\n", "not UTF-8"),
+        (b"echo no interpreter line\n", "#!"),
+    ],
+)
+def test_unusable_scripts_are_refused(workdir: Path, content: bytes, problem: str) -> None:
+    (workdir / "job.sh").write_bytes(content)
+    with pytest.raises(UsageError, match=problem):
+        parse_submission(["job.sh"], {}, str(workdir))
+
+
+def test_directory_as_script_is_refused(workdir: Path) -> None:
+    (workdir / "adir").mkdir()
+    with pytest.raises(UsageError, match="directory"):
+        parse_submission(["adir"], {}, str(workdir))
+
+
+def test_help_is_returned_not_printed(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(HelpRequested) as raised:
+        parse_submission(["--help"], {}, str(workdir))
+    assert "--gpus-per-node" in raised.value.text
+    assert capsys.readouterr().out == ""
+
+
+def test_usage_error_exit_status_is_two() -> None:
+    assert UsageError.exit_status == 2
