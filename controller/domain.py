@@ -279,3 +279,27 @@ class Principal:
     uid: int
     gid: int
     groups: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RankOutcome:
+    rank: int
+    exit_code: int
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeResult:
+    """What one node reports when every rank of an attempt on it has ended."""
+
+    job_id: int
+    attempt: int
+    ranks: tuple[RankOutcome, ...]
+    error: str = ""  # the launch failed on this node
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error) or any(r.exit_code != 0 for r in self.ranks)
+
+    def first_failure(self) -> RankOutcome | None:
+        return next((r for r in self.ranks if r.exit_code != 0), None)

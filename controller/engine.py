@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from garrison.config import ControllerConfig
 from garrison.controller.clock import Clock
 from garrison.controller.domain import Job, JobState, Principal
 from garrison.controller.rpc import convert
@@ -32,8 +33,6 @@ from garrison.controller.state import (
 )
 from garrison.controller.validate import ValidationError, partition_nodes, validate_submission
 from garrison.protos.v1 import garrison_pb2 as pb
-
-from garrison.config import ControllerConfig
 
 log = logging.getLogger("garrison.controller")
 

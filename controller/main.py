@@ -30,14 +30,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def serve(config: GarrisonConfig) -> None:
     import grpc
+
+    from garrison.auth import CredentialService, load_or_create_key
     from garrison.controller.clock import SystemClock
     from garrison.controller.engine import Engine
     from garrison.controller.rpc.services import AgentLinkService, Authenticator, ControllerService
     from garrison.controller.state import ClusterState
     from garrison.controller.store import open_store
     from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
-
-    from garrison.auth import CredentialService, load_or_create_key
 
     cfg = config.controller
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from garrison.controller.domain import (
     Allocation,
@@ -24,10 +25,13 @@ from garrison.controller.domain import (
     LaunchMode,
     Node,
     NodeInventory,
+    NodeResult,
     NodeState,
 )
 from garrison.controller.sched.snapshot import NodeView, PendingJob, Snapshot
-from garrison.controller.store import Store
+
+if TYPE_CHECKING:
+    from garrison.controller.store import Store
 
 log = logging.getLogger("garrison.controller.state")
 
@@ -60,30 +64,6 @@ class AckResult:
 
 
 Instruction = Launch | SignalAttempt | AckResult
-
-
-@dataclass(frozen=True, slots=True)
-class RankOutcome:
-    rank: int
-    exit_code: int
-    error: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeResult:
-    """What one node reports when every rank of an attempt on it has ended."""
-
-    job_id: int
-    attempt: int
-    ranks: tuple[RankOutcome, ...]
-    error: str = ""  # the launch failed on this node
-
-    @property
-    def failed(self) -> bool:
-        return bool(self.error) or any(r.exit_code != 0 for r in self.ranks)
-
-    def first_failure(self) -> RankOutcome | None:
-        return next((r for r in self.ranks if r.exit_code != 0), None)
 
 
 @dataclass(slots=True)

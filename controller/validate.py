@@ -6,10 +6,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from garrison.config import ControllerConfig, PartitionConfig
 from garrison.controller.domain import JobSpec, LaunchMode, Node, Principal
 from garrison.controller.sched.placement import gang_shape, gpu_matches
-
-from garrison.config import ControllerConfig, PartitionConfig
 
 MAX_SCRIPT_BYTES = 1 << 20
 MAX_ENV_BYTES = 1 << 20

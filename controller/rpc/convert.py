@@ -11,8 +11,9 @@ from garrison.controller.domain import (
     Node,
     NodeAllocation,
     NodeInventory,
+    NodeResult,
+    RankOutcome,
 )
-from garrison.controller.state import NodeResult, RankOutcome
 from garrison.protos.v1 import garrison_pb2 as pb
 
 

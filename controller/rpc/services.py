@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+
+from garrison.auth import AuthError, verify_credential
 from garrison.controller.domain import Principal
 from garrison.controller.engine import AgentSession, Engine, NotFound, PermissionDenied
 from garrison.controller.rpc import convert
 from garrison.controller.validate import ValidationError
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
-
-from garrison.auth import AuthError, verify_credential
 
 log = logging.getLogger("garrison.controller.rpc")
 

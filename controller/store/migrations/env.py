@@ -12,10 +12,11 @@ from __future__ import annotations
 
 # Absolute imports of the store's modules: Alembic loads this file by path, outside its package.
 from alembic import context
-from garrison.controller.store.engine import create_store_engine
-from garrison.controller.store.schema import metadata
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
+
+from garrison.controller.store.engine import create_store_engine
+from garrison.controller.store.schema import metadata
 
 # Key of the PostgreSQL advisory lock held while migrating (any constant; "garrison" in ASCII).
 MIGRATION_LOCK_KEY = 0x6761727269736F6E

@@ -1,0 +1,192 @@
+"""The whole path a job takes: real CLI -> real controller (gRPC, SQLite) -> two real agents -> real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from .conftest import Cluster, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_nodes_registered_with_their_machines(cluster: Cluster) -> None:
+    out = cluster.run("ginfo").stdout
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert set(lines) == {"node1", "node2"}
+    assert "A100" in lines["node1"] and "V100" in lines["node2"]
+    assert "IDLE" in lines["node1"] or "MIXED" in lines["node1"] or "ALLOCATED" in lines["node1"]
+    topo = cluster.run("ginfo", "--topology", "node2").stdout
+    g0 = next(line for line in topo.splitlines() if line.startswith("GPU0"))
+    assert g0.split()[1:9] == ["X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"]
+
+
+def test_job_output_exit_code_and_details(cluster: Cluster) -> None:
+    job_id = cluster.submit("-J", "hello", "-G", "1", "-o", "out-%j.txt", "--wrap",
+                            'echo "hello from $GARRISON_JOB_ID gpus=$CUDA_VISIBLE_DEVICES"; exit 3')
+    job = cluster.wait_done(job_id)
+    assert job["state"] == "FAILED" and job["exit_code"] == 3
+    out = (cluster.work / f"out-{job_id}.txt").read_text()
+    assert out.startswith(f"hello from {job_id} gpus=")
+    assert len(out.split("gpus=")[1].strip().split(",")) == 1
+    detail = cluster.run("gjob", job_id).stdout
+    assert f"JobId={job_id} JobName=hello" in detail and "Attempt 0: FAILED" in detail and "exit=3" in detail
+
+
+def test_script_with_directives_and_args(cluster: Cluster) -> None:
+    script = cluster.work / "job.sh"
+    script.write_text("#!/bin/bash\n#GSUB -J from-directive\n#GSUB -o script-%j.out\necho args: \"$@\"\n")
+    job_id = cluster.submit(str(script), "a", "b c")
+    assert cluster.wait_done(job_id)["state"] == "COMPLETED"
+    assert cluster.job(job_id)["name"] == "from-directive"
+    assert (cluster.work / f"script-{job_id}.out").read_text() == "args: a b c\n"
+
+
+def test_two_node_gang_gets_one_rank_per_gpu(cluster: Cluster) -> None:
+    job_id = cluster.submit("-N", "2", "--gpus-per-node", "2", "-o", "gang-%j.out", "--wrap",
+                            'echo "$RANK $LOCAL_RANK $WORLD_SIZE $GARRISON_NODENAME $CUDA_VISIBLE_DEVICES"')
+    assert cluster.wait_done(job_id)["state"] == "COMPLETED"
+    lines = sorted((cluster.work / f"gang-{job_id}.out").read_text().split("\n")[:-1])
+    assert [line.split()[:3] for line in lines] == [["0", "0", "4"], ["1", "1", "4"], ["2", "0", "4"], ["3", "1", "4"]]
+    assert {line.split()[3] for line in lines} == {"node1", "node2"}
+    assert all(len(line.split()[4].split(",")) == 2 for line in lines)
+
+
+def test_cancel_running_job_kills_its_processes(cluster: Cluster) -> None:
+    marker = cluster.work / "cancel-pid"
+    job_id = cluster.submit("-G", "1", "--wrap", f"echo $$ > {marker}; exec sleep 300")
+    cluster.wait_state(job_id, {"RUNNING"})
+    pid = int(wait_until("the job to write its pid", lambda: marker.exists() and marker.read_text().strip()))
+    cluster.run("gcancel", job_id)
+    assert cluster.wait_done(job_id)["state"] == "CANCELLED"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_time_limit_kills_the_job(cluster: Cluster) -> None:
+    job_id = cluster.submit("-G", "1", "-t", "0:02", "--wrap", "sleep 300")
+    job = cluster.wait_done(job_id, timeout=30)
+    assert job["state"] == "TIMEOUT"
+    assert job["elapsed_s"] < 10
+
+
+def test_array_with_limit(cluster: Cluster) -> None:
+    job_id = cluster.submit("--array", "1-6%2", "-G", "1", "-o", "arr-%A_%a.out", "--wrap",
+                            "echo task $GARRISON_ARRAY_TASK_ID of $GARRISON_ARRAY_JOB_ID")
+    tasks = wait_until(
+        "every array task to end",
+        lambda: (lambda js: js if len(js) == 6 and all(j["state"] == "COMPLETED" for j in js) else None)(
+            cluster.jobs(job_id)
+        ),
+    )
+    assert sorted(j["job_id"] for j in tasks) == sorted(f"{job_id}_{i}" for i in range(1, 7))
+    for i in range(1, 7):
+        assert (cluster.work / f"arr-{job_id}_{i}.out").read_text() == f"task {i} of {job_id}\n"
+    assert cluster.job(f"{job_id}_3")["array_task_id"] == 3
+
+
+def test_gqueue_filters_and_formats(cluster: Cluster) -> None:
+    job_id = cluster.submit("-G", "1", "--wrap", "sleep 300")
+    cluster.wait_state(job_id, {"RUNNING"})
+    running = json.loads(cluster.run("gqueue", "--json", "-t", "RUNNING").stdout)["jobs"]
+    assert job_id in {j["job_id"] for j in running}
+    plain = cluster.run("gqueue", "-j", job_id).stdout.splitlines()
+    assert plain[0].split() == ["JOBID", "NAME", "USER", "ACCOUNT", "STATE", "TIME", "GPUS", "NODES(REASON)"]
+    assert plain[1].split()[0] == job_id and plain[1].split()[4] == "RUNNING"
+    assert cluster.run("gqueue", "--me", "-j", job_id).stdout.count("\n") == 2
+    cluster.run("gcancel", job_id)
+    cluster.wait_done(job_id)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-G", "0", "--wrap", "true"], "--gpus"),
+        (["-N", "1", "-G", "16", "--wrap", "true"], "16 GPUs on 1 node"),
+        (["-t", "1:2:3:4", "--wrap", "true"], "--time"),
+        (["/nonexistent/script.sh"], "script not found"),
+        (["-A", "nosuch", "--wrap", "true"], "unknown account"),
+        (["-p", "nosuch", "--wrap", "true"], "unknown partition"),
+        (["--gpus-per-node", "9", "--wrap", "true"], "GPUs each"),
+    ],
+)
+def test_bad_input_is_refused_with_one_line(cluster: Cluster, args: list[str], message: str) -> None:
+    before = len(cluster.jobs())
+    proc = cluster.run("gsub", *args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert len(cluster.jobs()) == before
+
+
+def test_unknown_directive_names_the_line(cluster: Cluster) -> None:
+    script = cluster.work / "bad.sh"
+    script.write_text("#!/bin/sh\n#GSUB -J ok\n#GSUB --frobnicate\necho\n")
+    proc = cluster.run("gsub", str(script), check=False)
+    assert proc.returncode == 2 and "line 3" in proc.stderr
+
+
+def test_unreachable_controller(cluster: Cluster) -> None:
+    env = dict(cluster.env, GARRISON_CONTROLLER="127.0.0.1:1")
+    proc = cluster.run("gqueue", check=False, env=env)
+    assert proc.returncode == 1 and "cannot reach the controller" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_cancel_someone_elses_job_is_refused(cluster: Cluster) -> None:
+    """Over real gRPC with a credential signed for another uid (as the credential service would issue)."""
+    import time
+    from pathlib import Path
+
+    import grpc
+
+    from garrison.auth import issue_credential
+    from garrison.controller.domain import Principal
+    from garrison.protos.v1 import garrison_pb2 as pb
+    from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
+
+    job_id = cluster.submit("-G", "1", "--wrap", "sleep 300")
+    key = Path(cluster.state_dir / "controller" / "credential.key").read_bytes()
+    other = issue_credential(key, Principal("mallory", 54321, 54321), time.time(), 60)
+    with grpc.insecure_channel(cluster.env["GARRISON_CONTROLLER"]) as channel:
+        stub = pb_grpc.ControllerStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.CancelJobs(pb.CancelJobsRequest(job_ids=[job_id]), metadata=(("x-garrison-credential", other),))
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.RpcError) as anonymous:
+            stub.ListJobs(pb.ListJobsRequest())
+        assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        forged = other[:-4] + ("AAAA" if not other.endswith("AAAA") else "BBBB")
+        with pytest.raises(grpc.RpcError) as bad:
+            stub.ListJobs(pb.ListJobsRequest(), metadata=(("x-garrison-credential", forged),))
+        assert bad.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert cluster.job(job_id)["state"] in ("PENDING", "CONFIGURING", "RUNNING")
+    cluster.run("gcancel", job_id)
+    cluster.wait_done(job_id)
+
+
+def test_controller_sigkill_restart_finishes_every_job_exactly_once(cluster: Cluster) -> None:
+    ids = [cluster.submit("-G", "1", "-o", "once-%j.out", "--wrap", "echo ran; sleep 0.3") for _ in range(12)]
+    wait_until("some jobs to start", lambda: any(j["state"] != "PENDING" for j in cluster.jobs(*ids)))
+    os.kill(cluster.pid("controller"), signal.SIGKILL)
+    cluster.up()  # restarts only the controller, at the same address
+    for job_id in ids:
+        job = cluster.wait_done(job_id, timeout=60)
+        assert job["state"] == "COMPLETED", job
+        assert (cluster.work / f"once-{job_id}.out").read_text() == "ran\n"
+        assert "Attempt 1" not in cluster.run("gjob", job_id).stdout
+
+
+def test_agent_sigkill_restart_keeps_running_jobs(cluster: Cluster) -> None:
+    job_id = cluster.submit("-N", "2", "--gpus-per-node", "1", "-o", "survive-%j.out", "--wrap",
+                            "sleep 2; echo survived $RANK")
+    cluster.wait_state(job_id, {"RUNNING"})
+    agent_pids = [cluster.pid("agent-1"), cluster.pid("agent-2")]
+    os.kill(agent_pids[0], signal.SIGKILL)
+    cluster.up()  # restarts only agent-1
+    assert cluster.pid("agent-1") != agent_pids[0] and cluster.pid("agent-2") == agent_pids[1]
+    job = cluster.wait_done(job_id, timeout=60)
+    assert job["state"] == "COMPLETED", job
+    assert sorted((cluster.work / f"survive-{job_id}.out").read_text().splitlines()) == ["survived 0", "survived 1"]
+    assert "Attempt 1" not in cluster.run("gjob", job_id).stdout
