@@ -25,7 +25,7 @@ test-fast: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy controller nodeagent cli garrison
+	bash scripts/typecheck.sh
 
 protos: venv
 	$(PY) scripts/gen_protos.py

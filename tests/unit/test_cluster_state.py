@@ -19,9 +19,11 @@ from garrison.controller.domain import (
     LaunchMode,
     NodeAllocation,
     NodeInventory,
+    NodeResult,
     NodeState,
+    RankOutcome,
 )
-from garrison.controller.state import AckResult, ClusterState, Launch, NodeResult, RankOutcome, SignalAttempt
+from garrison.controller.state import AckResult, ClusterState, Launch, SignalAttempt
 from garrison.controller.store import open_store
 
 
