@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail
 
 

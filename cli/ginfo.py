@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import click
+
 from garrison.cli.client import Client, CliError, fail
 from garrison.cli.render import NODE_COLUMNS, node_row, plain_table, rich_table
 

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from garrison.cli.client import CliError, Client, fail
+from garrison.cli.client import Client, CliError, fail
 from garrison.cli.render import job_detail
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}

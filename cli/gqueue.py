@@ -6,6 +6,7 @@ import getpass
 import sys
 
 import click
+
 from garrison.cli.client import Client, CliError, fail
 from garrison.cli.render import JOB_COLUMNS, job_row, jobs_json, plain_table, rich_table
 

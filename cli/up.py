@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 import click
+
 from garrison.cli.client import Client, CliError, fail
+from garrison.config import load_config
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -77,8 +79,6 @@ def _write_configs(state_dir: Path, topologies: list[str]) -> None:
 
 
 def _address(state_dir: Path) -> str:
-    from garrison.config import load_config
-
     return load_config(state_dir / "garrison.toml").controller.address
 
 
@@ -158,6 +158,14 @@ def cluster_up(state_dir: Path, agents: int | None, topologies: list[str]) -> st
     if _pid_alive(state_dir / "controller.pid", str(config)) is None:
         _start(["-m", "garrison.controller.main", "--config", str(config)],
                state_dir / "controller.log", state_dir / "controller.pid")
+
+    def controller_ready() -> bool:
+        if _pid_alive(state_dir / "controller.pid", str(config)) is None:
+            raise CliError(f"the controller exited; see {state_dir / 'controller.log'}")
+        return Path(load_config(config).controller.credential_socket).exists() and _answers_hello(address)
+
+    # Agents started before the controller serves would only retry with backoff, slowing `up` down.
+    _wait_for("the controller to serve", controller_ready, deadline)
     agent_configs = _agent_configs(state_dir)
     for agent_config in agent_configs:
         name = agent_config.stem
@@ -181,6 +189,20 @@ def cluster_up(state_dir: Path, agents: int | None, topologies: list[str]) -> st
 
     _wait_for("every agent to register", all_registered, deadline)
     return address
+
+
+def _answers_hello(address: str) -> bool:
+    import grpc
+
+    from garrison.protos.v1 import garrison_pb2 as pb
+    from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            pb_grpc.ControllerStub(channel).Hello(pb.HelloRequest(), timeout=1.0)
+        except grpc.RpcError:
+            return False
+    return True
 
 
 def _stop_pid(pid_file: Path, marker: str) -> None:

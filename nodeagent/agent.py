@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 
 import grpc
+
+from garrison.auth import AuthError
+from garrison.config import AgentConfig
 from garrison.controller.domain import NodeInventory
 from garrison.controller.rpc import convert
 from garrison.nodeagent.jobs import AttemptResult, JobManager, LaunchRequest, RefusedLaunch
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
-
-from garrison.config import AgentConfig
 
 log = logging.getLogger("garrison.agent")
 
@@ -150,7 +151,8 @@ class Agent:
                 await self._session()
             except grpc.aio.AioRpcError as exc:
                 log.warning("link to controller %s: %s", self.config.controller, exc.details() or exc.code().name)
-            except OSError as exc:
+            except (OSError, AuthError) as exc:
+                # The controller (and its credential service) may not be up yet, or restarting: retry.
                 log.warning("link to controller %s: %s", self.config.controller, exc)
             if self._stop.is_set():
                 return

@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 import pynvml
+
 from garrison.controller.domain import Gpu, NodeInventory
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ def test_nodes_registered_with_their_machines(cluster: Cluster) -> None:
     assert "A100" in lines["node1"] and "V100" in lines["node2"]
     assert "IDLE" in lines["node1"] or "MIXED" in lines["node1"] or "ALLOCATED" in lines["node1"]
     topo = cluster.run("ginfo", "--topology", "node2").stdout
-    g0 = next(line for line in topo.splitlines() if line.startswith("GPU0"))
+    g0 = next(line for line in topo.splitlines() if line.startswith("G0 "))
     assert g0.split()[1:9] == ["X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"]
 
 

@@ -1,0 +1,633 @@
+"""The supervisor process of one job attempt (the role of Slurm's slurmstepd).
+
+One supervisor runs per (job_id, attempt). It is started detached from the node
+agent (see client.spawn() and forkserver.py), so the agent can crash or restart
+without killing or losing jobs. It reads ``launch.json``, starts every rank in its
+own session/process group, forwards control signals, enforces the SIGTERM->SIGKILL
+grace period, reaps everything (it is a child subreaper) and records exit statuses
+in ``status.json``, which the agent reads, also after its own restart.
+
+This module sits on the path between "the agent decided to launch" and "the first
+rank runs", so it imports only small standard-library modules. In particular it does
+not import spec.py (dataclasses pulls in inspect, ~10 ms); it reads the launch file
+into its own plain classes instead. client.spawn() runs it with ``python -I -S`` by
+appending this directory to sys.path, so it must not use package-relative imports
+either: when started that way it is the top-level module ``core``.
+
+Control protocol (signals sent to the supervisor pid):
+  SIGUSR1, SIGUSR2  forwarded to every rank's process group
+  SIGTERM           terminate: SIGCONT+SIGTERM to every rank group, SIGKILL to the
+                    groups still alive after kill_wait_s
+  SIGINT            SIGKILL every rank group now
+  SIGHUP            process the request files in ``control/`` (one file per request,
+                    containing a signal number to forward to every rank group)
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import signal
+import sys
+import time
+
+# typing costs ~5 ms of start-up and the annotations here are never evaluated at run
+# time (postponed annotations), so it is imported for the type checker only. (mypy
+# treats a constant named TYPE_CHECKING as true.)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+LAUNCH_FILE = "launch.json"
+STATUS_FILE = "status.json"
+PID_FILE = "supervisor.pid"
+LOCK_FILE = "supervisor.lock"
+LOG_FILE = "supervisor.log"
+CONTROL_DIR = "control"
+
+STATE_STARTING = "starting"
+STATE_RUNNING = "running"
+STATE_FINISHED = "finished"
+
+FORWARDED_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})
+TERMINATE_SIGNAL = signal.SIGTERM
+KILL_NOW_SIGNAL = signal.SIGINT
+CONTROL_REQUEST_SIGNAL = signal.SIGHUP
+CONTROL_SIGNALS = FORWARDED_SIGNALS | {TERMINATE_SIGNAL, KILL_NOW_SIGNAL, CONTROL_REQUEST_SIGNAL}
+# Everything the main loop waits for stays blocked for the supervisor's whole life and
+# is consumed synchronously with sigtimedwait(): no handlers, no EINTR, no races.
+_WAITED_SIGNALS = CONTROL_SIGNALS | {signal.SIGCHLD}
+
+# Exit codes follow the shell's conventions, so a job's script sees familiar values.
+EXIT_COMMAND_NOT_RUNNABLE = 126
+EXIT_COMMAND_NOT_FOUND = 127
+EXIT_SIGNAL_BASE = 128
+
+# A descendant that makes itself a subreaper (or similar) can empty a rank's process
+# group without us being told by SIGCHLD; while some rank's leader has exited but its
+# group has not emptied, re-check this often.
+GROUP_POLL_INTERVAL_S = 1.0
+
+NOTIFY_TIMEOUT_S = 0.5
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class LaunchError(Exception):
+    """launch.json is missing or malformed."""
+
+
+class RankProcess:
+    """One rank: what to run (from launch.json) and what became of it."""
+
+    __slots__ = (
+        "rank",
+        "argv",
+        "env",
+        "cwd",
+        "stdout",
+        "stderr",
+        "pid",
+        "leader_start_ticks",
+        "leader_exit_code",
+        "ended",
+        "error",
+    )
+
+    def __init__(self, description: dict[str, Any]) -> None:
+        self.rank = int(description["rank"])
+        self.argv = [str(arg) for arg in description["argv"]]
+        self.env = {str(key): str(value) for key, value in description["env"].items()}
+        self.cwd = str(description["cwd"])
+        self.stdout = str(description["stdout"])
+        self.stderr = str(description["stderr"])
+        if not self.argv:
+            raise LaunchError(f"rank {self.rank}: empty argv")
+        # The rank is its own session, so its pid is also its process group id.
+        self.pid: int | None = None
+        # Start time (clock ticks since boot) of the leader, so that kill_orphans() can
+        # tell the recorded group from an unrelated one that reused the number.
+        self.leader_start_ticks: int | None = None
+        self.leader_exit_code: int | None = None
+        self.ended = False
+        self.error: str | None = None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "pid": self.pid,
+            "pgid": self.pid,
+            # Only final once the whole group is gone, so only reported then.
+            "exit_code": self.leader_exit_code if self.ended else None,
+            "ended": self.ended,
+            "error": self.error,
+            "leader_start_ticks": self.leader_start_ticks,
+        }
+
+
+class Launch:
+    """The parts of launch.json the supervisor needs (schema: spec.LaunchSpec)."""
+
+    __slots__ = ("job_id", "attempt", "uid", "gid", "groups", "user", "ranks", "kill_wait_s", "notify_socket")
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        try:
+            self.job_id = int(document["job_id"])
+            self.attempt = int(document["attempt"])
+            self.uid = int(document["uid"])
+            self.gid = int(document["gid"])
+            self.groups = [int(group) for group in document["groups"]]
+            self.user = str(document["user"])
+            self.ranks = [RankProcess(rank) for rank in document["ranks"]]
+            self.kill_wait_s = float(document["kill_wait_s"])
+            notify_socket = document.get("notify_socket")
+            self.notify_socket = None if notify_socket is None else str(notify_socket)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise LaunchError(f"malformed {LAUNCH_FILE}: {error!r}") from error
+
+    @classmethod
+    def read(cls, job_dir: str) -> Launch:
+        try:
+            with open(os.path.join(job_dir, LAUNCH_FILE), "rb") as launch_file:
+                document = json.loads(launch_file.read())
+        except (OSError, ValueError) as error:
+            raise LaunchError(f"cannot read {LAUNCH_FILE}: {error}") from error
+        if not isinstance(document, dict):
+            raise LaunchError(f"malformed {LAUNCH_FILE}: not an object")
+        return cls(document)
+
+
+def write_file_atomically(path: str, data: bytes) -> None:
+    """Readers see the old content or the new one, never a torn write."""
+    # Per-process temporary name: the client and the supervisor both write supervisor.pid.
+    temporary = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+
+
+def read_start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: the process start time in clock ticks since boot."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            stat = stat_file.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may itself contain spaces or
+    # parentheses, so count fields from the last ')'.
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return int(fields[19])
+
+
+def _log(message: str) -> None:
+    # stderr is supervisor.log in the job dir (set up by whoever started us). Unbuffered
+    # so nothing is lost if we are killed.
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} supervisor[{os.getpid()}]: {message}\n"
+    try:
+        os.write(2, line.encode(errors="replace"))
+    except OSError:
+        return  # nowhere to report it; the status file still says what matters
+
+
+def _exit_code_from_wait_status(wait_status: int) -> int:
+    code = os.waitstatus_to_exitcode(wait_status)
+    return EXIT_SIGNAL_BASE - code if code < 0 else code
+
+
+def _become_child_subreaper() -> None:
+    # Orphaned descendants of the ranks are re-parented to us rather than to init, so we
+    # learn (SIGCHLD) when they die and reap them: a zombie still counts as a member of
+    # its process group, and a rank only ends when its group is empty.
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        error_number = ctypes.get_errno()
+        raise OSError(error_number, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(error_number)}")
+
+
+def _ensure_standard_fds_open() -> None:
+    # A rank's output files are dup2()ed onto 0-2; if one of those were closed here, an
+    # os.open() could return it and the dup2 dance would clobber it.
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            replacement = os.open(os.devnull, os.O_RDWR)
+            if replacement != fd:
+                os.dup2(replacement, fd)
+                os.close(replacement)
+
+
+def _open_output(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def _describe_exec_failure(stage: str, rank: RankProcess, error: BaseException) -> str:
+    if isinstance(error, OSError):
+        if stage == "exec" and error.errno == errno.ENOENT and "/" not in rank.argv[0]:
+            return f"exec {rank.argv[0]!r}: command not found"
+        target = error.filename if error.filename is not None else ""
+        return f"{stage} {target!r}: {error.strerror or error}" if target else f"{stage}: {error.strerror}"
+    return f"{stage}: {error!r}"
+
+
+def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_signals: list[int]) -> NoReturn:
+    """Runs in the forked child: set up the rank's process and exec it.
+
+    On failure the one-line reason goes to error_pipe (read by the supervisor) and, if
+    it can be opened, to the rank's stderr file; the child then exits 127 (126 for a
+    permission problem), which becomes the rank's exit code like any other.
+    """
+    stage = "setsid"
+    exit_code = EXIT_COMMAND_NOT_FOUND
+    stderr_fd = -1
+    privileges_dropped = False
+    try:
+        os.setsid()
+        stage = "reset signals"
+        # Ignored dispositions survive exec (Python ignores SIGPIPE and SIGXFSZ; a shell
+        # that backgrounded us ignores SIGINT and SIGQUIT); a job must start clean.
+        for signal_number in ignored_signals:
+            signal.signal(signal_number, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        if launch.uid != os.getuid():
+            stage = f"switch to uid {launch.uid} gid {launch.gid}"
+            os.setgroups(launch.groups)
+            os.setgid(launch.gid)
+            os.setuid(launch.uid)
+        privileges_dropped = True
+        # Everything from here on happens with the job user's rights only, so a job
+        # cannot chdir into or write output files where its user could not.
+        stage = "chdir"
+        os.chdir(rank.cwd)
+        stage = "open stdin"
+        stdin_fd = os.open(os.devnull, os.O_RDONLY)
+        stage = "open stdout"
+        stdout_fd = _open_output(rank.stdout)
+        if rank.stderr == rank.stdout:
+            stderr_fd = stdout_fd
+        else:
+            stage = "open stderr"
+            stderr_fd = _open_output(rank.stderr)
+        os.dup2(stdin_fd, 0)
+        os.dup2(stdout_fd, 1)
+        os.dup2(stderr_fd, 2)
+        stderr_fd = 2
+        stage = "exec"
+        os.execvpe(rank.argv[0], rank.argv, rank.env)
+    except BaseException as error:  # noqa: B036 - a forked copy of the supervisor must never return
+        if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM):
+            exit_code = EXIT_COMMAND_NOT_RUNNABLE
+        message = _describe_exec_failure(stage, rank, error)
+    try:
+        os.write(error_pipe, message.encode(errors="replace"))
+        if (
+            stderr_fd < 0
+            and privileges_dropped
+            and stage in ("chdir", "open stdout")
+            and os.path.isabs(rank.stderr)
+        ):
+            stderr_fd = _open_output(rank.stderr)
+        if stderr_fd >= 0:
+            os.write(stderr_fd, f"garrison: rank {rank.rank}: {message}\n".encode(errors="replace"))
+    finally:
+        os._exit(exit_code)
+
+
+def _wait_for_signal(timeout: float | None) -> int | None:
+    if timeout is None:
+        return signal.sigwaitinfo(_WAITED_SIGNALS).si_signo
+    info = signal.sigtimedwait(_WAITED_SIGNALS, max(timeout, 0.0))
+    return None if info is None else info.si_signo
+
+
+class Supervisor:
+    """Runs the ranks of one launch to completion; see the module docstring."""
+
+    def __init__(self, job_dir: str, launch: Launch) -> None:
+        self.job_dir = job_dir
+        self.launch = launch
+        self.ranks = launch.ranks
+        self._rank_by_leader_pid: dict[int, RankProcess] = {}
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self.terminated_by: str | None = None
+        self.error: str | None = None
+        self._kill_deadline: float | None = None
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def run(self) -> int:
+        self.write_status(STATE_STARTING)
+        try:
+            if self._termination_requested_before_start():
+                for rank in self.ranks:
+                    rank.ended = True
+                    rank.error = f"not started: {self.terminated_by} requested before start"
+            else:
+                self._start_ranks()
+                self.write_status(STATE_RUNNING)
+                self._supervise()
+        except Exception as error:
+            # A bug here must not leave ranks running unsupervised: kill them and say so.
+            import traceback
+
+            _log("supervisor failed:\n" + traceback.format_exc())
+            self.error = f"supervisor failed: {error!r}"
+            self._signal_ranks(signal.SIGKILL)
+        self.finished_at = time.time()
+        self.write_status(STATE_FINISHED)
+        self._notify_agent()
+        return 0 if self.error is None else 1
+
+    def _termination_requested_before_start(self) -> bool:
+        pending = signal.sigpending()
+        if KILL_NOW_SIGNAL in pending:
+            self.terminated_by = "SIGKILL"
+        elif TERMINATE_SIGNAL in pending:
+            self.terminated_by = "SIGTERM"
+        else:
+            return False
+        signal.sigtimedwait({TERMINATE_SIGNAL, KILL_NOW_SIGNAL}, 0)
+        return True
+
+    def _start_ranks(self) -> None:
+        ignored_signals: list[int] = [
+            signal_number
+            for signal_number in signal.valid_signals()
+            if signal.getsignal(signal_number) is signal.SIG_IGN
+        ]
+        self.started_at = time.time()
+        exec_results: list[tuple[RankProcess, int]] = []
+        # Fork every rank before waiting for any exec, so ranks start in parallel.
+        for rank in self.ranks:
+            read_end, write_end = os.pipe()  # close-on-exec: EOF means exec succeeded
+            pid = os.fork()
+            if pid == 0:
+                _become_rank(rank, self.launch, write_end, ignored_signals)
+            os.close(write_end)
+            rank.pid = pid
+            rank.leader_start_ticks = read_start_ticks(pid)
+            self._rank_by_leader_pid[pid] = rank
+            exec_results.append((rank, read_end))
+        # Waiting for the result also guarantees each child has called setsid() before
+        # we first signal its process group.
+        for rank, read_end in exec_results:
+            chunks = []
+            while chunk := os.read(read_end, 4096):
+                chunks.append(chunk)
+            os.close(read_end)
+            if chunks:
+                rank.error = b"".join(chunks).decode(errors="replace")
+                _log(f"rank {rank.rank}: {rank.error}")
+
+    def _supervise(self) -> None:
+        while True:
+            self._reap_children()
+            self._escalate_to_kill_if_due()
+            if self._mark_ended_ranks() and not self._all_ranks_ended():
+                self.write_status(STATE_RUNNING)
+            if self._all_ranks_ended():
+                return
+            signal_number = _wait_for_signal(self._wait_timeout())
+            while signal_number is not None:
+                self._handle_signal(signal_number)
+                signal_number = _wait_for_signal(0)
+
+    def _wait_timeout(self) -> float | None:
+        timeout: float | None = None
+        if self._kill_deadline is not None:
+            timeout = self._kill_deadline - time.monotonic()
+        if any(rank.leader_exit_code is not None and not rank.ended for rank in self.ranks):
+            timeout = GROUP_POLL_INTERVAL_S if timeout is None else min(timeout, GROUP_POLL_INTERVAL_S)
+        return timeout
+
+    # --- children --------------------------------------------------------------
+
+    def _reap_children(self) -> None:
+        # SIGCHLDs coalesce, so reap until nothing is left. Orphaned descendants that
+        # were re-parented to us are reaped and forgotten; only leaders have exit codes.
+        while True:
+            try:
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            rank = self._rank_by_leader_pid.get(pid)
+            if rank is not None:
+                rank.leader_exit_code = _exit_code_from_wait_status(wait_status)
+
+    def _mark_ended_ranks(self) -> bool:
+        """A rank ends when its leader has been reaped and its process group is empty."""
+        changed = False
+        for rank in self.ranks:
+            if rank.ended or rank.leader_exit_code is None or rank.pid is None:
+                continue
+            try:
+                os.killpg(rank.pid, 0)
+            except ProcessLookupError:
+                rank.ended = True
+                changed = True
+            except PermissionError:
+                pass  # members exist, we just may not signal them (only without root)
+        return changed
+
+    def _all_ranks_ended(self) -> bool:
+        return all(rank.ended for rank in self.ranks)
+
+    # --- control ---------------------------------------------------------------
+
+    def _handle_signal(self, signal_number: int) -> None:
+        if signal_number == signal.SIGCHLD:
+            return  # reaping happens at the top of the loop
+        if signal_number in FORWARDED_SIGNALS:
+            self._signal_ranks(signal_number)
+        elif signal_number == TERMINATE_SIGNAL:
+            self._terminate()
+        elif signal_number == KILL_NOW_SIGNAL:
+            self.terminated_by = "SIGKILL"
+            self._kill_deadline = None
+            self._signal_ranks(signal.SIGKILL)
+        elif signal_number == CONTROL_REQUEST_SIGNAL:
+            self._process_control_requests()
+
+    def _terminate(self) -> None:
+        if self._kill_deadline is not None or self.terminated_by == "SIGKILL":
+            return  # already terminating; a repeated request must not extend the grace period
+        self.terminated_by = self.terminated_by or "SIGTERM"
+        # SIGCONT first: a stopped (suspended) process would not act on SIGTERM.
+        self._signal_ranks(signal.SIGCONT)
+        self._signal_ranks(signal.SIGTERM)
+        self._kill_deadline = time.monotonic() + self.launch.kill_wait_s
+
+    def _escalate_to_kill_if_due(self) -> None:
+        if self._kill_deadline is not None and time.monotonic() >= self._kill_deadline:
+            self._kill_deadline = None
+            self._signal_ranks(signal.SIGKILL)
+
+    def _signal_ranks(self, signal_number: int) -> None:
+        for rank in self.ranks:
+            # Ended groups are never signalled: their number may already be reused.
+            if rank.ended or rank.pid is None:
+                continue
+            try:
+                os.killpg(rank.pid, signal_number)
+            except (ProcessLookupError, PermissionError) as error:
+                _log(f"rank {rank.rank}: killpg({rank.pid}, {signal_number}): {error}")
+
+    def _process_control_requests(self) -> None:
+        control_dir = os.path.join(self.job_dir, CONTROL_DIR)
+        try:
+            names = sorted(name for name in os.listdir(control_dir) if not name.startswith("."))
+        except FileNotFoundError:
+            return
+        for name in names:
+            path = os.path.join(control_dir, name)
+            try:
+                with open(path, "rb") as request_file:
+                    request = request_file.read().decode().strip()
+                os.unlink(path)
+                signal_number = int(request)
+                signal.Signals(signal_number)
+            except (OSError, ValueError) as error:
+                _log(f"ignoring control request {name}: {error!r}")
+                continue
+            self._signal_ranks(signal_number)
+
+    # --- reporting -------------------------------------------------------------
+
+    def write_status(self, state: str) -> None:
+        write_status_file(
+            self.job_dir,
+            {
+                "job_id": self.launch.job_id,
+                "attempt": self.launch.attempt,
+                "supervisor_pid": os.getpid(),
+                "state": state,
+                "started_at": self.started_at,
+                "finished_at": self.finished_at,
+                "ranks": [rank.status() for rank in self.ranks],
+                "terminated_by": self.terminated_by,
+                "error": self.error,
+            },
+        )
+
+    def _notify_agent(self) -> None:
+        if self.launch.notify_socket is None:
+            return
+        notify_agent(self.launch.notify_socket, self.launch.job_id, self.launch.attempt)
+
+
+def write_status_file(job_dir: str, document: dict[str, Any]) -> None:
+    write_file_atomically(os.path.join(job_dir, STATUS_FILE), json.dumps(document).encode())
+
+
+def notify_agent(socket_path: str, job_id: int | None, attempt: int | None) -> None:
+    """Best effort: the agent may be down, and it re-reads status files when it starts."""
+    import socket  # only needed once the job is over; keep it off the start-up path
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify_socket:
+            notify_socket.settimeout(NOTIFY_TIMEOUT_S)
+            notify_socket.sendto(json.dumps({"job_id": job_id, "attempt": attempt}).encode(), socket_path)
+    except OSError as error:
+        _log(f"notify {socket_path}: {error}")
+
+
+def _claim_job_dir(job_dir: str, inherited_lock_fd: int | None) -> int | None:
+    """Holds supervisor.lock for our whole life; None if another supervisor holds it.
+
+    The lock is how clients tell a live supervisor of this job dir from a dead one or an
+    unrelated process that reused its pid. client.spawn() takes it before starting us
+    and hands the descriptor down, so there is no moment when we run without it.
+    """
+    if inherited_lock_fd is not None:
+        # The ranks must not inherit it, or they would keep us "alive" after our death.
+        os.set_inheritable(inherited_lock_fd, False)
+        return inherited_lock_fd
+    lock_fd = os.open(os.path.join(job_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock_fd)
+        return None
+    return lock_fd
+
+
+def run_supervisor(job_dir: str | os.PathLike[str], *, lock_fd: int | None = None) -> int:
+    """Supervise the job attempt in job_dir until every rank has ended.
+
+    Safe to call right after os.fork() from a single-threaded process (see
+    forkserver.py). lock_fd, if given, is an open descriptor of job_dir/supervisor.lock
+    on which the caller already holds an exclusive flock for us.
+    """
+    # Block first: control signals sent while we start stay pending instead of killing
+    # us (client.spawn() already starts us with them blocked).
+    signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED_SIGNALS)
+    # An inherited SIG_IGN for SIGCHLD would make the kernel reap our children for us
+    # and lose their exit statuses.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _ensure_standard_fds_open()
+    job_dir = os.path.abspath(job_dir)
+    owned_lock_fd = _claim_job_dir(job_dir, lock_fd)
+    if owned_lock_fd is None:
+        _log(f"{job_dir} already has a live supervisor; exiting")
+        return 0
+    if os.path.exists(os.path.join(job_dir, STATUS_FILE)):
+        # A supervisor already ran this attempt (perhaps it was killed): never run the
+        # ranks twice. The agent deals with the leftovers (client.kill_orphans()).
+        _log(f"{job_dir} already has a {STATUS_FILE}; not starting the job again")
+        return 0
+    if os.getpgid(0) != os.getpid():  # setsid() fails for a process group leader
+        os.setsid()  # detach from the session (and terminal) of whoever started us
+    os.chdir("/")  # keep no directory busy; rank cwds and paths are set per rank
+    write_file_atomically(os.path.join(job_dir, PID_FILE), f"{os.getpid()}\n".encode())
+    try:
+        launch = Launch.read(job_dir)
+    except LaunchError as error:
+        _log(str(error))
+        write_status_file(
+            job_dir,
+            {
+                "job_id": None,
+                "attempt": None,
+                "supervisor_pid": os.getpid(),
+                "state": STATE_FINISHED,
+                "started_at": None,
+                "finished_at": time.time(),
+                "ranks": [],
+                "terminated_by": None,
+                "error": str(error),
+            },
+        )
+        return 2
+    _become_child_subreaper()
+    return Supervisor(job_dir, launch).run()
+
+
+USAGE = "usage: python -m garrison.nodeagent.supervisor JOB_DIR [--lock-fd=FD]"
+
+
+def main(argv: list[str]) -> int:
+    # Hand-rolled argument parsing: argparse alone costs milliseconds at start-up.
+    job_dir: str | None = None
+    lock_fd: int | None = None
+    for argument in argv:
+        if argument.startswith("--lock-fd="):
+            lock_fd = int(argument.removeprefix("--lock-fd="))
+        elif argument.startswith("-") or job_dir is not None:
+            print(USAGE, file=sys.stderr)
+            return 2
+        else:
+            job_dir = argument
+    if job_dir is None:
+        print(USAGE, file=sys.stderr)
+        return 2
+    return run_supervisor(job_dir, lock_fd=lock_fd)

@@ -1,0 +1,195 @@
+"""A pre-started process that forks a detached supervisor per request.
+
+Starting a supervisor as a new interpreter costs ~15-20 ms of Python start-up; a fork
+of an interpreter that has already imported core.py costs ~1 ms. The agent starts one
+fork server (start_forkserver()) and passes its socket to client.spawn(forkserver=...).
+
+Protocol, on an AF_UNIX SOCK_SEQPACKET socket (mode 0600, and peers must have our uid
+or be root, since a supervisor may start ranks as any user): one request per
+connection, the JSON ``{"job_dir": "/abs/path"}`` with one descriptor attached
+(SCM_RIGHTS): job_dir/supervisor.lock, exclusively flocked by the client. The reply
+is ``{"pid": N}`` or ``{"error": "..."}``.
+
+The server must stay single-threaded: its children run Python code after fork().
+"""
+
+from __future__ import annotations
+
+import ctypes  # imported here so that the forked supervisors find it loaded (their subreaper prctl)
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from .core import CONTROL_SIGNALS, LOG_FILE, run_supervisor
+
+MAX_REQUEST_BYTES = 64 * 1024
+READY_LINE = b"ready\n"
+_PR_SET_PDEATHSIG = 1
+
+
+def _peer_uid(connection: socket.socket) -> int:
+    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", credentials)
+    return uid
+
+
+def _exit_when_parent_dies() -> None:
+    # The agent owns the fork server; a restarted agent starts a new one. (The
+    # supervisors it forked are detached and unaffected.)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _become_supervisor(
+    job_dir: str, lock_fd: int, pid_pipe: int, sockets_to_close: list[socket.socket]
+) -> NoReturn:
+    """In the forked child: detach (double fork) and run the supervisor in the grandchild."""
+    exit_code = 1
+    try:
+        os.setsid()
+        supervisor_pid = os.fork()
+        if supervisor_pid != 0:
+            # The intermediate: report the supervisor's pid and exit, so the supervisor
+            # is re-parented and the fork server reaps only this short-lived process.
+            os.write(pid_pipe, str(supervisor_pid).encode())
+            os._exit(0)
+        os.close(pid_pipe)
+        for server_socket in sockets_to_close:
+            # detach() first: our copy of the socket object must not close the number
+            # again later, when it may belong to something else.
+            os.close(server_socket.detach())
+        null_fd = os.open(os.devnull, os.O_RDWR)
+        log_fd = os.open(os.path.join(job_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(null_fd, 0)
+        os.dup2(null_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(null_fd)
+        os.close(log_fd)
+        exit_code = run_supervisor(job_dir, lock_fd=lock_fd)
+    except BaseException:  # noqa: B036 - a forked copy of the server must never return into its loop
+        try:
+            import traceback
+
+            os.write(2, traceback.format_exc().encode(errors="replace"))
+        finally:
+            os._exit(1)
+    os._exit(exit_code)
+
+
+def fork_supervisor(job_dir: str, lock_fd: int, sockets_to_close: list[socket.socket]) -> int:
+    """Fork a detached supervisor for job_dir; return its pid."""
+    if not os.path.isabs(job_dir) or not os.path.isdir(job_dir):
+        raise ValueError(f"job_dir must be an existing absolute directory: {job_dir!r}")
+    read_end, write_end = os.pipe()
+    # Fork with the control signals blocked: the child inherits the mask, so signals
+    # sent to it before run_supervisor() takes over stay pending instead of killing it.
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, CONTROL_SIGNALS)
+    try:
+        intermediate_pid = os.fork()
+        if intermediate_pid == 0:
+            os.close(read_end)
+            _become_supervisor(job_dir, lock_fd, write_end, sockets_to_close)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+    os.close(write_end)
+    try:
+        os.waitpid(intermediate_pid, 0)
+        pid_text = b""
+        while chunk := os.read(read_end, 64):
+            pid_text += chunk
+    finally:
+        os.close(read_end)
+    if not pid_text:
+        raise RuntimeError("the supervisor's intermediate process failed")
+    return int(pid_text)
+
+
+def _handle_request(connection: socket.socket, listener: socket.socket) -> None:
+    reply: dict[str, object]
+    if _peer_uid(connection) not in (0, os.getuid()):
+        connection.send(json.dumps({"error": "permission denied"}).encode())
+        return
+    message, fds, _flags, _address = socket.recv_fds(connection, MAX_REQUEST_BYTES, 1)
+    try:
+        if len(fds) != 1:
+            raise ValueError("expected exactly one descriptor (the job's supervisor.lock)")
+        request = json.loads(message)
+        pid = fork_supervisor(str(request["job_dir"]), fds[0], [listener, connection])
+        reply = {"pid": pid}
+    except Exception as error:
+        reply = {"error": repr(error)}
+    finally:
+        for fd in fds:
+            os.close(fd)
+    connection.send(json.dumps(reply).encode())
+
+
+def serve(socket_path: Path, *, exit_with_parent: bool = True) -> NoReturn:
+    """Listen on socket_path and fork a supervisor per request, forever."""
+    if exit_with_parent:
+        _exit_when_parent_dies()
+    socket_path.unlink(missing_ok=True)  # a previous server's leftover
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    old_umask = os.umask(0o177)  # the socket is created 0600: only our user may connect
+    try:
+        listener.bind(str(socket_path))
+    finally:
+        os.umask(old_umask)
+    listener.listen(64)
+    sys.stdout.buffer.write(READY_LINE)
+    sys.stdout.flush()
+    while True:
+        connection, _address = listener.accept()
+        with connection:
+            try:
+                _handle_request(connection, listener)
+            except OSError as error:
+                print(f"forkserver: request failed: {error!r}", file=sys.stderr, flush=True)
+
+
+def start_forkserver(
+    socket_path: Path, *, python: str = sys.executable, timeout_s: float = 30.0
+) -> subprocess.Popen[bytes]:
+    """Start a fork server listening on socket_path; return once it accepts requests.
+
+    The caller owns the process (stop it with terminate() and wait()). It exits by
+    itself when the thread that started it exits (PR_SET_PDEATHSIG).
+    """
+    server = subprocess.Popen(
+        [python, "-I", "-m", "garrison.nodeagent.supervisor.forkserver", str(socket_path)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert server.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    line = b""
+    while not line.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        readable, _, _ = select.select([server.stdout], [], [], max(remaining, 0))
+        chunk = os.read(server.stdout.fileno(), 64) if readable else b""
+        if not chunk:  # EOF (the server died) or the deadline passed
+            server.kill()
+            server.wait()
+            raise RuntimeError(f"fork server on {socket_path} did not start")
+        line += chunk
+    server.stdout.close()
+    return server
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m garrison.nodeagent.supervisor.forkserver SOCKET_PATH", file=sys.stderr)
+        return 2
+    serve(Path(argv[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

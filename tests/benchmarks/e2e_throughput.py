@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""End-to-end throughput and latency of a local Garrison cluster. A script, not a test: prints `key: value`.
+
+    python tests/benchmarks/e2e_throughput.py [--jobs 1000] [--agents 4] [--cli-calls 20]
+
+Starts `garrison up` with 4 agents x 8 fake GPUs (32 GPUs, like ../shared/slurm-anchor's 4 x 8), then:
+  1. submits N trivial one-GPU jobs one by one through the client library (the gRPC stub gsub uses);
+  2. submits the same N jobs as one --array;
+and for each reports jobs/s from the first submit until the last job has ended, and submit-to-start latency
+(the client's clock when SubmitJob returned -> the first line of the job, read from its output: both on this
+machine's clock). Finally it times `gsub` and `gqueue` as a user runs them (fresh processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
+JOB_COMMAND = "date +%s.%N"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def wait_all_done(client, first: int, count: int, timeout: float) -> float:  # type: ignore[no-untyped-def]
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    deadline = time.monotonic() + timeout
+    ids = {str(i) for i in range(first, first + count)}
+    while True:
+        jobs = client.call("ListJobs", pb.ListJobsRequest()).jobs
+        states = {str(j.job_id): j.state for j in jobs if str(j.job_id) in ids}
+        if len(states) == count and all(s in TERMINAL for s in states.values()):
+            bad = [k for k, s in states.items() if s != "COMPLETED"]
+            if bad:
+                raise SystemExit(f"{len(bad)} jobs did not complete, e.g. {bad[0]}: {states[bad[0]]}")
+            return time.time()
+        if time.monotonic() > deadline:
+            done = sum(1 for s in states.values() if s in TERMINAL)
+            raise SystemExit(f"timed out: {done}/{count} jobs ended")
+        time.sleep(0.05)
+
+
+def latencies(out_dir: Path, submitted_at: dict[int, float]) -> list[float]:
+    result = []
+    for job_id, at in submitted_at.items():
+        text = (out_dir / f"{job_id}.out").read_text().strip()
+        result.append(float(text) - at)
+    return result
+
+
+def run_batch(client, out_dir: Path, count: int, as_array: bool) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    spec = pb.JobSpec(name="bench", script=f"#!/bin/sh\n{JOB_COMMAND}\n", gpus=1, workdir=str(out_dir),
+                      output=str(out_dir / "%j.out"), time_limit_s=600, env={"PATH": os.environ["PATH"]})
+    submitted_at: dict[int, float] = {}
+    started = time.time()
+    if as_array:
+        response = client.call("SubmitJob", pb.SubmitJobRequest(spec=spec, array_indices=list(range(1, count + 1))))
+        now = time.time()
+        first = response.job_id
+        submitted_at = {first + i: now for i in range(count)}
+    else:
+        first = 0
+        for _ in range(count):
+            response = client.call("SubmitJob", pb.SubmitJobRequest(spec=spec))
+            submitted_at[response.job_id] = time.time()
+            first = first or response.job_id
+    submit_done = time.time()
+    finished = wait_all_done(client, first, count, timeout=600)
+    lat = latencies(out_dir, submitted_at)
+    return {
+        "submit_rate_jobs_per_s": count / max(submit_done - started, 1e-9),
+        "wall_s": finished - started,
+        "throughput_jobs_per_s": count / (finished - started),
+        "submit_to_start_median_ms": statistics.median(lat) * 1000,
+        "submit_to_start_p95_ms": percentile(lat, 95) * 1000,
+    }
+
+
+def idle_latency(client, out_dir: Path, count: int) -> list[float]:  # type: ignore[no-untyped-def]
+    """One job at a time on an idle cluster (Slurm's `bench.sh 20 lat`)."""
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    spec = pb.JobSpec(name="lat", script=f"#!/bin/sh\n{JOB_COMMAND}\n", gpus=1, workdir=str(out_dir),
+                      output=str(out_dir / "%j.out"), time_limit_s=600, env={"PATH": os.environ["PATH"]})
+    result = []
+    for _ in range(count):
+        response = client.call("SubmitJob", pb.SubmitJobRequest(spec=spec))
+        at = time.time()
+        wait_all_done(client, response.job_id, 1, timeout=60)
+        result += latencies(out_dir, {response.job_id: at})
+    return result
+
+
+def time_cli(env: dict[str, str], args: list[str], calls: int, cwd: Path) -> float:
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        subprocess.run(args, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--agents", type=int, default=4)
+    parser.add_argument("--cli-calls", type=int, default=20)
+    parser.add_argument("--idle-jobs", type=int, default=20)
+    args = parser.parse_args()
+
+    state_dir = Path(tempfile.mkdtemp(prefix="gbench-", dir="/tmp"))
+    env = dict(os.environ, XDG_CACHE_HOME=str(state_dir / "cache"), PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    up = subprocess.run([str(BIN / "garrison"), "up", "--state-dir", str(state_dir), "--agents", str(args.agents),
+                         "--fake-topology", "dgx-a100"], env=env, capture_output=True, text=True)
+    if up.returncode != 0:
+        print(up.stderr, file=sys.stderr)
+        return 1
+    address = up.stdout.strip().split("=", 1)[1]
+    env["GARRISON_CONTROLLER"] = address
+    os.environ.update(XDG_CACHE_HOME=env["XDG_CACHE_HOME"], GARRISON_CONTROLLER=address)
+    try:
+        from garrison.cli.client import Client
+
+        print(f"cluster: {args.agents} agents x 8 GPUs, controller {address}, SQLite")
+        with Client(address) as client:
+            for name, as_array in (("seq", False), ("array", True)):
+                out_dir = state_dir / f"out-{name}"
+                out_dir.mkdir()
+                os.chmod(out_dir, 0o777)
+                figures = run_batch(client, out_dir, args.jobs, as_array)
+                for key, value in figures.items():
+                    print(f"{name}_{args.jobs}_{key}: {value:.1f}")
+            out_dir = state_dir / "out-idle"
+            out_dir.mkdir()
+            os.chmod(out_dir, 0o777)
+            lat = idle_latency(client, out_dir, args.idle_jobs)
+            print(f"idle_submit_to_start_median_ms: {statistics.median(lat) * 1000:.1f}")
+            print(f"idle_submit_to_start_p95_ms: {percentile(lat, 95) * 1000:.1f}")
+        cwd = state_dir / "out-idle"
+        gsub_ms = time_cli(env, [str(BIN / "gsub"), "-G", "1", "-o", "/dev/null", "--wrap", "true"], args.cli_calls, cwd)
+        gqueue_ms = time_cli(env, [str(BIN / "gqueue")], args.cli_calls, cwd)
+        print(f"gsub_wall_ms_median: {gsub_ms:.1f}")
+        print(f"gqueue_wall_ms_median: {gqueue_ms:.1f}")
+    finally:
+        subprocess.run([str(BIN / "garrison"), "down", "--state-dir", str(state_dir)], env=env, capture_output=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
