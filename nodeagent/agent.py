@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from garrison.config import AgentConfig
 from garrison.controller.domain import NodeInventory
 from garrison.controller.rpc import convert
 from garrison.nodeagent.jobs import AttemptResult, JobManager, LaunchRequest, RefusedLaunch
+from garrison.nodeagent.supervisor.forkserver import start_forkserver
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 
@@ -84,6 +86,7 @@ class Agent:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        forkserver = self._start_forkserver()
         notify = self._open_notify_socket()
         loop.add_reader(notify.fileno(), self._on_notify, notify)
         rescan = asyncio.create_task(self._rescan_loop())
@@ -94,6 +97,20 @@ class Agent:
             loop.remove_reader(notify.fileno())
             notify.close()
             self._pool.shutdown(wait=False)
+            if forkserver is not None:
+                forkserver.terminate()
+                forkserver.wait()
+
+    def _start_forkserver(self) -> subprocess.Popen[bytes] | None:
+        """Start the supervisor fork server; jobs still start without it, only slower."""
+        path = self.state_dir / "forkserver.sock"
+        try:
+            server = start_forkserver(path)
+        except (OSError, RuntimeError) as exc:
+            log.warning("supervisor fork server did not start (%s); starting supervisors as new interpreters", exc)
+            return None
+        self.jobs.forkserver = path
+        return server
 
     def stop(self) -> None:
         self._stop.set()
