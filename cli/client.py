@@ -1,7 +1,10 @@
-"""The CLI's connection to the controller: address, credential, deadlines, and errors -> messages + exit codes.
+"""The CLI's connection to the controller: address, identity, deadlines, and errors -> messages + exit codes.
 
-Kept lean on purpose: grpc and the generated modules are imported only when a call is made, and the
-credential service's socket path is cached per controller address so a warm call is one RPC.
+Kept lean on purpose, because every gsub/gqueue call pays for it. On the controller host the CLI speaks the
+Controller RPCs over the controller's local Unix socket (controller/rpc/local.py: same servicer, identity
+from the kernel) and never imports grpc. Elsewhere, or when the socket is unusable, it uses gRPC with a
+credential. The local socket and credential service paths are learnt once from Hello and cached per
+controller address, so a warm call is one round trip.
 """
 
 from __future__ import annotations
@@ -9,22 +12,32 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
+import struct
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
-
-from garrison.config import ConfigError, controller_address_from_env
-
-if TYPE_CHECKING:
-    from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
+from typing import Any, NoReturn
 
 CREDENTIAL_METADATA = "x-garrison-credential"
 DEFAULT_DEADLINE_S = 30.0
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+HEADER = struct.Struct("!I")
 
-T = TypeVar("T")
+# grpc.StatusCode values, so the local path can map errors without importing grpc.
+OK, INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE, UNAUTHENTICATED = 0, 3, 5, 7, 14, 16
+DEADLINE_EXCEEDED = 4
+STATUS_NAMES = {1: "cancelled", 2: "unknown", 8: "resource exhausted", 9: "failed precondition", 12: "unimplemented",
+                13: "internal"}
+
+RESPONSE_TYPES = {
+    "Hello": "HelloResponse",
+    "SubmitJob": "SubmitJobResponse",
+    "CancelJobs": "CancelJobsResponse",
+    "ListJobs": "ListJobsResponse",
+    "GetJob": "JobInfo",
+    "ListNodes": "ListNodesResponse",
+}
 
 
 class CliError(Exception):
@@ -33,6 +46,10 @@ class CliError(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class _LocalUnusable(Exception):
+    """The local socket is missing, refused or closed on us: use gRPC instead."""
 
 
 def fail(prog: str, error: CliError) -> NoReturn:
@@ -45,22 +62,45 @@ def _cache_dir() -> Path:
     return Path(base) / "garrison"
 
 
+def _error_for(code: int, details: str, address: str) -> CliError:
+    details = details.splitlines()[0] if details else ""
+    if code == UNAVAILABLE:
+        return CliError(f"cannot reach the controller at {address}: {details or 'unavailable'}")
+    if code == DEADLINE_EXCEEDED:
+        return CliError(f"the controller at {address} did not answer in time")
+    if code == INVALID_ARGUMENT:
+        return CliError(details, EXIT_USAGE)
+    if code == UNAUTHENTICATED:
+        return CliError(f"not authenticated: {details}")
+    if code == PERMISSION_DENIED:
+        return CliError(f"permission denied: {details}")
+    if code == NOT_FOUND:
+        return CliError(details)
+    return CliError(f"{STATUS_NAMES.get(code, f'status {code}')}: {details}")
+
+
 class Client:
     def __init__(self, address: str | None = None) -> None:
+        self.address = address or os.environ.get("GARRISON_CONTROLLER") or self._address_from_config()
+        self._channel: Any = None
+        self._stub: Any = None
+        self._local: socket.socket | None = None
+
+    @staticmethod
+    def _address_from_config() -> str:
+        # Imported only here: most calls find the controller in GARRISON_CONTROLLER.
+        from garrison.config import ConfigError, controller_address_from_env
+
         try:
-            self.address = address or controller_address_from_env()
+            return controller_address_from_env()
         except ConfigError as exc:
             raise CliError(f"cannot find the controller: {exc}") from None
-        import grpc
-
-        self._grpc = grpc
-        self.channel = grpc.insecure_channel(self.address)
-        from garrison.protos.v1 import garrison_pb2_grpc
-
-        self.stub: pb_grpc.ControllerStub = garrison_pb2_grpc.ControllerStub(self.channel)
 
     def close(self) -> None:
-        self.channel.close()
+        if self._local is not None:
+            self._local.close()
+        if self._channel is not None:
+            self._channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -69,35 +109,100 @@ class Client:
         self.close()
 
     # ---------------------------------------------------------------------------------------------
+    # What the controller told us about itself, cached per address
 
-    def _socket_cache(self) -> Path:
+    def _cache_file(self) -> Path:
         digest = hashlib.sha256(self.address.encode()).hexdigest()[:16]
-        return _cache_dir() / f"controller-{digest}.json"
+        return _cache_dir() / f"controller-{os.geteuid()}-{digest}.json"
 
-    def _credential_socket(self, refresh: bool = False) -> str:
-        cache = self._socket_cache()
+    def _endpoints(self, refresh: bool = False) -> dict[str, str]:
+        cache = self._cache_file()
         if not refresh:
             try:
-                return str(json.loads(cache.read_text())["credential_socket"])
-            except (OSError, ValueError, KeyError, TypeError):
+                cached = json.loads(cache.read_text())
+                if isinstance(cached, dict):
+                    return {str(k): str(v) for k, v in cached.items()}
+            except (OSError, ValueError):
                 pass
         from garrison.protos.v1 import garrison_pb2 as pb
 
-        hello = self._invoke(self.stub.Hello, pb.HelloRequest(), authenticated=False)
+        hello = self._grpc_call("Hello", pb.HelloRequest(), authenticated=False)
+        endpoints = {"credential_socket": hello.credential_socket, "local_socket": hello.local_socket}
         try:
             cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"credential_socket": hello.credential_socket}))
+            tmp.write_text(json.dumps(endpoints))
             os.replace(tmp, cache)
         except OSError:
             pass  # a read-only home only costs one extra RPC per call
-        return str(hello.credential_socket)
+        return endpoints
+
+    # ---------------------------------------------------------------------------------------------
+    # Local socket
+
+    def _local_call(self, method: str, request: Any, path: str) -> Any:
+        if not path:
+            raise _LocalUnusable
+        if self._local is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(DEFAULT_DEADLINE_S)
+            try:
+                sock.connect(path)
+            except OSError:
+                sock.close()
+                raise _LocalUnusable from None
+            self._local = sock
+        name = method.encode()
+        body = bytes([len(name)]) + name + request.SerializeToString()
+        try:
+            self._local.sendall(HEADER.pack(len(body)) + body)
+            (length,) = HEADER.unpack(self._recv(HEADER.size))
+            frame = self._recv(length)
+        except TimeoutError:
+            raise CliError(f"the controller at {path} did not answer in time") from None
+        except OSError:
+            self._local.close()
+            self._local = None
+            raise _LocalUnusable from None
+        status, payload = frame[0], frame[1:]
+        if status != OK:
+            raise _error_for(status, payload.decode(errors="replace"), self.address)
+        from garrison.protos.v1 import garrison_pb2 as pb
+
+        return getattr(pb, RESPONSE_TYPES[method]).FromString(payload)
+
+    def _recv(self, count: int) -> bytes:
+        assert self._local is not None
+        data = b""
+        while len(data) < count:
+            chunk = self._local.recv(count - len(data))
+            if not chunk:
+                raise ConnectionResetError("controller closed the connection")
+            data += chunk
+        return data
+
+    # ---------------------------------------------------------------------------------------------
+    # gRPC
+
+    def _grpc_call(self, method: str, request: Any, authenticated: bool = True) -> Any:
+        import grpc
+
+        if self._channel is None:
+            from garrison.protos.v1 import garrison_pb2_grpc
+
+            self._channel = grpc.insecure_channel(self.address)
+            self._stub = garrison_pb2_grpc.ControllerStub(self._channel)
+        metadata = ((CREDENTIAL_METADATA, self._credential()),) if authenticated else ()
+        try:
+            return getattr(self._stub, method)(request, timeout=DEFAULT_DEADLINE_S, metadata=metadata)
+        except grpc.RpcError as exc:
+            raise _error_for(exc.code().value[0], exc.details() or "", self.address) from None
 
     def _credential(self) -> str:
         from garrison.auth import AuthError, cached_credential
 
         for refresh in (False, True):
-            socket_path = self._credential_socket(refresh=refresh)
+            socket_path = self._endpoints(refresh=refresh)["credential_socket"]
             try:
                 return cached_credential(socket_path)
             except AuthError as exc:
@@ -108,33 +213,16 @@ class Client:
                     ) from None
         raise AssertionError("unreachable")
 
-    def _invoke(self, method: Callable[..., T], request: Any, authenticated: bool = True,
-                deadline_s: float = DEFAULT_DEADLINE_S) -> T:
-        grpc = self._grpc
-        metadata = ((CREDENTIAL_METADATA, self._credential()),) if authenticated else ()
-        try:
-            return method(request, timeout=deadline_s, metadata=metadata)
-        except grpc.RpcError as exc:
-            raise self._translate(exc) from None
+    # ---------------------------------------------------------------------------------------------
 
-    def _translate(self, exc: Any) -> CliError:
-        grpc = self._grpc
-        code = exc.code()
-        details = (exc.details() or "").splitlines()[0] if exc.details() else ""
-        if code == grpc.StatusCode.UNAVAILABLE:
-            return CliError(f"cannot reach the controller at {self.address}: {details or 'unavailable'}")
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return CliError(f"the controller at {self.address} did not answer in time")
-        if code == grpc.StatusCode.INVALID_ARGUMENT:
-            return CliError(details, EXIT_USAGE)
-        if code == grpc.StatusCode.UNAUTHENTICATED:
-            # A stale cached credential (e.g. the controller's key changed): forget it next time.
-            return CliError(f"not authenticated: {details}")
-        if code == grpc.StatusCode.PERMISSION_DENIED:
-            return CliError(f"permission denied: {details}")
-        if code == grpc.StatusCode.NOT_FOUND:
-            return CliError(details)
-        return CliError(f"{code.name.lower()}: {details}")
-
-    def call(self, method_name: str, request: Any) -> Any:
-        return self._invoke(getattr(self.stub, method_name), request)
+    def call(self, method: str, request: Any) -> Any:
+        """One Controller RPC: over the local socket when this host has it, else over gRPC."""
+        if os.environ.get("GARRISON_TRANSPORT") == "grpc":  # to force (and test) the remote path
+            return self._grpc_call(method, request)
+        for refresh in (False, True):
+            try:
+                local = self._endpoints(refresh=refresh).get("local_socket", "")
+                return self._local_call(method, request, local)
+            except _LocalUnusable:
+                continue  # a stale cache or another host: ask again, then fall back to gRPC
+        return self._grpc_call(method, request)

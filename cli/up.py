@@ -44,6 +44,7 @@ def _controller_section(state_dir: Path, port: int, allow_root: bool) -> str:
             f"database = {_toml_str('sqlite:///' + str(state_dir / 'controller.db'))}",
             f"state_dir = {_toml_str(str(state_dir / 'controller'))}",
             f"credential_socket = {_toml_str(str(state_dir / 'auth.sock'))}",
+            f"local_socket = {_toml_str(str(state_dir / 'controller.sock'))}",
             f"key_file = {_toml_str(str(state_dir / 'controller' / 'credential.key'))}",
             "heartbeat_interval_s = 1.0",
             "heartbeat_timeout_s = 10.0",

@@ -34,6 +34,7 @@ async def serve(config: GarrisonConfig) -> None:
     from garrison.auth import CredentialService, load_or_create_key
     from garrison.controller.clock import SystemClock
     from garrison.controller.engine import Engine
+    from garrison.controller.rpc.local import LocalServer
     from garrison.controller.rpc.services import AgentLinkService, Authenticator, ControllerService
     from garrison.controller.state import ClusterState
     from garrison.controller.store import open_store
@@ -52,12 +53,16 @@ async def serve(config: GarrisonConfig) -> None:
     engine = Engine(cfg, state, clock)
     auth = Authenticator(key, clock.now)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_ControllerServicer_to_server(ControllerService(engine, auth, cfg.credential_socket), server)
+    client_service = ControllerService(engine, auth, cfg.credential_socket, cfg.local_socket)
+    pb_grpc.add_ControllerServicer_to_server(client_service, server)
     pb_grpc.add_AgentLinkServicer_to_server(AgentLinkService(engine, auth, set(cfg.agent_uids)), server)
     port = server.add_insecure_port(cfg.address)
     if port == 0:
         raise ConfigError(f"{config.path}: controller.address: cannot listen on {cfg.address}")
     await server.start()
+    local = LocalServer(cfg.local_socket, client_service) if cfg.local_socket else None
+    if local is not None:
+        await local.start()
     engine.start()
     log.info("controller listening on %s (database %s)", cfg.address, cfg.database.split("://")[0])
     _notify_ready()
@@ -68,6 +73,8 @@ async def serve(config: GarrisonConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("controller stopping")
+    if local is not None:
+        await local.stop()
     await engine.stop()
     await server.stop(grace=1.0)
     credentials.stop()

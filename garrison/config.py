@@ -7,7 +7,6 @@ errors too, because a misspelt setting that is silently ignored is worse than a 
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +32,17 @@ class PartitionConfig:
 @dataclass(frozen=True)
 class ControllerConfig:
     address: str = "127.0.0.1:6817"
-    database: str = "sqlite:////var/lib/garrison/controller.db"
+    # In state_dir, the one directory the hardened systemd unit lets the controller write.
+    database: str = "sqlite:////var/lib/garrison/controller/controller.db"
+    # PostgreSQL connection pool (SQLite uses one connection per thread and ignores these).
+    database_pool_size: int = 5
+    database_max_overflow: int = 10
+    database_pool_timeout_s: float = 30.0
+    database_pool_recycle_s: float = 3600.0
+    metrics_address: str = ""  # HOST:PORT of the Prometheus endpoint; empty: none
     state_dir: str = "/var/lib/garrison/controller"
     credential_socket: str = "/run/garrison/auth.sock"
+    local_socket: str = "/run/garrison/controller.sock"  # the Controller RPCs for local clients, no grpc
     key_file: str = "/var/lib/garrison/controller/credential.key"
     credential_lifetime_s: float = 600.0
     heartbeat_interval_s: float = 5.0
@@ -59,6 +66,7 @@ class AgentConfig:
     state_dir: str = "/var/lib/garrison/agent"
     credential_socket: str = "/run/garrison/auth.sock"
     fake_topology: str = ""  # empty: real NVML; else dgx-a100 | dgx1v | pcie4 | pcie8 | a TOML path
+    metrics_address: str = ""  # HOST:PORT of the Prometheus endpoint; empty: none
 
 
 @dataclass(frozen=True)
@@ -209,8 +217,14 @@ def _controller(table: Mapping[str, Any], where: str) -> ControllerConfig:
     cfg = ControllerConfig(
         address=s.get_str("address", d.address),
         database=s.get_str("database", d.database),
+        database_pool_size=s.get_int("database_pool_size", d.database_pool_size, 1),
+        database_max_overflow=s.get_int("database_max_overflow", d.database_max_overflow),
+        database_pool_timeout_s=s.get_number("database_pool_timeout_s", d.database_pool_timeout_s, 0.1),
+        database_pool_recycle_s=s.get_number("database_pool_recycle_s", d.database_pool_recycle_s, 1.0),
+        metrics_address=s.get_str("metrics_address", d.metrics_address),
         state_dir=s.get_str("state_dir", d.state_dir),
         credential_socket=s.get_str("credential_socket", d.credential_socket),
+        local_socket=s.get_str("local_socket", d.local_socket),
         key_file=s.get_str("key_file", d.key_file),
         credential_lifetime_s=s.get_number("credential_lifetime_s", d.credential_lifetime_s, 1.0),
         heartbeat_interval_s=s.get_number("heartbeat_interval_s", d.heartbeat_interval_s, 0.05),
@@ -231,6 +245,8 @@ def _controller(table: Mapping[str, Any], where: str) -> ControllerConfig:
     if cfg.heartbeat_timeout_s <= cfg.heartbeat_interval_s:
         raise ConfigError(f"{where}.heartbeat_timeout_s: must exceed heartbeat_interval_s")
     _check_address(cfg.address, f"{where}.address")
+    if cfg.metrics_address:
+        _check_address(cfg.metrics_address, f"{where}.metrics_address")
     return cfg
 
 
@@ -244,9 +260,12 @@ def _agent(table: Mapping[str, Any], where: str) -> AgentConfig:
         state_dir=s.get_str("state_dir", d.state_dir),
         credential_socket=s.get_str("credential_socket", d.credential_socket),
         fake_topology=s.get_str("fake_topology", d.fake_topology),
+        metrics_address=s.get_str("metrics_address", d.metrics_address),
     )
     s.finish()
     _check_address(cfg.controller, f"{where}.controller")
+    if cfg.metrics_address:
+        _check_address(cfg.metrics_address, f"{where}.metrics_address")
     return cfg
 
 
@@ -268,7 +287,41 @@ def parse_config(data: Mapping[str, Any], path: str) -> GarrisonConfig:
     return GarrisonConfig(path=path, controller=controller, agent=agent)
 
 
-def load_config(path: str | Path) -> GarrisonConfig:
+# Environment variables that override one setting of the file (the file's value, or the default, otherwise).
+# For the settings that differ between otherwise identical hosts or containers.
+ENV_OVERRIDES: dict[str, tuple[str, str]] = {
+    "GARRISON_DATABASE": ("controller", "database"),
+    "GARRISON_CONTROLLER_ADDRESS": ("controller", "address"),
+    "GARRISON_CONTROLLER_METRICS_ADDRESS": ("controller", "metrics_address"),
+    "GARRISON_AGENT_CONTROLLER": ("agent", "controller"),
+    "GARRISON_NODE_NAME": ("agent", "node_name"),
+    "GARRISON_AGENT_ADDRESS": ("agent", "address"),
+    "GARRISON_AGENT_METRICS_ADDRESS": ("agent", "metrics_address"),
+}
+
+
+def apply_env_overrides(
+    data: Mapping[str, Any], environ: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``data`` with the settings named by ``ENV_OVERRIDES`` replaced from ``environ`` (set and non-empty),
+    and which variable set which key (``{"controller.database": "GARRISON_DATABASE"}``)."""
+    merged: dict[str, Any] = dict(data)
+    origins: dict[str, str] = {}
+    for variable, (section, key) in ENV_OVERRIDES.items():
+        value = environ.get(variable)
+        if not value:
+            continue
+        table = merged.get(section, {})
+        if not isinstance(table, dict):
+            continue  # parse_config reports the malformed section itself
+        merged[section] = {**table, key: value}
+        origins[f"{section}.{key}"] = variable
+    return merged, origins
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] = os.environ) -> GarrisonConfig:
+    import tomllib  # here, not at the top: the CLI usually finds the controller without reading a file
+
     path = Path(path)
     try:
         with open(path, "rb") as fh:
@@ -279,7 +332,15 @@ def load_config(path: str | Path) -> GarrisonConfig:
         raise ConfigError(f"{path}: permission denied") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_config(data, str(path))
+    data, origins = apply_env_overrides(data, environ)
+    try:
+        return parse_config(data, str(path))
+    except ConfigError as exc:
+        # A bad value that came from the environment: say so, or the admin searches the file in vain.
+        for key, variable in origins.items():
+            if f": {key}:" in str(exc):
+                raise ConfigError(f"{exc} (set by the environment variable {variable})") from None
+        raise
 
 
 def config_path_from_env(environ: Mapping[str, str] = os.environ) -> Path:

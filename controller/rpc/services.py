@@ -69,6 +69,10 @@ class Authenticator:
         self.clock = clock
 
     def principal(self, context: grpc.aio.ServicerContext) -> Principal:
+        # The local socket (controller/rpc/local.py) proves identity with the kernel's peer credentials.
+        proven: Principal | None = getattr(context, "peer_principal", None)
+        if proven is not None:
+            return proven
         for item in context.invocation_metadata() or ():
             if item.key == CREDENTIAL_METADATA:
                 value = item.value
@@ -78,13 +82,16 @@ class Authenticator:
 
 
 class ControllerService(pb_grpc.ControllerServicer):
-    def __init__(self, engine: Engine, auth: Authenticator, credential_socket: str) -> None:
+    def __init__(self, engine: Engine, auth: Authenticator, credential_socket: str, local_socket: str = "") -> None:
         self.engine = engine
         self.auth = auth
         self.credential_socket = credential_socket
+        self.local_socket = local_socket
 
     async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloResponse:
-        return pb.HelloResponse(version=VERSION, credential_socket=self.credential_socket)
+        return pb.HelloResponse(
+            version=VERSION, credential_socket=self.credential_socket, local_socket=self.local_socket
+        )
 
     @mapped_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext) -> pb.SubmitJobResponse:

@@ -322,17 +322,23 @@ class HelloResponse(_message.Message):
 
     VERSION_FIELD_NUMBER: _builtins.int
     CREDENTIAL_SOCKET_FIELD_NUMBER: _builtins.int
+    LOCAL_SOCKET_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     credential_socket: _builtins.str
+    local_socket: _builtins.str
+    """The same Controller RPCs on a Unix socket, for clients on the controller host: identity from the
+    kernel's peer credentials, and a client that need not load grpc (see controller/rpc/local.py).
+    """
     def __init__(
         self,
         *,
         version: _builtins.str = ...,
         credential_socket: _builtins.str = ...,
+        local_socket: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_socket", b"credential_socket", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_socket", b"credential_socket", "local_socket", b"local_socket", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -190,3 +190,15 @@ def test_agent_sigkill_restart_keeps_running_jobs(cluster: Cluster) -> None:
     assert job["state"] == "COMPLETED", job
     assert sorted((cluster.work / f"survive-{job_id}.out").read_text().splitlines()) == ["survived 0", "survived 1"]
     assert "Attempt 1" not in cluster.run("gjob", job_id).stdout
+
+
+def test_cli_over_grpc_transport(cluster: Cluster) -> None:
+    """The path clients on other hosts take: gRPC with a credential instead of the local socket."""
+    env = dict(cluster.env, GARRISON_TRANSPORT="grpc")
+    job_id = cluster.run("gsub", "--parsable", "-G", "1", "--wrap", "sleep 300", env=env).stdout.strip()
+    listed = json.loads(cluster.run("gqueue", "--json", "-j", job_id, env=env).stdout)["jobs"]
+    assert [j["job_id"] for j in listed] == [job_id]
+    cluster.run("gcancel", job_id, env=env)
+    assert cluster.wait_done(job_id)["state"] == "CANCELLED"
+    proc = cluster.run("gsub", "-G", "0", "--wrap", "true", check=False, env=env)
+    assert proc.returncode == 2
