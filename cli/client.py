@@ -57,6 +57,10 @@ def fail(prog: str, error: CliError) -> NoReturn:
     sys.exit(error.exit_code)
 
 
+def _token_requested() -> bool:
+    return bool(os.environ.get("GARRISON_TOKEN") or os.environ.get("GARRISON_TOKEN_FILE"))
+
+
 def _cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "garrison"
@@ -83,7 +87,8 @@ class Client:
     def __init__(self, address: str | None = None) -> None:
         self.address = address or os.environ.get("GARRISON_CONTROLLER") or self._address_from_config()
         self._channel: Any = None
-        self._stub: Any = None
+        self._stubs: dict[Any, Any] = {}
+        self._tls = False
         self._local: socket.socket | None = None
 
     @staticmethod
@@ -148,6 +153,11 @@ class Client:
             sock.settimeout(DEFAULT_DEADLINE_S)
             try:
                 sock.connect(path)
+                # Only a socket served by root or by ourselves is the controller: anyone may create a
+                # socket at a path in a shared directory (garrison up in /tmp), and requests carry scripts.
+                _, server_uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+                if server_uid not in (0, os.geteuid()):
+                    raise OSError(f"{path} is served by uid {server_uid}")
             except OSError:
                 sock.close()
                 raise _LocalUnusable from None
@@ -185,31 +195,74 @@ class Client:
     # gRPC
 
     def _grpc_call(self, method: str, request: Any, authenticated: bool = True) -> Any:
+        from garrison.protos.v1 import garrison_pb2_grpc
+
+        return self.service_call(garrison_pb2_grpc.ControllerStub, method, request, authenticated)
+
+    def service_call(self, stub_class: Any, method: str, request: Any, authenticated: bool = True) -> Any:
+        """One RPC of any garrison.v1 service over gRPC (TLS when configured), with this user's identity."""
         import grpc
 
         if self._channel is None:
-            from garrison.protos.v1 import garrison_pb2_grpc
+            from garrison.tls import TlsError, client_ca_file, client_channel
 
-            self._channel = grpc.insecure_channel(self.address)
-            self._stub = garrison_pb2_grpc.ControllerStub(self._channel)
-        metadata = ((CREDENTIAL_METADATA, self._credential()),) if authenticated else ()
+            try:
+                self._tls = bool(client_ca_file(self.address))
+                self._channel = client_channel(self.address)
+            except TlsError as exc:
+                raise CliError(str(exc)) from None
+        stub = self._stubs.get(stub_class)
+        if stub is None:
+            stub = self._stubs[stub_class] = stub_class(self._channel)
+        for fresh in (False, True):
+            identity = self._identity(fresh) if authenticated else None
+            metadata = (identity,) if identity is not None else ()
+            try:
+                return getattr(stub, method)(request, timeout=DEFAULT_DEADLINE_S, metadata=metadata)
+            except grpc.RpcError as exc:
+                code = exc.code()
+                renewable = identity is not None and identity[0] == CREDENTIAL_METADATA
+                if code == grpc.StatusCode.UNAUTHENTICATED and renewable and not fresh:
+                    continue  # a cached credential the controller no longer takes (its key changed): renew it
+                details = exc.details() or ""
+                if code == grpc.StatusCode.UNAVAILABLE and "Socket closed" in details and not self._tls:
+                    details += " (a TLS controller? set GARRISON_TLS_CA to the cluster CA certificate)"
+                raise _error_for(code.value[0], details, self.address) from None
+        raise AssertionError("unreachable")
+
+    def _identity(self, fresh: bool = False) -> tuple[str, str]:
+        """The metadata that proves who we are: a local credential, else a token (docs/security.md)."""
+        from garrison.tokens import TOKEN_METADATA_KEY, TokenError, user_token
+
+        if _token_requested():
+            try:
+                return TOKEN_METADATA_KEY, user_token()  # asked for explicitly: no local credential then
+            except TokenError as exc:
+                raise CliError(str(exc)) from None
         try:
-            return getattr(self._stub, method)(request, timeout=DEFAULT_DEADLINE_S, metadata=metadata)
-        except grpc.RpcError as exc:
-            raise _error_for(exc.code().value[0], exc.details() or "", self.address) from None
+            return CREDENTIAL_METADATA, self._credential(fresh)
+        except CliError as no_credential:
+            try:
+                return TOKEN_METADATA_KEY, user_token()
+            except TokenError as no_token:
+                raise CliError(f"{no_credential}; and no usable token: {no_token}") from None
 
-    def _credential(self) -> str:
+    def _credential(self, fresh: bool = False) -> str:
+        import math
+
         from garrison.auth import AuthError, cached_credential
 
         for refresh in (False, True):
             socket_path = self._endpoints(refresh=refresh)["credential_socket"]
             try:
-                return cached_credential(socket_path)
+                # min_validity_s=inf: never reuse the cached credential (the controller refused it).
+                return cached_credential(socket_path, min_validity_s=math.inf if fresh else 30.0)
             except AuthError as exc:
-                if refresh:
+                if refresh or not os.path.exists(socket_path):
+                    # Not on the controller host (no such socket): a token is the way in from here.
                     raise CliError(
                         f"cannot get a credential from {socket_path}: {exc} "
-                        "(run the CLI on the controller host, or see docs/ for tokens)"
+                        "(run the CLI on the controller host, or ask an admin for a token: docs/security.md)"
                     ) from None
         raise AssertionError("unreachable")
 
@@ -217,7 +270,9 @@ class Client:
 
     def call(self, method: str, request: Any) -> Any:
         """One Controller RPC: over the local socket when this host has it, else over gRPC."""
-        if os.environ.get("GARRISON_TRANSPORT") == "grpc":  # to force (and test) the remote path
+        if os.environ.get("GARRISON_TRANSPORT") == "grpc" or _token_requested():
+            # Forced (to test the remote path), or a token asked for by name: the local socket would
+            # speak for this process's own uid instead.
             return self._grpc_call(method, request)
         for refresh in (False, True):
             try:

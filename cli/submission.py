@@ -96,6 +96,7 @@ gsub_command = click.Command(
         _option("--gpus-per-node", metavar="[TYPE:]N", help_text="GPUs on each node, e.g. 8 or a100:8."),
         _option("--cpus-per-gpu", metavar="N", help_text="CPU cores per allocated GPU."),
         _option("--mem", metavar="SIZE", help_text="Memory per node: 512M, 16G, 1T; a plain number is MB."),
+        _option("--gpu-mem", metavar="SIZE", help_text="The least memory each GPU must have, e.g. 40G."),
         _option(
             "-t", "--time", metavar="TIME", help_text="Time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."
         ),
@@ -125,6 +126,8 @@ gsub_command = click.Command(
             help="Whether the job may be requeued after a node failure (default: yes).",
         ),
         _option("--max-restarts", metavar="N", help_text="Times a failed job is restarted (default: 0)."),
+        _option("--signal", metavar="[R:]SIG@SECS",
+                help_text="Send SIG (e.g. USR1) SECS seconds before the time limit and before preemption."),
         click.Argument(["script"], required=False),
         click.Argument(["script_args"], nargs=-1, type=click.UNPROCESSED),
     ],
@@ -240,6 +243,13 @@ def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | 
     return gpu_type, counts["gpus"], counts["gpus_per_node"]
 
 
+def _current_umask() -> int:
+    """The caller's umask (reading it means setting it; set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> Submission:
     """Build the Submission for ``gsub ARGV`` run in directory ``cwd`` with environment ``environ``.
 
@@ -313,6 +323,7 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
         gpu_type=gpu_type,
         cpus_per_gpu=chosen.count("cpus_per_gpu") or 0,
         mem_mb=converted("mem", parse_memory_mb) or 0,
+        gpu_mem_mb=converted("gpu_mem", parse_memory_mb) or 0,
         time_limit_s=converted("time", parse_time_limit),
         account=chosen.nonempty_text("account"),
         partition=chosen.nonempty_text("partition"),
@@ -325,6 +336,8 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
         requeue=requeue if requeue is not None else True,
         max_restarts=chosen.count("max_restarts", minimum=0) or 0,
         qos=qos,
+        signal=chosen.nonempty_text("signal"),
+        umask=_current_umask(),
         array_max_running=array.max_running if array is not None else None,
     )
     return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos)

@@ -35,13 +35,13 @@ def _toml_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _controller_section(state_dir: Path, port: int, allow_root: bool) -> str:
+def _controller_section(state_dir: Path, port: int, allow_root: bool, database: str | None = None) -> str:
     agent_uids = sorted({0, os.getuid()})
     return "\n".join(
         [
             "[controller]",
             f"address = {_toml_str(f'127.0.0.1:{port}')}",
-            f"database = {_toml_str('sqlite:///' + str(state_dir / 'controller.db'))}",
+            f"database = {_toml_str(database or 'sqlite:///' + str(state_dir / 'controller.db'))}",
             f"state_dir = {_toml_str(str(state_dir / 'controller'))}",
             f"credential_socket = {_toml_str(str(state_dir / 'auth.sock'))}",
             f"local_socket = {_toml_str(str(state_dir / 'controller.sock'))}",
@@ -58,9 +58,9 @@ def _controller_section(state_dir: Path, port: int, allow_root: bool) -> str:
     )
 
 
-def _write_configs(state_dir: Path, topologies: list[str]) -> None:
+def _write_configs(state_dir: Path, topologies: list[str], database: str | None = None) -> None:
     allow_root = os.geteuid() == 0
-    controller = _controller_section(state_dir, _free_port(), allow_root)
+    controller = _controller_section(state_dir, _free_port(), allow_root, database)
     (state_dir / "garrison.toml").write_text(controller)
     for i, topology in enumerate(topologies, start=1):
         topo = topology if topology in ("dgx-a100", "dgx1v", "pcie4", "pcie8") else str(Path(topology).resolve())
@@ -90,7 +90,9 @@ def _pid_alive(pid_file: Path, marker: str) -> int | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except (OSError, ValueError):
         return None
-    if marker not in cmdline:
+    # A process still inside execve (Popen returns as soon as the child's exec has begun) shows an empty
+    # command line for a moment: that is the daemon we have just started, not a stranger.
+    if cmdline.strip() and marker not in cmdline:
         return None
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -132,8 +134,22 @@ def _agent_configs(state_dir: Path) -> list[Path]:
     return sorted(state_dir.glob("agent-*.toml"), key=lambda p: int(p.stem.split("-")[1]))
 
 
-def cluster_up(state_dir: Path, agents: int | None, topologies: list[str]) -> str:
+def _check_database_url(url: str) -> None:
+    # Only the shape: the CLI stays free of SQLAlchemy, and the controller reports what it cannot open.
+    if not url.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg://")):
+        raise CliError(
+            f"--database {url!r}: expected sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DATABASE", 2
+        )
+
+
+def cluster_up(state_dir: Path, agents: int | None, topologies: list[str], database: str | None = None) -> str:
     state_dir = state_dir.resolve()
+    if database is not None:
+        _check_database_url(database)
+        configured = state_dir / "garrison.toml"
+        if configured.exists() and load_config(configured).controller.database != database:
+            raise CliError(f"{configured} already uses another database; garrison down and use a new --state-dir "
+                           "to change it", 2)
     state_dir.mkdir(parents=True, exist_ok=True)
     if len(str(state_dir / "auth.sock")) > 100:
         raise CliError(f"state dir path too long for a Unix socket: {state_dir}")
@@ -149,7 +165,7 @@ def cluster_up(state_dir: Path, agents: int | None, topologies: list[str]) -> st
                 resolve_topology(name)
             except ValueError as exc:
                 raise CliError(str(exc), 2) from None
-        _write_configs(state_dir, names)
+        _write_configs(state_dir, names, database)
     config = state_dir / "garrison.toml"
     if os.geteuid() == 0:
         print(f"garrison up: running as root: jobs may run as root on this local cluster "
@@ -247,10 +263,13 @@ def garrison() -> None:
 @click.option("--agents", type=click.IntRange(1, 64), default=None, help="Number of agents (default 2).")
 @click.option("--fake-topology", "topologies", multiple=True,
               help="dgx-a100, dgx1v, pcie4, pcie8 or a TOML file: once for all agents, or once per agent.")
-def up(state_dir: Path, agents: int | None, topologies: tuple[str, ...]) -> None:
+@click.option("--database", default=None, metavar="URL",
+              help="The controller's database (default: SQLite in the state dir), e.g. "
+                   "postgresql+psycopg://postgres@127.0.0.1:5432/garrison; used when the state dir is new.")
+def up(state_dir: Path, agents: int | None, topologies: tuple[str, ...], database: str | None) -> None:
     """Start (or restart what is dead of) a local cluster and print its export line."""
     try:
-        address = cluster_up(state_dir, agents, list(topologies))
+        address = cluster_up(state_dir, agents, list(topologies), database)
     except CliError as exc:
         fail("garrison up", exc)
     click.echo(f"export GARRISON_CONTROLLER={address}")

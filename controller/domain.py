@@ -22,6 +22,8 @@ class JobState(enum.StrEnum):
     CANCELLED = "CANCELLED"
     TIMEOUT = "TIMEOUT"
     NODE_FAIL = "NODE_FAIL"
+    # Only ever the state of an *attempt* (never of a job): stopped to make room, and the job requeued.
+    PREEMPTED = "PREEMPTED"
 
     @property
     def is_terminal(self) -> bool:
@@ -77,7 +79,13 @@ TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
     JobState.CANCELLED: frozenset(),
     JobState.TIMEOUT: frozenset(),
     JobState.NODE_FAIL: frozenset(),
+    JobState.PREEMPTED: frozenset(),
 }
+
+
+# A node result whose error starts with this failed before any rank ran (e.g. MASTER_PORT busy): a new
+# attempt may well succeed, so the job is requeued rather than failed.
+LAUNCH_FAILED_PREFIX = "launch failed"
 
 
 class IllegalTransition(ValueError):
@@ -112,6 +120,7 @@ class JobSpec:
     gpus: int | None = None  # -G total
     gpus_per_node: int | None = None
     gpu_type: str | None = None  # "a100" from --gpus a100:2, matched against the GPU name
+    gpu_mem_mb: int = 0  # --gpu-mem: the least memory (MiB) each allocated GPU must have
     cpus_per_gpu: int = 0
     mem_mb: int = 0
     time_limit_s: int | None = None  # None: the partition default
@@ -126,6 +135,8 @@ class JobSpec:
     requeue: bool = True
     max_restarts: int = 0
     qos: str | None = None
+    signal: str | None = None  # --signal [R:]SIG@SECS, validated by controller/signals.py
+    umask: int | None = None  # the submitter's umask, applied to the ranks
     array_max_running: int | None = None  # %N of --array: tasks of this array running at once
 
     def total_gpus(self) -> int:
@@ -141,6 +152,8 @@ class JobSpec:
 class NodeAllocation:
     node: str
     gpus: tuple[int, ...]  # GPU indices on that node, in local-rank order
+    cpus: tuple[int, ...] = ()  # CPU ids chosen for the job (NUMA-local to its GPUs first); () = none asked
+    mem_mb: int = 0  # host memory held on that node
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,11 +18,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from garrison.config import ControllerConfig
+from garrison.controller import metrics
 from garrison.controller.clock import Clock
 from garrison.controller.domain import Job, JobState, Principal
+from garrison.controller.policy import Policy
 from garrison.controller.rpc import convert
 from garrison.controller.sched.cycle import Plan, SchedulerConfig, schedule
 from garrison.controller.sched.snapshot import Snapshot
+from garrison.controller.signals import DEFAULT_WARNING_SIGNAL, parse_signal_request
 from garrison.controller.state import (
     AckResult,
     ClusterState,
@@ -83,6 +86,8 @@ class Engine:
         self._tasks: list[asyncio.Task[None]] = []
         self.cycle_count = 0
         self.last_cycle_ms = 0.0
+        # Accounts, QoS, partitions, usage and the core's configuration (the scheduling issue).
+        self.policy = Policy(config, state, clock.now())
 
     # ---------------------------------------------------------------------------------------------
     # Lifecycle
@@ -102,6 +107,7 @@ class Engine:
         for session in list(self.sessions.values()):
             session.close()
         self._pool.shutdown(wait=False)
+        self.policy.save_usage(self.clock.now())
 
     def request_schedule(self) -> None:
         self._wake.set()
@@ -113,29 +119,38 @@ class Engine:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.config.schedule_interval_s)
             self._wake.clear()
             try:
-                snapshot = self.state.snapshot()
+                snapshot = self.policy.snapshot()
                 if not snapshot.pending:
                     continue
                 started = time.perf_counter()
-                plan = await loop.run_in_executor(self._pool, self._compute_plan, snapshot, self.clock.now())
+                now = self.clock.now()
+                plan = await loop.run_in_executor(
+                    self._pool, self._compute_plan, snapshot, now, self.policy.scheduler
+                )
                 self.last_cycle_ms = (time.perf_counter() - started) * 1000
                 self.cycle_count += 1
+                self.policy.remember(snapshot, plan, now)
                 self._apply_plan(plan)
+                metrics.observe_scheduling_cycle(time.perf_counter() - started)
             except Exception:  # a bug in one cycle must not stop scheduling for good
                 log.exception("scheduling cycle failed")
 
     @staticmethod
-    def _compute_plan(snapshot: Snapshot, now: float) -> Plan:
-        return schedule(snapshot, now, SchedulerConfig())
+    def _compute_plan(snapshot: Snapshot, now: float, config: SchedulerConfig) -> Plan:
+        return schedule(snapshot, now, config)
 
     def _apply_plan(self, plan: Plan) -> None:
         now = self.clock.now()
         instructions = self.state.start_attempts([(s.job_id, s.allocation) for s in plan.starts], now)
+        for victim in getattr(plan, "preempts", ()):
+            instructions += self.preempt(victim.job_id, victim.grace_s, now)
         self.state.wait_reasons.update(plan.waiting)
-        for job_id in plan.waiting:
+        for job_id, reason in plan.waiting.items():
             job = self.state.jobs.get(job_id)
-            if job is not None and job.state == JobState.PENDING and not job.reason.startswith("Requeued"):
-                self.state.jobs[job_id] = replace(job, reason=plan.waiting[job_id])
+            # Only a changed reason makes a new Job: unchanged jobs keep their cached scheduling views.
+            if (job is not None and job.state == JobState.PENDING and job.reason != reason
+                    and not job.reason.startswith("Requeued")):
+                self.state.jobs[job_id] = replace(job, reason=reason)
         self.execute(instructions)
 
     async def _timer_loop(self) -> None:
@@ -144,6 +159,7 @@ class Engine:
             await asyncio.sleep(interval)
             try:
                 now = self.clock.now()
+                self.policy.charge_usage(now)
                 instructions = self.state.expire_time_limits(now)
                 instructions += self.state.expire_heartbeats(now)
                 self.state.purge_finished(now, self.config.finished_job_retention_s)
@@ -163,7 +179,7 @@ class Engine:
                 continue  # the node is not connected; reconciliation on its return covers this
             if isinstance(ins, Launch):
                 session.send(pb.ControllerMessage(launch=self._launch_message(ins)))
-                log.info("job %d attempt %d: launch on %s", ins.job.job_id, ins.attempt, ins.node)
+                log.info("launch job=%d attempt=%d node=%s", ins.job.job_id, ins.attempt, ins.node)
             elif isinstance(ins, SignalAttempt):
                 action = {"signal": pb.SignalJob.SIGNAL, "terminate": pb.SignalJob.TERMINATE, "kill": pb.SignalJob.KILL}[
                     ins.action
@@ -173,7 +189,7 @@ class Engine:
                         signal=pb.SignalJob(job_id=ins.job_id, attempt=ins.attempt, action=action, signal=ins.signal)
                     )
                 )
-                log.info("job %d attempt %d: %s on %s", ins.job_id, ins.attempt, ins.action, ins.node)
+                log.info("%s job=%d attempt=%d node=%s", ins.action, ins.job_id, ins.attempt, ins.node)
             elif isinstance(ins, AckResult):
                 session.send(pb.ControllerMessage(ack=pb.AckResult(job_id=ins.job_id, attempt=ins.attempt)))
 
@@ -203,6 +219,18 @@ class Engine:
             msg.array_task_id = job.array_task_id
         return msg
 
+    def preempt(self, job_id: int, grace_s: float, now: float) -> list[Instruction]:
+        """Start preempting a running job: its --signal (default SIGUSR1) now, SIGTERM after the grace period
+        (the job's own --signal lead time when it asked for one), requeued when its ranks have ended."""
+        job = self.state.jobs.get(job_id)
+        if job is None:
+            return []
+        warning = parse_signal_request(job.spec.signal) if job.spec.signal else None
+        signum = warning.signum if warning else DEFAULT_WARNING_SIGNAL
+        grace = float(warning.seconds) if warning else grace_s
+        log.info("job=%d preempting: signal %d, grace %.0fs", job_id, signum, grace)
+        return self.state.preempt(job_id, grace, int(signum), now)
+
     # ---------------------------------------------------------------------------------------------
     # Client operations
 
@@ -211,7 +239,9 @@ class Engine:
         indices = list(request.array_indices)
         if request.HasField("array_max_running"):
             spec = replace(spec, array_max_running=request.array_max_running)
-        resolved = validate_submission(spec, principal, self.config, self.state.nodes, indices)
+        resolved = validate_submission(
+            spec, principal, self.config, self.state.nodes, indices, self.policy.accounting
+        )
         now = self.clock.now()
         count = len(indices) or 1
         first = self.state.store.allocate_job_ids(count)
@@ -233,7 +263,7 @@ class Engine:
         else:
             jobs = [Job(job_id=first, **common)]  # type: ignore[arg-type]
         self.state.add_jobs(jobs)
-        log.info("submitted job %d (%d task(s)) for %s", first, count, principal.user)
+        log.info("submitted job=%d node=- tasks=%d user=%s", first, count, principal.user)
         self.request_schedule()
         return first, count
 
@@ -256,8 +286,15 @@ class Engine:
             jobs.extend(found)
         return jobs
 
+    def is_admin(self, principal: Principal) -> bool:
+        """Whether ``principal`` may run admin operations (gadmin) and manage every job: root, the
+        controller's own user, and the configured admins and admin groups."""
+        return principal.uid in self.admin_uids or self.policy.is_admin(principal)
+
     def may_manage(self, principal: Principal, job: Job) -> bool:
-        return principal.uid == job.uid or principal.uid in self.admin_uids
+        return (
+            principal.uid == job.uid or self.is_admin(principal) or self.policy.coordinates(principal, job.account)
+        )
 
     def cancel(self, principal: Principal, request: pb.CancelJobsRequest) -> list[int]:
         states = {s.upper() for s in request.states}
@@ -317,11 +354,7 @@ class Engine:
     # Agent link
 
     def node_partitions(self, name: str) -> frozenset[str]:
-        parts = []
-        for part in self.config.partitions:
-            if not part.nodes or name in part.nodes:
-                parts.append(part.name)
-        return frozenset(parts)
+        return self.policy.node_partitions(name)
 
     def agent_connected(self, session: AgentSession, register: pb.Register) -> None:
         old = self.sessions.get(session.node)
@@ -358,6 +391,9 @@ class Engine:
         kind = message.WhichOneof("kind")
         if kind == "started":
             self.execute(self.state.node_started(session.node, message.started.job_id, message.started.attempt))
+        elif kind == "checkpointed":
+            c = message.checkpointed
+            self.state.checkpointed(c.job_id, c.attempt, c.time)
         elif kind == "finished":
             result: NodeResult = convert.result_from_pb(message.finished)
             self.execute(self.state.node_finished(session.node, result, now))
@@ -377,5 +413,5 @@ class Engine:
         return out
 
     def partition_of(self, name: str) -> list[str]:
-        part = next(p for p in self.config.partitions if p.name == name)
+        part = self.policy.accounting.partition_map[name]
         return [n.name for n in partition_nodes(part, list(self.state.nodes.values()))]

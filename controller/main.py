@@ -9,9 +9,17 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from garrison.config import ConfigError, GarrisonConfig, load_config
+from garrison import sdnotify
+from garrison.config import ConfigError, ControllerConfig, GarrisonConfig, load_config
 from garrison.logs import setup_logging
+
+if TYPE_CHECKING:
+    from garrison.controller.clock import Clock
+    from garrison.controller.state import ClusterState
+    from garrison.controller.store import PoolSettings
+    from garrison.metrics_server import MetricsEndpoint
 
 log = logging.getLogger("garrison.controller")
 
@@ -32,40 +40,61 @@ async def serve(config: GarrisonConfig) -> None:
     import grpc
 
     from garrison.auth import CredentialService, load_or_create_key
+    from garrison.controller import metrics
     from garrison.controller.clock import SystemClock
     from garrison.controller.engine import Engine
+    from garrison.controller.events import log_job_change
+    from garrison.controller.ratelimit import RateLimiter
+    from garrison.controller.rpc.accounting import AccountingService
+    from garrison.controller.rpc.admin import AdminService
     from garrison.controller.rpc.local import LocalServer
+    from garrison.controller.rpc.security import (
+        RequestDecodeGuard,
+        SecurityService,
+        listen,
+        open_token_registry,
+    )
     from garrison.controller.rpc.services import AgentLinkService, Authenticator, ControllerService
     from garrison.controller.state import ClusterState
     from garrison.controller.store import open_store
+    from garrison.protos.v1 import accounting_pb2_grpc as apb_grpc
+    from garrison.protos.v1 import admin_pb2_grpc as admin_grpc
     from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
+    from garrison.protos.v1 import security_pb2_grpc as spb_grpc
 
     cfg = config.controller
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
     clock = SystemClock()
-    store = open_store(cfg.database)
+    store = open_store(cfg.database, _pool_settings(cfg))
     state = ClusterState(store, cfg.heartbeat_timeout_s)
+    state.job_observers += [metrics.job_changed, log_job_change]
     state.load(clock.now(), cfg.finished_job_retention_s)
     key = load_or_create_key(Path(cfg.key_file))
     credentials = CredentialService(cfg.credential_socket, key, lifetime_s=cfg.credential_lifetime_s)
     credentials.start()
 
     engine = Engine(cfg, state, clock)
-    auth = Authenticator(key, clock.now)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    tokens = open_token_registry(cfg, clock.now, config.path)
+    limiter = RateLimiter(cfg.request_rate_per_s, cfg.request_burst)
+    auth = Authenticator(key, clock.now, tokens=tokens, limiter=limiter)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[RequestDecodeGuard()])
     client_service = ControllerService(engine, auth, cfg.credential_socket, cfg.local_socket)
     pb_grpc.add_ControllerServicer_to_server(client_service, server)
-    pb_grpc.add_AgentLinkServicer_to_server(AgentLinkService(engine, auth, set(cfg.agent_uids)), server)
-    port = server.add_insecure_port(cfg.address)
-    if port == 0:
-        raise ConfigError(f"{config.path}: controller.address: cannot listen on {cfg.address}")
+    agent_link = AgentLinkService(engine, auth, set(cfg.agent_uids), require_certificate=bool(cfg.tls_cert))
+    pb_grpc.add_AgentLinkServicer_to_server(agent_link, server)
+    spb_grpc.add_SecurityServicer_to_server(SecurityService(engine, auth, tokens), server)
+    admin_grpc.add_AdminServicer_to_server(AdminService(engine, auth), server)
+    accounting = AccountingService(store, auth, clock)
+    apb_grpc.add_AccountingServicer_to_server(accounting, server)
+    transport = listen(server, cfg, config.path)  # TLS, or plain text on loopback only
     await server.start()
     local = LocalServer(cfg.local_socket, client_service) if cfg.local_socket else None
     if local is not None:
         await local.start()
     engine.start()
-    log.info("controller listening on %s (database %s)", cfg.address, cfg.database.split("://")[0])
-    _notify_ready()
+    metrics_endpoint = _serve_metrics(config, state, clock)
+    log.info("controller listening: %s (database %s)", transport, cfg.database.split("://")[0])
+    sdnotify.ready(f"serving on {cfg.address}: {len(state.jobs)} jobs, {len(state.nodes)} nodes known")
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -73,6 +102,10 @@ async def serve(config: GarrisonConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("controller stopping")
+    sdnotify.stopping()
+    if metrics_endpoint is not None:
+        metrics_endpoint.stop()
+    accounting.close()
     if local is not None:
         await local.stop()
     await engine.stop()
@@ -81,17 +114,60 @@ async def serve(config: GarrisonConfig) -> None:
     store.close()
 
 
-def _notify_ready() -> None:
-    """sd_notify READY=1 when run by systemd as Type=notify (no libsystemd needed)."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    import socket
+def _pool_settings(cfg: ControllerConfig) -> PoolSettings:
+    from garrison.controller.store import PoolSettings
 
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.sendto(b"READY=1", address)
+    return PoolSettings(
+        size=cfg.database_pool_size,
+        max_overflow=cfg.database_max_overflow,
+        timeout_s=cfg.database_pool_timeout_s,
+        recycle_s=cfg.database_pool_recycle_s,
+    )
+
+
+def _serve_metrics(config: GarrisonConfig, state: ClusterState, clock: Clock) -> MetricsEndpoint | None:
+    """The Prometheus endpoint on [controller] metrics_address, if set; the cluster gauges are sampled on
+    this (the event loop's) thread."""
+    address = config.controller.metrics_address
+    if not address:
+        return None
+    from garrison.controller import metrics
+    from garrison.metrics_server import serve_metrics
+
+    metrics.install_cluster_collector(state, clock, asyncio.get_running_loop())
+    try:
+        endpoint = serve_metrics(address, metrics.REGISTRY)
+    except OSError as exc:
+        raise ConfigError(f"{config.path}: controller.metrics_address: cannot listen on {address}: {exc}") from None
+    log.info("metrics on http://%s/metrics", address)
+    return endpoint
+
+
+def _migrate(config: GarrisonConfig) -> int:
+    """garrison-controller migrate: bring the database to the newest schema; say from which revision."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from garrison.controller.store import UnsupportedDatabaseURL, upgrade
+    from garrison.controller.store.migrate import head_revision, schema_revision
+
+    database = config.controller.database
+    backend = database.split("://")[0]
+    try:
+        before = schema_revision(database)
+        upgrade(database)
+        after = schema_revision(database)
+    except UnsupportedDatabaseURL as exc:
+        raise ConfigError(f"{config.path}: controller.database: {exc}") from None
+    except SQLAlchemyError as exc:
+        # A migration runs in one transaction: a failure leaves the database as it was.
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        print(f"garrison-controller: migrate: database {backend}: {detail}", file=sys.stderr)
+        return 1
+    if before == after:
+        print(f"database {backend} is at the latest schema ({after}); nothing to do")
+    else:
+        print(f"database {backend} migrated from {before or 'empty'} to {after} (latest: {head_revision()})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,11 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config)
         if args.command == "migrate":
-            from garrison.controller.store import upgrade
-
-            upgrade(config.controller.database)
-            print(f"database {config.controller.database.split('://')[0]} is at the latest schema")
-            return 0
+            return _migrate(config)
         asyncio.run(serve(config))
     except ConfigError as exc:
         print(f"garrison-controller: {exc}", file=sys.stderr)

@@ -13,11 +13,12 @@ requeued job can therefore start again elsewhere while the ranks of its old atte
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from garrison.controller.domain import (
+    LAUNCH_FAILED_PREFIX,
     Allocation,
     Attempt,
     Job,
@@ -28,9 +29,12 @@ from garrison.controller.domain import (
     NodeResult,
     NodeState,
 )
-from garrison.controller.sched.snapshot import NodeView, PendingJob, Snapshot
+from garrison.controller.sched.snapshot import EMPTY_ACCOUNTING, Snapshot, UsageView
+from garrison.controller.signals import parse_signal_request
+from garrison.controller.snapshots import SnapshotCache
 
 if TYPE_CHECKING:
+    from garrison.controller.accounts import Accounting
     from garrison.controller.store import Store
 
 log = logging.getLogger("garrison.controller.state")
@@ -78,6 +82,10 @@ class LiveAttempt:
     results: dict[str, NodeResult] = field(default_factory=dict)
     outcome: JobState | None = None  # decided when the attempt is being stopped early
     outcome_reason: str = ""
+    requeue_as: JobState = JobState.NODE_FAIL  # the attempt's recorded state when outcome is a requeue
+    last_checkpoint: float | None = None  # reported by the job (gcheckpoint / GARRISON_CHECKPOINT_MARK)
+    terminate_at: float | None = None  # end of a preemption grace period: then SIGTERM, then SIGKILL
+    warned: bool = False  # the --signal warning before the time limit has been sent
     stale: bool = False  # the job has moved on (requeued); only its leftovers are being stopped
 
 
@@ -97,8 +105,14 @@ class ClusterState:
         self.live: dict[tuple[int, int], LiveAttempt] = {}
         self.gpu_owner: dict[str, dict[int, tuple[int, int]]] = {}
         self.held: set[int] = set()
+        self.admin_held: set[int] = set()  # held by an admin: only an admin may release them
+        self.silent_drained: set[str] = set()  # drained nodes that stopped responding (still drained)
+        self.snapshots = SnapshotCache()
         self.wait_reasons: dict[int, str] = {}
         self.started_at = 0.0
+        # Called with (the job before, the job after) for every job change written through to the store
+        # (before is None for a new job): metrics and job event logs. They must not raise or block.
+        self.job_observers: list[Callable[[Job | None, Job], None]] = [self.snapshots.job_changed]
 
     # ---------------------------------------------------------------------------------------------
     # Start-up
@@ -126,6 +140,11 @@ class ClusterState:
                 if job.state == JobState.COMPLETING and job.reason.startswith(_OUTCOME_PREFIX):
                     live.outcome = JobState(job.reason.removeprefix(_OUTCOME_PREFIX))
                 self._own(live)
+        for job_id, by_admin in self.store.load_holds().items():
+            if job_id in self.jobs and self.jobs[job_id].state == JobState.PENDING:
+                self.held.add(job_id)
+                if by_admin:
+                    self.admin_held.add(job_id)
         log.info("loaded %d jobs and %d nodes from the store", len(self.jobs), len(self.nodes))
 
     # ---------------------------------------------------------------------------------------------
@@ -135,37 +154,14 @@ class ClusterState:
         owned = self.gpu_owner.get(node.name, {})
         return frozenset(g.index for g in node.inventory.gpus if g.index not in owned)
 
-    def snapshot(self) -> Snapshot:
-        nodes = tuple(
-            NodeView(
-                name=n.name,
-                schedulable=n.state == NodeState.UP and n.name in self.connected,
-                gpu_names=tuple(g.name for g in n.inventory.gpus),
-                free_gpus=self.free_gpus(n),
-                nvlink=n.inventory.nvlink,
-                partitions=self.node_partitions.get(n.name, frozenset()),
-                drained=n.state == NodeState.DRAIN,
-            )
-            for n in self.nodes.values()
-        )
-        pending = []
-        running_tasks: dict[int, int] = {}
-        for job in self.jobs.values():
-            if job.state == JobState.PENDING:
-                pending.append(
-                    PendingJob(
-                        job_id=job.job_id,
-                        spec=job.spec,
-                        partition=job.partition,
-                        submit_time=job.submit_time,
-                        priority=job.priority,
-                        array_job_id=job.array_job_id,
-                        held=job.job_id in self.held,
-                    )
-                )
-            elif job.state.holds_resources and job.array_job_id is not None:
-                running_tasks[job.array_job_id] = running_tasks.get(job.array_job_id, 0) + 1
-        return Snapshot(nodes=nodes, pending=tuple(pending), running_array_tasks=tuple(running_tasks.items()))
+    def snapshot(
+        self,
+        accounting: Accounting | None = None,
+        usage: Mapping[tuple[str, str], UsageView] | None = None,
+        switches: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> Snapshot:
+        """The scheduling core's input, from memory (controller/snapshots.py caches the views)."""
+        return self.snapshots.build(self, accounting or EMPTY_ACCOUNTING, usage, switches)
 
     # ---------------------------------------------------------------------------------------------
     # Jobs
@@ -173,6 +169,7 @@ class ClusterState:
     def add_jobs(self, jobs: Sequence[Job]) -> None:
         self.store.save_jobs(jobs)
         for job in jobs:
+            self._observe(self.jobs.get(job.job_id), job)
             self.jobs[job.job_id] = job
 
     def _save(self, jobs: Iterable[Job]) -> None:
@@ -180,7 +177,15 @@ class ClusterState:
         if batch:
             self.store.save_jobs(batch)
             for job in batch:
+                self._observe(self.jobs.get(job.job_id), job)
                 self.jobs[job.job_id] = job
+
+    def _observe(self, before: Job | None, after: Job) -> None:
+        for observer in self.job_observers:
+            try:
+                observer(before, after)
+            except Exception:  # an observer's bug must not undo a change the store already holds
+                log.exception("job observer %r failed", observer)
 
     def _own(self, live: LiveAttempt) -> None:
         self.live[(live.job_id, live.attempt)] = live
@@ -239,6 +244,8 @@ class ClusterState:
         if live is None or job is None:
             # Ranks of an attempt we do not know (or no longer track): stop them.
             return [SignalAttempt(node, job_id, attempt, "kill")]
+        if node not in live.allocation.node_names:
+            return []  # a node reporting on an attempt it was never given: ignore it
         live.started_nodes.add(node)
         if (
             not live.stale
@@ -258,14 +265,24 @@ class ClusterState:
         live.results[node] = result
         live.started_nodes.add(node)
         self._release_node(live, node)
-        if not live.stale and live.outcome is None and live.pending_nodes:
+        if not live.stale and live.outcome is None:
             job = self.jobs[result.job_id]
             if result.failed:
-                # One node's ranks failed: the gang cannot go on; stop the rest.
+                # One node's ranks failed: the gang cannot go on; stop the rest. A launch that failed before
+                # any rank ran is worth another attempt; a rank's own failure is not (unless --max-restarts).
                 rank = result.first_failure()
                 why = result.error or (f"rank {rank.rank} exited with {rank.exit_code}" if rank else "failed")
-                instructions += self._stop(live, JobState.FAILED, why, now)
-            elif job.spec.launch == LaunchMode.SINGLE and node == live.allocation.node_names[0]:
+                if rank is not None and rank.error:
+                    why += f": {rank.error}"
+                retry = result.error.startswith(LAUNCH_FAILED_PREFIX) and job.spec.requeue
+                if retry:
+                    live.requeue_as = JobState.FAILED
+                instructions += self._stop(live, JobState.PENDING if retry else JobState.FAILED, why, now)
+            elif (
+                live.pending_nodes
+                and job.spec.launch == LaunchMode.SINGLE
+                and node == live.allocation.node_names[0]
+            ):
                 # The batch script ended; the rest of the allocation only held the nodes for it.
                 instructions += self._stop(live, JobState.COMPLETED, "", now)
         if not live.pending_nodes:
@@ -281,6 +298,28 @@ class ClusterState:
             self._save([job.with_state(JobState.COMPLETING, reason=f"{_OUTCOME_PREFIX}{outcome.value}")])
         action = "kill" if kill else "terminate"
         return [SignalAttempt(node, live.job_id, live.attempt, action) for node in sorted(live.pending_nodes)]
+
+    def preempt(self, job_id: int, grace_s: float, signum: int, now: float) -> list[Instruction]:
+        """Warn every rank with `signum` (SIGUSR1: checkpoint now), terminate after the grace period, and
+        requeue the job whatever its ranks exit with (a preempted job that exits 0 has not finished)."""
+        job = self.jobs.get(job_id)
+        attempt = job.current_attempt if job is not None else None
+        live = self.live.get((job_id, attempt.attempt)) if attempt is not None else None
+        if live is None or live.stale or live.outcome is not None:
+            return []
+        live.outcome = JobState.PENDING
+        live.outcome_reason = "preempted"
+        live.requeue_as = JobState.PREEMPTED
+        live.terminate_at = now + grace_s
+        assert job is not None
+        if job.state in (JobState.CONFIGURING, JobState.RUNNING):
+            self._save([job.with_state(JobState.COMPLETING, reason=f"{_OUTCOME_PREFIX}{JobState.PENDING.value}")])
+        return [SignalAttempt(n, job_id, live.attempt, "signal", signum) for n in sorted(live.pending_nodes)]
+
+    def checkpointed(self, job_id: int, attempt: int, when: float) -> None:
+        live = self.live.get((job_id, attempt))
+        if live is not None:
+            live.last_checkpoint = max(when, live.last_checkpoint or 0.0)
 
     def _finish(self, live: LiveAttempt, now: float) -> None:
         """Every node has reported: close the attempt and move the job on."""
@@ -303,11 +342,18 @@ class ClusterState:
                 reason = failure.error or (f"rank {rank.rank} exited with {rank.exit_code}" if rank else "")
         if outcome == JobState.FAILED and failure is not None and not reason:
             reason = failure.error
+        # --max-restarts counts restarts after rank failures only; preemptions, lost nodes and failed
+        # launches requeue without using it up.
+        rank_failures = sum(
+            1
+            for a in job.attempts[: live.attempt]
+            if a.state == JobState.FAILED and not a.reason.startswith(LAUNCH_FAILED_PREFIX)
+        )
         requeue = outcome == JobState.PENDING or (
-            outcome == JobState.FAILED and job.restart_count < job.spec.max_restarts
+            outcome == JobState.FAILED and rank_failures < job.spec.max_restarts
         ) or (outcome == JobState.NODE_FAIL and job.spec.requeue)
         attempts = list(job.attempts)
-        attempt_state = JobState.NODE_FAIL if outcome == JobState.PENDING else outcome
+        attempt_state = live.requeue_as if outcome == JobState.PENDING else outcome
         attempts[live.attempt] = replace(
             attempts[live.attempt], end_time=now, state=attempt_state, exit_code=exit_code, reason=reason
         )
@@ -339,15 +385,94 @@ class ClusterState:
         self._save(pending_done)
         return cancelled, instructions
 
+    # ---------------------------------------------------------------------------------------------
+    # Job control (gcontrol) and node drain (gadmin): the caller has checked permissions.
+
+    def hold(self, job_ids: Iterable[int], by_admin: bool) -> list[int]:
+        """Keep pending jobs from starting until released; returns the jobs held."""
+        changed = []
+        for job_id in job_ids:
+            job = self.jobs.get(job_id)
+            if job is None or job.state != JobState.PENDING:
+                continue
+            admin = by_admin or job_id in self.admin_held
+            self.store.set_hold(job_id, admin)
+            self.held.add(job_id)
+            if admin:
+                self.admin_held.add(job_id)
+            changed.append(job_id)
+        return changed
+
+    def release(self, job_ids: Iterable[int]) -> list[int]:
+        changed = []
+        for job_id in job_ids:
+            if job_id not in self.held:
+                continue
+            self.store.set_hold(job_id, None)
+            self.held.discard(job_id)
+            self.admin_held.discard(job_id)
+            changed.append(job_id)
+        return changed
+
+    def requeue(self, job_ids: Iterable[int], now: float) -> tuple[list[int], list[Instruction]]:
+        """Stop running jobs and put them back in the queue (their attempt ends CANCELLED)."""
+        requeued: list[int] = []
+        instructions: list[Instruction] = []
+        for job_id in job_ids:
+            job = self.jobs.get(job_id)
+            attempt = job.current_attempt if job is not None else None
+            live = self.live.get((job_id, attempt.attempt)) if attempt is not None else None
+            if live is None or live.stale or live.outcome is not None:
+                continue
+            live.requeue_as = JobState.CANCELLED
+            instructions += self._stop(live, JobState.PENDING, "requeued by request", now)
+            requeued.append(job_id)
+        return requeued, instructions
+
+    def update_job(self, job: Job) -> None:
+        """Replace a job's time limit, priority or QoS (not its state), written through."""
+        current = self.jobs.get(job.job_id)
+        if current is None or current.state != job.state:
+            raise ValueError(f"job {job.job_id} changed state meanwhile")
+        self._save([job])
+
+    def set_drain(self, name: str, drain: bool, reason: str) -> Node:
+        """Drain a node (no new jobs; running ones go on) or resume it."""
+        node = self.nodes[name]
+        if drain:
+            node = replace(node, state=NodeState.DRAIN, reason=reason)
+        else:
+            self.silent_drained.discard(name)
+            up = name in self.connected
+            node = replace(node, state=NodeState.UP if up else NodeState.DOWN, reason="" if up else "not responding")
+        self.store.save_node(node)
+        self.nodes[name] = node
+        return node
+
     def expire_time_limits(self, now: float) -> list[Instruction]:
+        """Time limits, --signal warnings before them, and the ends of preemption grace periods."""
         instructions: list[Instruction] = []
         for live in list(self.live.values()):
+            if live.terminate_at is not None and now >= live.terminate_at:
+                live.terminate_at = None
+                instructions += [
+                    SignalAttempt(n, live.job_id, live.attempt, "terminate") for n in sorted(live.pending_nodes)
+                ]
             if live.stale or live.outcome is not None:
                 continue
             job = self.jobs[live.job_id]
             attempt = job.attempts[live.attempt]
-            if now - attempt.start_time >= job.time_limit_s:
+            elapsed = now - attempt.start_time
+            if elapsed >= job.time_limit_s:
                 instructions += self._stop(live, JobState.TIMEOUT, "time limit reached", now)
+            elif job.spec.signal is not None and not live.warned:
+                warning = parse_signal_request(job.spec.signal)
+                if elapsed >= job.time_limit_s - warning.seconds:
+                    live.warned = True
+                    instructions += [
+                        SignalAttempt(n, live.job_id, live.attempt, "signal", warning.signum)
+                        for n in sorted(live.pending_nodes)
+                    ]
         return instructions
 
     # ---------------------------------------------------------------------------------------------
@@ -374,6 +499,7 @@ class ClusterState:
         self.node_partitions[name] = partitions
         self.gpu_owner.setdefault(name, {})
         self.connected.add(name)
+        self.silent_drained.discard(name)
 
         instructions: list[Instruction] = []
         for result in finished:
@@ -442,15 +568,21 @@ class ClusterState:
         """Nodes silent past the timeout go DOWN; the attempts running there are requeued or failed."""
         instructions: list[Instruction] = []
         for node in list(self.nodes.values()):
-            if node.state == NodeState.DOWN:
+            if node.state == NodeState.DOWN or node.name in self.silent_drained:
                 continue
             last = max(node.last_heartbeat, self.started_at)
             if now - last < self.heartbeat_timeout_s:
                 continue
-            log.warning("node %s missed heartbeats for %.1fs: DOWN", node.name, now - last)
-            down = replace(node, state=NodeState.DOWN, reason="not responding")
-            self.store.save_node(down)
-            self.nodes[node.name] = down
+            if node.state == NodeState.DRAIN:
+                # An admin's drain outlives the node going silent (a reboot for maintenance): it comes back
+                # drained, not UP. Its jobs are lost all the same.
+                log.warning("drained node %s missed heartbeats for %.1fs", node.name, now - last)
+                self.silent_drained.add(node.name)
+            else:
+                log.warning("node %s missed heartbeats for %.1fs: DOWN", node.name, now - last)
+                down = replace(node, state=NodeState.DOWN, reason="not responding")
+                self.store.save_node(down)
+                self.nodes[node.name] = down
             self.connected.discard(node.name)
             for live in list(self.live.values()):
                 if node.name in live.pending_nodes:

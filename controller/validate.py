@@ -7,8 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from garrison.config import ControllerConfig, PartitionConfig
+from garrison.controller.accounts import Accounting, AccountingError, PartitionDef
 from garrison.controller.domain import JobSpec, LaunchMode, Node, Principal
 from garrison.controller.sched.placement import gang_shape, gpu_matches
+from garrison.controller.signals import parse_signal_request
 
 MAX_SCRIPT_BYTES = 1 << 20
 MAX_ENV_BYTES = 1 << 20
@@ -51,7 +53,7 @@ def _partition(config: ControllerConfig, name: str | None) -> PartitionConfig:
     raise ValidationError(f"unknown partition {name!r} (known: {known})")
 
 
-def partition_nodes(part: PartitionConfig, nodes: Sequence[Node]) -> list[Node]:
+def partition_nodes(part: PartitionConfig | PartitionDef, nodes: Sequence[Node]) -> list[Node]:
     return [n for n in nodes if not part.nodes or n.name in part.nodes]
 
 
@@ -61,11 +63,18 @@ def validate_submission(
     config: ControllerConfig,
     nodes: Mapping[str, Node],
     array_indices: Sequence[int],
+    accounting: Accounting | None = None,
 ) -> Resolved:
+    """Check a submission and resolve its account, partition, QoS and time limit. With ``accounting`` (the
+    controller always passes it) accounts, partitions and QoS come from there; without, from ``config``."""
     if principal.uid == 0 and not config.allow_root_jobs:
         raise ValidationError("jobs may not run as root on this cluster (allow_root_jobs is off)")
     if not spec.name or not JOB_NAME.match(spec.name):
         raise ValidationError("job name must be 1-128 characters of letters, digits, space and ._+@:=,-")
+    # Sizes and characters of every field (limits.py imports this module, hence the late import).
+    from garrison.controller.limits import check_spec_limits
+
+    check_spec_limits(spec)
     if spec.script is None and not spec.command:
         raise ValidationError("nothing to run: give a script or a command")
     if spec.script is not None and len(spec.script.encode()) > MAX_SCRIPT_BYTES:
@@ -91,20 +100,31 @@ def validate_submission(
         raise ValidationError("give either --gpus or --gpus-per-node, not both")
     if spec.nodes is not None and spec.gpus is not None and spec.gpus < spec.nodes:
         raise ValidationError(f"--gpus {spec.gpus} is fewer than one GPU per node on {spec.nodes} nodes")
-    if spec.cpus_per_gpu < 0 or spec.mem_mb < 0 or spec.max_restarts < 0:
-        raise ValidationError("--cpus-per-gpu, --mem and --max-restarts must not be negative")
+    if spec.cpus_per_gpu < 0 or spec.mem_mb < 0 or spec.max_restarts < 0 or spec.gpu_mem_mb < 0:
+        raise ValidationError("--cpus-per-gpu, --mem, --gpu-mem and --max-restarts must not be negative")
+    if spec.signal is not None:
+        try:
+            parse_signal_request(spec.signal)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+    if spec.umask is not None and not 0 <= spec.umask <= 0o777:
+        raise ValidationError(f"umask must be between 0 and 0777, got {spec.umask:o}")
     if spec.max_restarts > 1000:
         raise ValidationError("--max-restarts is at most 1000")
     if spec.launch == LaunchMode.RANK and spec.total_gpus() == 0 and spec.ntasks_per_node is None:
         # A CPU-only job in rank mode runs one process per node.
         spec = replace(spec, ntasks_per_node=1)
 
-    account = spec.account or config.default_account
-    if account not in config.accounts:
-        raise ValidationError(f"unknown account {account!r}")
-    part = _partition(config, spec.partition)
-    if part.allowed_accounts and account not in part.allowed_accounts:
-        raise ValidationError(f"account {account!r} may not use partition {part.name!r}")
+    part: PartitionConfig | PartitionDef
+    if accounting is not None:
+        account, part, spec = _resolve_policy(spec, principal, accounting)
+    else:
+        account = spec.account or config.default_account
+        if account not in config.accounts:
+            raise ValidationError(f"unknown account {account!r}")
+        part = _partition(config, spec.partition)
+        if part.allowed_accounts and account not in part.allowed_accounts:
+            raise ValidationError(f"account {account!r} may not use partition {part.name!r}")
     time_limit = spec.time_limit_s if spec.time_limit_s is not None else part.default_time_s
     if time_limit <= 0:
         raise ValidationError("time limit must be positive")
@@ -112,6 +132,11 @@ def validate_submission(
         raise ValidationError(
             f"time limit {time_limit}s exceeds partition {part.name!r} maximum of {part.max_time_s}s"
         )
+
+    if accounting is not None and spec.qos:
+        qos = accounting.qos_map[spec.qos]
+        if qos.max_time_s is not None and time_limit > qos.max_time_s:
+            raise ValidationError(f"time limit {time_limit}s exceeds QoS {qos.name!r} maximum of {qos.max_time_s}s")
 
     if len(array_indices) > config.max_array_size:
         raise ValidationError(f"array has {len(array_indices)} tasks; at most {config.max_array_size}")
@@ -124,16 +149,53 @@ def validate_submission(
     return Resolved(spec=spec, account=account, partition=part.name, time_limit_s=time_limit)
 
 
+def _resolve_policy(spec: JobSpec, principal: Principal, accounting: Accounting) -> tuple[str, PartitionDef, JobSpec]:
+    """The account the job charges, its partition, and its spec with the QoS resolved (-A, -p, -q)."""
+    try:
+        account = accounting.account_for(principal.user, spec.account)
+    except AccountingError as exc:
+        raise ValidationError(str(exc)) from None
+    if spec.partition is None:
+        part = accounting.default_partition()
+        if part is None:
+            raise ValidationError("no partition is defined (an admin adds one with gadmin partition add)")
+    else:
+        found = accounting.partition_map.get(spec.partition)
+        if found is None:
+            known = ", ".join(p.name for p in accounting.partitions)
+            raise ValidationError(f"unknown partition {spec.partition!r} (known: {known})")
+        part = found
+    if not accounting.partition_allows_account(part, account):
+        raise ValidationError(f"account {account!r} may not use partition {part.name!r}")
+    qos = spec.qos or accounting.default_qos
+    if qos:
+        if qos not in accounting.qos_map:
+            known = ", ".join(q.name for q in accounting.qos)
+            raise ValidationError(f"unknown QoS {qos!r} (known: {known})")
+        allowed = accounting.allowed_qos(account)
+        if allowed and qos not in allowed:
+            raise ValidationError(f"account {account!r} may not use QoS {qos!r} (allowed: {', '.join(allowed)})")
+        if part.allowed_qos and qos not in part.allowed_qos:
+            raise ValidationError(f"partition {part.name!r} does not allow QoS {qos!r}")
+    return account, part, replace(spec, qos=qos or None)
+
+
 def _check_fits_somewhere(spec: JobSpec, nodes: list[Node], partition: str) -> None:
     """Refuse a job no configuration of this partition could ever run (it would wait forever)."""
     if not nodes:
         return  # no agent has registered yet: accept and let it wait
     shape = gang_shape(spec)
     sizes = sorted(
-        (sum(1 for g in n.inventory.gpus if gpu_matches(g.name, spec.gpu_type)) for n in nodes), reverse=True
+        (
+            sum(1 for g in n.inventory.gpus if gpu_matches(g.name, spec.gpu_type) and g.memory_mib >= spec.gpu_mem_mb)
+            for n in nodes
+        ),
+        reverse=True,
     )
-    if spec.gpu_type is not None and not any(sizes):
-        raise ValidationError(f"no node in partition {partition!r} has GPUs of type {spec.gpu_type!r}")
+    if (spec.gpu_type is not None or spec.gpu_mem_mb) and spec.total_gpus() and not any(sizes):
+        wanted = [f"of type {spec.gpu_type!r}"] if spec.gpu_type is not None else []
+        wanted += [f"with {spec.gpu_mem_mb} MiB of memory"] if spec.gpu_mem_mb else []
+        raise ValidationError(f"no node in partition {partition!r} has GPUs {' and '.join(wanted)}")
     if shape.node_count is not None and shape.node_count > len(nodes):
         raise ValidationError(f"partition {partition!r} has {len(nodes)} nodes; the job asks for {shape.node_count}")
     if shape.gpus_per_node is not None and shape.node_count is not None:

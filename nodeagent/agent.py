@@ -21,14 +21,18 @@ from pathlib import Path
 
 import grpc
 
+from garrison import sdnotify
 from garrison.auth import AuthError
 from garrison.config import AgentConfig
+from garrison.controller.domain import LAUNCH_FAILED_PREFIX as LAUNCH_FAILED
 from garrison.controller.domain import NodeInventory
 from garrison.controller.rpc import convert
+from garrison.logs import kv
 from garrison.nodeagent.jobs import AttemptResult, JobManager, LaunchRequest, RefusedLaunch
 from garrison.nodeagent.supervisor.forkserver import start_forkserver
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
+from garrison.tls import TlsError, agent_channel
 
 log = logging.getLogger("garrison.agent")
 
@@ -77,6 +81,7 @@ class Agent:
         self.notify_path = str(self.state_dir / "notify.sock")
         self.jobs = JobManager(self.state_dir, self.notify_path, allow_root_jobs)
         self.active: set[tuple[int, int]] = set()
+        self.checkpoints: dict[tuple[int, int], float] = {}  # last reported checkpoint-mark time
         self.outbox: asyncio.Queue[pb.AgentMessage] | None = None
         self.heartbeat_interval_s = 5.0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
@@ -145,7 +150,9 @@ class Agent:
             return
         self.active.discard(key)
         self._send(pb.AgentMessage(finished=result_to_pb(result)))
-        log.info("job %d attempt %d: finished here (exit codes %s)", key[0], key[1], [r.exit_code for r in result.ranks])
+        exit_codes = ",".join(str(r.exit_code) for r in result.ranks)
+        log.info("finished %s", kv(job=key[0], attempt=key[1], node=self.node_name, exit_codes=exit_codes,
+                                   error=result.error))
 
     async def _rescan_loop(self) -> None:
         # A fallback for lost notifications and for supervisors that died: cheap, once a second.
@@ -153,6 +160,13 @@ class Agent:
             await asyncio.sleep(RESCAN_INTERVAL_S)
             for key in list(self.active):
                 self._check_attempt(key)
+                self._check_checkpoint(key)
+
+    def _check_checkpoint(self, key: tuple[int, int]) -> None:
+        when = self.jobs.checkpoint_time(*key)
+        if when is not None and when > self.checkpoints.get(key, 0.0):
+            self.checkpoints[key] = when
+            self._send(pb.AgentMessage(checkpointed=pb.Checkpointed(job_id=key[0], attempt=key[1], time=when)))
 
     def _send(self, message: pb.AgentMessage) -> None:
         if self.outbox is not None:
@@ -168,9 +182,11 @@ class Agent:
                 await self._session()
             except grpc.aio.AioRpcError as exc:
                 log.warning("link to controller %s: %s", self.config.controller, exc.details() or exc.code().name)
-            except (OSError, AuthError) as exc:
+                sdnotify.status(f"no link to the controller at {self.config.controller}: {exc.code().name}; retrying")
+            except (OSError, AuthError, TlsError) as exc:
                 # The controller (and its credential service) may not be up yet, or restarting: retry.
                 log.warning("link to controller %s: %s", self.config.controller, exc)
+                sdnotify.status(f"no link to the controller at {self.config.controller}: {exc}; retrying")
             if self._stop.is_set():
                 return
             if time.monotonic() - connected_at > 10:
@@ -186,7 +202,9 @@ class Agent:
 
     async def _session(self) -> None:
         loop = asyncio.get_running_loop()
-        credential = await loop.run_in_executor(self._pool, self._credential)
+        # With TLS the node certificate proves who we are; without (loopback only), a local credential.
+        cfg = self.config
+        credential = None if cfg.tls_cert else await loop.run_in_executor(self._pool, self._credential)
         running, finished = await loop.run_in_executor(self._pool, self.jobs.scan)
         self.active = set(running)
         outbox: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
@@ -208,9 +226,10 @@ class Agent:
             while True:
                 yield await outbox.get()
 
-        async with grpc.aio.insecure_channel(self.config.controller) as channel:
+        async with agent_channel(cfg.controller, cfg.tls_cert, cfg.tls_key, cfg.tls_ca) as channel:
             stub = pb_grpc.AgentLinkStub(channel)
-            call = stub.Connect(outgoing(), metadata=((CREDENTIAL_METADATA, credential),))
+            metadata = ((CREDENTIAL_METADATA, credential),) if credential is not None else ()
+            call = stub.Connect(outgoing(), metadata=metadata)
             heartbeats = asyncio.create_task(self._heartbeat_loop(outbox))
             stopper = asyncio.create_task(self._stop.wait())
             try:
@@ -240,6 +259,8 @@ class Agent:
         if kind == "registered":
             self.heartbeat_interval_s = message.registered.heartbeat_interval_s or self.heartbeat_interval_s
             log.info("registered with controller %s as %s", self.config.controller, self.node_name)
+            # Ready for systemd (Type=notify) only now: the node is part of the cluster. Repeats are ignored.
+            sdnotify.ready(f"registered with the controller at {self.config.controller} as {self.node_name}")
         elif kind == "launch":
             asyncio.get_running_loop().create_task(self._launch(message.launch))
         elif kind == "signal":
@@ -270,9 +291,11 @@ class Agent:
             self._send(pb.AgentMessage(finished=pb.JobResult(job_id=msg.job_id, attempt=msg.attempt, error=str(exc))))
             return
         except Exception as exc:
-            log.exception("job %d attempt %d: launch failed", *key)
+            log.exception("launch failed job=%d attempt=%d node=%s", key[0], key[1], self.node_name)
             self._send(
-                pb.AgentMessage(finished=pb.JobResult(job_id=msg.job_id, attempt=msg.attempt, error=f"launch failed: {exc}"))
+                pb.AgentMessage(
+                    finished=pb.JobResult(job_id=msg.job_id, attempt=msg.attempt, error=f"{LAUNCH_FAILED}: {exc}")
+                )
             )
             return
         self.active.add(key)

@@ -8,20 +8,25 @@ launch commands are idempotent (keyed by job id and attempt).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from garrison.controller.domain import Allocation, JobSpec, NodeAllocation
-from garrison.nodeagent.launch.env import LaunchContext, plan_ranks
+from garrison.nodeagent.launch.env import LaunchContext, checkpoint_dir_for, plan_ranks
 from garrison.nodeagent.supervisor import client as supervisor
 from garrison.nodeagent.supervisor.spec import LaunchSpec, RankSpec
 
 log = logging.getLogger("garrison.agent.jobs")
 
+USER_DIR = "user"
+CHECKPOINT_MARK = "checkpoint-mark"
+MAX_ERROR_FILE_BYTES = 64 << 10
 PLACEHOLDER = "placeholder"  # a node of the allocation with no ranks (e.g. --launch single)
 ACKED = "acked"
 TERMINATE_REQUESTED = "terminate-requested"
@@ -107,6 +112,12 @@ class JobManager:
         staging = job_dir.with_name(job_dir.name + ".new")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(mode=0o711)
+        # The one place in the job dir the job's user may write: torch error files and the checkpoint mark.
+        user_dir = staging / USER_DIR
+        user_dir.mkdir(mode=0o700)
+        self._give_to_user(user_dir, req)
+        if req.node_rank == 0:
+            _check_port_free(req.master_port)
         argv: list[str] = list(req.spec.command)
         if req.spec.script is not None:
             script = staging / "script"
@@ -127,7 +138,9 @@ class JobManager:
             time_limit_s=req.time_limit_s,
             array_job_id=req.array_job_id,
             array_task_id=req.array_task_id,
-            error_file_dir=str(job_dir),
+            error_file_dir=str(job_dir / USER_DIR),
+            checkpoint_dir=checkpoint_dir_for(req.spec, req.job_id),
+            checkpoint_mark=str(job_dir / USER_DIR / CHECKPOINT_MARK),
         )
         ranks = plan_ranks(ctx, argv)
         if not ranks:
@@ -147,6 +160,7 @@ class JobManager:
             ],
             kill_wait_s=req.kill_wait_s,
             notify_socket=self.notify_socket,
+            umask=req.spec.umask,
         )
         # Rename first so a crash never leaves a half-written job dir under the attempt's real name.
         staging.rename(job_dir)
@@ -187,7 +201,12 @@ class JobManager:
         status = supervisor.read_status(job_dir)
         if status is not None and status.state == "finished":
             ranks = tuple(
-                RankResult(r.rank, r.exit_code if r.exit_code is not None else 1, r.error or "") for r in status.ranks
+                RankResult(
+                    r.rank,
+                    r.exit_code if r.exit_code is not None else 1,
+                    r.error or (_error_file_message(job_dir / USER_DIR, r.rank) if r.exit_code else ""),
+                )
+                for r in status.ranks
             )
             return AttemptResult(job_id, attempt, ranks, finished_at=status.finished_at or 0.0)
         if supervisor.is_alive(job_dir):
@@ -197,6 +216,13 @@ class JobManager:
         # The supervisor died without a final status: kill what it left and report the attempt as failed.
         supervisor.kill_orphans(job_dir)
         return AttemptResult(job_id, attempt, (), error="supervisor died")
+
+    def checkpoint_time(self, job_id: int, attempt: int) -> float | None:
+        """When the job last touched its checkpoint mark (GARRISON_CHECKPOINT_MARK), if ever."""
+        try:
+            return (self.job_dir(job_id, attempt) / USER_DIR / CHECKPOINT_MARK).stat().st_mtime
+        except OSError:
+            return None
 
     def acknowledge(self, job_id: int, attempt: int) -> None:
         job_dir = self.job_dir(job_id, attempt)
@@ -214,6 +240,32 @@ class JobManager:
             else:
                 finished.append(result)
         return running, finished
+
+
+def _check_port_free(port: int) -> None:
+    """Rank 0 hosts the rendezvous store on MASTER_PORT: fail the launch (and so get a new attempt with
+    another port) rather than start a gang that cannot rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As torch's TCPStore binds: connections of an earlier job lingering in TIME_WAIT do not count.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            raise RuntimeError(f"MASTER_PORT {port} is in use on this node") from None
+
+
+def _error_file_message(user_dir: Path, rank: int) -> str:
+    """The message torch's @record wrote to TORCHELASTIC_ERROR_FILE, if the rank left one."""
+    path = user_dir / f"error-{rank}.json"
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read(MAX_ERROR_FILE_BYTES))
+    except (OSError, ValueError):
+        return ""
+    message = data.get("message", data) if isinstance(data, dict) else data
+    if isinstance(message, dict):
+        message = message.get("message", message)
+    return str(message).strip().splitlines()[-1][:500] if str(message).strip() else ""
 
 
 def _groups_of(user: str, gid: int) -> list[int]:

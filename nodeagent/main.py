@@ -9,9 +9,13 @@ import os
 import signal
 import socket
 import sys
+from typing import TYPE_CHECKING
 
-from garrison.config import ConfigError, load_config
+from garrison.config import ConfigError, GarrisonConfig, load_config
 from garrison.logs import setup_logging
+
+if TYPE_CHECKING:
+    from garrison.metrics_server import MetricsEndpoint
 
 log = logging.getLogger("garrison.agent")
 
@@ -33,12 +37,37 @@ async def _run(agent) -> None:  # type: ignore[no-untyped-def]
     await agent.run()
 
 
+def _serve_metrics(config: GarrisonConfig, node_name: str) -> MetricsEndpoint | None:
+    """The Prometheus endpoint on [agent] metrics_address, if set: GPUs through NVML and the jobs here."""
+    address = config.agent.metrics_address
+    if not address:
+        return None
+    from pathlib import Path
+
+    from garrison.metrics_server import serve_metrics
+    from garrison.nodeagent.metrics import node_registry
+
+    registry = node_registry(node_name, Path(config.agent.state_dir) / "jobs")
+    try:
+        endpoint = serve_metrics(address, registry)
+    except OSError as exc:
+        raise ConfigError(f"{config.path}: agent.metrics_address: cannot listen on {address}: {exc}") from None
+    log.info("metrics on http://%s/metrics", address)
+    return endpoint
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     setup_logging("agent")
     try:
         config = load_config(args.config)
         cfg = config.agent
+        from garrison.tls import TlsError, check_agent_transport
+
+        try:
+            check_agent_transport(cfg.controller, cfg.tls_cert)
+        except TlsError as exc:
+            raise ConfigError(f"{config.path}: agent.controller: {exc}") from None
         node_name = cfg.node_name or socket.gethostname()
         model = ""
         from garrison.nodeagent.gpu import discovery, fake_nvml
@@ -61,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         from garrison.nodeagent.agent import Agent
 
         agent = Agent(cfg, node_name, inventory, config.controller.allow_root_jobs)
-        asyncio.run(_run(agent))
+        metrics_endpoint = _serve_metrics(config, node_name)
+        try:
+            asyncio.run(_run(agent))
+        finally:
+            if metrics_endpoint is not None:
+                metrics_endpoint.stop()
     except ConfigError as exc:
         print(f"garrison-agent: {exc}", file=sys.stderr)
         return 2

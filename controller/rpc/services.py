@@ -13,10 +13,14 @@ import grpc
 from garrison.auth import AuthError, verify_credential
 from garrison.controller.domain import Principal
 from garrison.controller.engine import AgentSession, Engine, NotFound, PermissionDenied
+from garrison.controller.limits import MAX_JOB_REF_CHARS, MAX_STATE_CHARS, check_list, validate_registration
+from garrison.controller.ratelimit import RateLimited, RateLimiter
 from garrison.controller.rpc import convert
 from garrison.controller.validate import ValidationError
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
+from garrison.tls import TlsError, agent_node_from_auth_context, certificate_names_node
+from garrison.tokens import TOKEN_METADATA_KEY, TokenRegistry
 
 log = logging.getLogger("garrison.controller.rpc")
 
@@ -30,6 +34,13 @@ ERROR_CODES: dict[type[Exception], grpc.StatusCode] = {
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     NotFound: grpc.StatusCode.NOT_FOUND,
     AuthError: grpc.StatusCode.UNAUTHENTICATED,
+    RateLimited: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+# Refusals of who is asking or of what they may do: each is logged with its reason (docs/security.md).
+LOGGED_REFUSALS = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 R = TypeVar("R")
@@ -40,6 +51,12 @@ def _status_for(exc: Exception) -> grpc.StatusCode | None:
         if isinstance(exc, kind):
             return code
     return None
+
+
+def _one_line(exc: Exception, limit: int = 500) -> str:
+    """An error's message as the client sees it: its first line, cut short if a request value made it long."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def mapped_errors(handler: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
@@ -55,30 +72,67 @@ def mapped_errors(handler: Callable[..., Awaitable[R]]) -> Callable[..., Awaitab
                 log.exception("internal error in %s", handler.__name__)
                 await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
                 raise
-            if code == grpc.StatusCode.PERMISSION_DENIED:
-                log.warning("refused %s: %s", handler.__name__, exc)
-            await context.abort(code, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            if code in LOGGED_REFUSALS:
+                log.warning("refused %s from %s (%s): %s", handler.__name__, context.peer(), code.name, _one_line(exc))
+            await context.abort(code, _one_line(exc))
             raise
 
     return wrapper
 
 
 class Authenticator:
-    def __init__(self, key: bytes, clock: Callable[[], float]) -> None:
+    """Who is asking: the local socket's kernel-proven identity, a local credential, or a token.
+
+    A user name in a request body is never trusted. ``principal`` also applies the per-user rate limit;
+    agents authenticate in AgentLinkService (mutual TLS, or a credential from an ``agent_uids`` uid).
+    """
+
+    def __init__(
+        self,
+        key: bytes,
+        clock: Callable[[], float],
+        tokens: TokenRegistry | None = None,
+        limiter: RateLimiter | None = None,
+    ) -> None:
         self.key = key
         self.clock = clock
+        self.tokens = tokens
+        self.limiter = limiter
 
-    def principal(self, context: grpc.aio.ServicerContext) -> Principal:
+    def identify(self, context: grpc.aio.ServicerContext) -> tuple[Principal, str]:
+        """(principal, how it was proven), or AuthError saying why the caller is not believed."""
         # The local socket (controller/rpc/local.py) proves identity with the kernel's peer credentials.
         proven: Principal | None = getattr(context, "peer_principal", None)
         if proven is not None:
-            return proven
+            return proven, "local socket"
+        credential = token = None
         for item in context.invocation_metadata() or ():
-            if item.key == CREDENTIAL_METADATA:
+            if item.key in (CREDENTIAL_METADATA, TOKEN_METADATA_KEY):
                 value = item.value
-                token = value.decode() if isinstance(value, bytes) else value
-                return verify_credential(self.key, token, self.clock())
-        raise AuthError("no credential: every request must carry one (see the local credential service)")
+                text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+                if item.key == CREDENTIAL_METADATA:
+                    credential = text
+                else:
+                    token = text
+        if credential is not None:
+            return verify_credential(self.key, credential, self.clock()), "credential"
+        if token is not None:
+            if self.tokens is None:
+                raise AuthError("this controller does not accept tokens")
+            return self.tokens.verify(token), "token"
+        raise AuthError(
+            "no credential or token: every request must carry one (the local credential service on the "
+            "controller host, or a token from an admin elsewhere; see docs/security.md)"
+        )
+
+    def check_rate(self, principal: Principal) -> None:
+        if self.limiter is not None:
+            self.limiter.check(principal)
+
+    def principal(self, context: grpc.aio.ServicerContext) -> Principal:
+        principal, _ = self.identify(context)
+        self.check_rate(principal)
+        return principal
 
 
 class ControllerService(pb_grpc.ControllerServicer):
@@ -102,17 +156,24 @@ class ControllerService(pb_grpc.ControllerServicer):
     @mapped_errors
     async def CancelJobs(self, request: pb.CancelJobsRequest, context: grpc.aio.ServicerContext) -> pb.CancelJobsResponse:
         principal = self.auth.principal(context)
+        check_list(request.job_ids, "job ids", MAX_JOB_REF_CHARS)
+        check_list(request.states, "states", MAX_STATE_CHARS)
+        check_list([request.user], "users")
         return pb.CancelJobsResponse(cancelled=self.engine.cancel(principal, request))
 
     @mapped_errors
     async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext) -> pb.ListJobsResponse:
         self.auth.principal(context)
+        check_list(request.job_ids, "job ids", MAX_JOB_REF_CHARS)
+        check_list(request.states, "states", MAX_STATE_CHARS)
+        check_list(request.users, "users")
         now = self.engine.clock.now()
         return pb.ListJobsResponse(jobs=[convert.job_to_pb(j, now) for j in self.engine.list_jobs(request)])
 
     @mapped_errors
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.JobInfo:
         self.auth.principal(context)
+        check_list([request.job_id], "job ids", MAX_JOB_REF_CHARS)
         job = self.engine.get_job(request.job_id)
         return convert.job_to_pb(job, self.engine.clock.now(), with_spec=True)
 
@@ -123,28 +184,59 @@ class ControllerService(pb_grpc.ControllerServicer):
 
 
 class AgentLinkService(pb_grpc.AgentLinkServicer):
-    def __init__(self, engine: Engine, auth: Authenticator, agent_uids: set[int]) -> None:
+    def __init__(
+        self, engine: Engine, auth: Authenticator, agent_uids: set[int], *, require_certificate: bool = False
+    ) -> None:
         self.engine = engine
         self.auth = auth
         self.agent_uids = agent_uids
+        # With TLS an agent proves which node it is with its certificate (mutual TLS on agent_address);
+        # without (loopback only) it proves its uid with a local credential.
+        self.require_certificate = require_certificate
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str) -> None:
+        log.warning("refused agent connection from %s (%s): %s", context.peer(), code.name, reason)
+        await context.abort(code, reason)
 
     async def Connect(
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ControllerMessage]:
-        try:
-            principal = self.auth.principal(context)
-        except AuthError as exc:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
-            return
-        if principal.uid not in self.agent_uids:
-            log.warning("refused agent connection from uid %d", principal.uid)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"uid {principal.uid} may not act as an agent")
-            return
+        if self.require_certificate:
+            try:
+                certificate_node = agent_node_from_auth_context(context.auth_context())
+            except TlsError as exc:
+                await self._refuse(context, grpc.StatusCode.PERMISSION_DENIED, str(exc))
+                return
+        else:
+            try:
+                principal, _ = self.auth.identify(context)
+            except AuthError as exc:
+                await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, str(exc))
+                return
+            if principal.uid not in self.agent_uids:
+                await self._refuse(
+                    context, grpc.StatusCode.PERMISSION_DENIED, f"uid {principal.uid} may not act as an agent"
+                )
+                return
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("kind") != "register" or not first.register.node_name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a Register with a node name")
+            await self._refuse(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a Register with a node name"
+            )
             return
         register = first.register
+        try:
+            validate_registration(register.node_name, convert.inventory_from_pb(register.inventory), register.address)
+        except ValidationError as exc:
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
+        if self.require_certificate and not certificate_names_node(context.auth_context(), register.node_name):
+            await self._refuse(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the certificate of node {certificate_node!r} may not register as {register.node_name!r}",
+            )
+            return
         peer_host = _peer_host(context.peer())
         session = AgentSession(node=register.node_name, address=register.address or peer_host)
         self.engine.agent_connected(session, register)
@@ -153,8 +245,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             try:
                 async for message in request_iterator:
                     self.engine.agent_message(session, message)
-            except (asyncio.CancelledError, grpc.aio.AioRpcError):
-                pass
+            except (asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.AbortError):
+                pass  # AbortError: the stream was already ended with a status (an undecodable message)
             except Exception:
                 log.exception("agent stream from %s failed", session.node)
             finally:

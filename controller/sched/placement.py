@@ -1,27 +1,46 @@
 """Gang placement: where a whole job fits, all of it or nothing.
 
-``place`` answers one question for one job against the free resources of a snapshot: which nodes and which
-GPU indices on each. It never returns a partial allocation. The device choice inside a node prefers the
-best-connected GPU set (most NVLink lanes among the chosen GPUs), and nodes are chosen best-fit (the
-fewest free GPUs that still fit) so that whole nodes stay free for large gangs.
+``Placer.place`` answers one question for one job: which nodes, which GPU indices (and CPUs) on each, given
+candidate nodes that say what they can offer at one moment. It never returns a partial allocation.
+
+- One node if the job fits on one: the candidates come in best-fit order (fewest free GPUs first, so small
+  jobs pack and whole nodes stay free), the first few that pass every filter are scored (pipeline.py), and
+  the best wins.
+- A gang over several nodes stays under one switch if any switch can hold it, else under one rack, and so
+  on up the configured topology levels; within that group the best-scored nodes are taken. Nodes are then
+  numbered in topology order (rank 0 on the first), so consecutive node ranks share a switch, and a
+  node's local ranks are consecutive.
+- Inside a node, the best-connected GPU set (topology.py), and CPUs on the NUMA nodes of those GPUs first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from garrison.controller.domain import Allocation, JobSpec, NodeAllocation
+from garrison.controller.sched.filters.cpu_memory import cpus_needed
+from garrison.controller.sched.framework import Candidate, GangShape, Request
+from garrison.controller.sched.pipeline import Pipeline, build_pipeline
+from garrison.controller.sched.scorers.numa import local_cpus
 from garrison.controller.sched.snapshot import NodeView
+from garrison.controller.sched.topology import gpu_affinity, pick_connected_gpus
 
+__all__ = [
+    "GangShape",
+    "Placer",
+    "gang_shape",
+    "gpu_matches",
+    "matching_gpus",
+    "pick_connected_gpus",
+    "place",
+    "request_for",
+]
 
-@dataclass(frozen=True, slots=True)
-class GangShape:
-    """How many nodes and how many GPUs on each, once the request is resolved against the cluster."""
-
-    node_count: int | None  # None: the scheduler chooses the spread
-    gpus_per_node: int | None  # None with node_count None: a total to spread
-    total_gpus: int
+# How many passing nodes a single-node job scores before choosing (they arrive best fit first, so the
+# best packing is among them; Kubernetes samples nodes for the same reason on big clusters).
+DEFAULT_SCORE_LIMIT = 16
 
 
 def gang_shape(spec: JobSpec) -> GangShape:
@@ -43,86 +62,177 @@ def gpu_matches(gpu_name: str, gpu_type: str | None) -> bool:
     return gpu_type is None or gpu_type.lower() in gpu_name.lower()
 
 
-def usable_gpus(node: NodeView, gpu_type: str | None) -> list[int]:
-    return sorted(i for i in node.free_gpus if gpu_matches(node.gpu_names[i], gpu_type))
+def matching_gpus(view: NodeView, gpu_type: str | None, gpu_mem_mib: int) -> frozenset[int]:
+    """The node's GPUs of the requested type with at least the requested memory, busy or not."""
+    out = set()
+    for index, name in enumerate(view.gpu_names):
+        if not gpu_matches(name, gpu_type):
+            continue
+        if gpu_mem_mib and (index >= len(view.gpu_memory_mib) or view.gpu_memory_mib[index] < gpu_mem_mib):
+            continue
+        out.add(index)
+    return frozenset(out)
 
 
-def pick_connected_gpus(candidates: Sequence[int], count: int, nvlink: Sequence[Sequence[int]]) -> tuple[int, ...]:
-    """The `count` GPUs among `candidates` with the most NVLink lanes between them (greedy from each seed).
+def request_for(job_id: int, spec: JobSpec, partition: str, duration_s: float) -> Request:
+    return Request(
+        job_id=job_id,
+        shape=gang_shape(spec),
+        partition=partition,
+        gpu_type=spec.gpu_type,
+        gpu_mem_mib=spec.gpu_mem_mb,
+        cpus_per_gpu=spec.cpus_per_gpu,
+        mem_mb=spec.mem_mb,
+        duration_s=duration_s,
+    )
 
-    Greedy growth from every seed is exact for the machines we know (DGX-1V quads, NVLink pairs, NVSwitch
-    all-to-all) and costs O(n^3) for n <= 8 candidates, which is nothing next to a cycle's budget.
-    """
-    if count <= 0:
+
+def _choose_cpus(request: Request, candidate: Candidate, gpus: tuple[int, ...]) -> tuple[int, ...]:
+    need = cpus_needed(request, len(gpus))
+    if need == 0:
         return ()
-    if count >= len(candidates):
-        return tuple(candidates[:count])
-    if not nvlink or count == 1:
-        return tuple(candidates[:count])
-    best: tuple[int, tuple[int, ...]] | None = None
-    for seed in candidates:
-        chosen = [seed]
-        remaining = [c for c in candidates if c != seed]
-        score = 0
-        while len(chosen) < count:
-            gain, pick = max((sum(nvlink[c][o] for o in chosen), -c) for c in remaining)
-            chosen.append(-pick)
-            remaining.remove(-pick)
-            score += gain
-        ordered = tuple(sorted(chosen))
-        if best is None or score > best[0] or (score == best[0] and ordered < best[1]):
-            best = (score, ordered)
-    assert best is not None
-    return best[1]
+    local = sorted(local_cpus(candidate, gpus))
+    if len(local) >= need:
+        return tuple(local[:need])
+    rest = sorted(candidate.free_cpus - set(local))
+    return tuple(sorted(local + rest[: need - len(local)]))
 
 
-def _node_allocation(node: NodeView, count: int, gpu_type: str | None) -> NodeAllocation:
-    gpus = pick_connected_gpus(usable_gpus(node, gpu_type), count, node.nvlink)
-    return NodeAllocation(node=node.name, gpus=gpus)
+def _node_allocation(request: Request, candidate: Candidate, count: int) -> NodeAllocation:
+    view = candidate.view
+    gpus = pick_connected_gpus(candidate.usable, count, gpu_affinity(view.nvlink, view.topo))
+    cpus = _choose_cpus(request, candidate, gpus)
+    if cpus or request.mem_mb:
+        return NodeAllocation(node=view.name, gpus=gpus, cpus=cpus, mem_mb=request.mem_mb)
+    return NodeAllocation(node=view.name, gpus=gpus)
 
 
-def _best_fit(nodes: Iterable[NodeView], need: int, gpu_type: str | None) -> list[NodeView]:
-    """Nodes that can give `need` GPUs, tightest fit first (ties by name for determinism)."""
-    fitting = [(len(usable_gpus(n, gpu_type)), n.name, n) for n in nodes]
-    return [n for free, _, n in sorted(fitting, key=lambda t: (t[0], t[1])) if free >= need]
+# A source of candidates in best-fit order: called again when a job needs every candidate at once.
+CandidateSource = Callable[[Request], Iterable[Candidate]]
 
 
-def place(spec: JobSpec, nodes: Sequence[NodeView]) -> Allocation | None:
-    """An allocation for the whole job on `nodes` (already filtered to the eligible ones), or None."""
-    shape = gang_shape(spec)
-    if shape.node_count is not None and shape.gpus_per_node is not None:
-        chosen = _best_fit(nodes, shape.gpus_per_node, spec.gpu_type)[: shape.node_count]
-        if len(chosen) < shape.node_count:
+class Placer:
+    def __init__(self, pipeline: Pipeline, score_limit: int = DEFAULT_SCORE_LIMIT) -> None:
+        self.pipeline = pipeline
+        self.score_limit = score_limit
+
+    def passing(self, request: Request, source: CandidateSource) -> list[Candidate]:
+        return [c for c in source(request) if self.pipeline.check(request, c).ok]
+
+    def place(self, request: Request, source: CandidateSource) -> Allocation | None:
+        shape = request.shape
+        if shape.node_count == 1 or (shape.node_count is None and shape.total_gpus > 0):
+            count = shape.gpus_per_node if shape.gpus_per_node is not None else shape.total_gpus
+            single = self._one_node(request, source, count)
+            if single is not None or shape.node_count == 1:
+                return single
+            return self._spread(request, self.passing(request, source))
+        passing = self.passing(request, source)
+        assert shape.node_count is not None
+        if len(passing) < shape.node_count:
             return None
-        return Allocation(tuple(_node_allocation(n, shape.gpus_per_node, spec.gpu_type) for n in chosen))
-    if shape.node_count is not None:
-        # -N n -G g: spread g over exactly n nodes, the first nodes taking the remainder.
-        per_node = [shape.total_gpus // shape.node_count] * shape.node_count
-        for i in range(shape.total_gpus % shape.node_count):
-            per_node[i] += 1
-        available = _best_fit(nodes, per_node[-1], spec.gpu_type)
-        allocations: list[NodeAllocation] = []
-        for need in per_node:
-            pick = next((n for n in available if len(usable_gpus(n, spec.gpu_type)) >= need), None)
-            if pick is None:
-                return None
-            available.remove(pick)
-            allocations.append(_node_allocation(pick, need, spec.gpu_type))
-        return Allocation(tuple(allocations))
-    # -G g alone: one node if any fits (best fit), else the fewest nodes, largest free sets first.
-    single = _best_fit(nodes, shape.total_gpus, spec.gpu_type)
-    if single:
-        return Allocation((_node_allocation(single[0], shape.total_gpus, spec.gpu_type),))
-    by_free = sorted(nodes, key=lambda n: (-len(usable_gpus(n, spec.gpu_type)), n.name))
-    remaining = shape.total_gpus
-    allocations = []
-    for node in by_free:
-        free = len(usable_gpus(node, spec.gpu_type))
-        if free == 0:
-            break
-        take = min(free, remaining)
-        allocations.append(_node_allocation(node, take, spec.gpu_type))
-        remaining -= take
-        if remaining == 0:
-            return Allocation(tuple(allocations))
-    return None
+        if shape.gpus_per_node is not None:
+            needs = [shape.gpus_per_node] * shape.node_count
+        else:
+            base, extra = divmod(shape.total_gpus, shape.node_count)
+            needs = [base + 1] * extra + [base] * (shape.node_count - extra)
+        return self._fixed_nodes(request, passing, needs)
+
+    def _one_node(self, request: Request, source: CandidateSource, count: int) -> Allocation | None:
+        best: tuple[int, int, NodeAllocation] | None = None
+        scored = 0
+        for candidate in source(request):
+            if len(candidate.usable) < count or not self.pipeline.check(request, candidate).ok:
+                continue
+            allocation = _node_allocation(request, candidate, count)
+            score = self.pipeline.score(request, candidate, allocation.gpus)
+            if best is None or (score, -candidate.index) > (best[0], -best[1]):
+                best = (score, candidate.index, allocation)
+            scored += 1
+            if scored >= self.score_limit:
+                break
+        return Allocation((best[2],)) if best is not None else None
+
+    def _fixed_nodes(self, request: Request, passing: list[Candidate], needs: list[int]) -> Allocation | None:
+        """``len(needs)`` nodes, the i-th largest need on a node that has it, inside the tightest
+        topology group that can hold them all."""
+        needs = sorted(needs, reverse=True)
+
+        def pick(group: Sequence[Candidate]) -> list[tuple[Candidate, int]] | None:
+            # Best-scored nodes first; each need (largest first) takes the best node that can hold it.
+            ranked = sorted(group, key=lambda c: (-self.pipeline.score(request, c, tuple(c.usable[: needs[-1]])),
+                                                  c.index))
+            chosen: list[tuple[Candidate, int]] = []
+            taken: set[int] = set()
+            for need in needs:
+                found = next((c for c in ranked if c.index not in taken and len(c.usable) >= need), None)
+                if found is None:
+                    return None
+                taken.add(found.index)
+                chosen.append((found, need))
+            return chosen
+
+        for group in _groups_tightest_first(passing, lambda g: len(g) >= len(needs)):
+            chosen = pick(group)
+            if chosen is not None:
+                chosen.sort(key=lambda item: item[0].index)  # topology order: neighbours get adjacent ranks
+                return Allocation(tuple(_node_allocation(request, c, n) for c, n in chosen))
+        return None
+
+    def _spread(self, request: Request, passing: list[Candidate]) -> Allocation | None:
+        """A total GPU count over as few nodes as possible, inside the tightest group that has them."""
+        total = request.shape.total_gpus
+        for group in _groups_tightest_first(passing, lambda g: sum(len(c.usable) for c in g) >= total):
+            remaining = total
+            chosen: list[tuple[Candidate, int]] = []
+            for candidate in sorted(group, key=lambda c: (-len(c.usable), c.index)):
+                take = min(len(candidate.usable), remaining)
+                chosen.append((candidate, take))
+                remaining -= take
+                if remaining == 0:
+                    break
+            if remaining == 0:
+                chosen.sort(key=lambda item: item[0].index)
+                return Allocation(tuple(_node_allocation(request, c, n) for c, n in chosen))
+        return None
+
+
+def _groups_tightest_first(
+    passing: Sequence[Candidate], enough: Callable[[Sequence[Candidate]], bool]
+) -> Iterable[list[Candidate]]:
+    """Topology groups that could hold the job, from the deepest level (a leaf switch) up to the whole
+    cluster; at each level the group with the fewest free GPUs first (best fit among switches)."""
+    depth = max((len(c.view.switches) for c in passing), default=0)
+    for level in range(depth, -1, -1):
+        groups: dict[tuple[str, ...], list[Candidate]] = defaultdict(list)
+        for candidate in passing:
+            groups[candidate.view.switches[:level]].append(candidate)
+        fitting = [(sum(len(c.usable) for c in g), key, g) for key, g in groups.items() if enough(g)]
+        for _, _, group in sorted(fitting, key=lambda t: (t[0], t[1])):
+            yield group
+
+
+def candidates_of(nodes: Sequence[NodeView], request: Request) -> list[Candidate]:
+    """Candidates straight from node views, best fit first (for a handful of nodes: tests, validation)."""
+    out = []
+    for index, view in enumerate(nodes):
+        match = matching_gpus(view, request.gpu_type, request.gpu_mem_mib)
+        out.append(
+            Candidate(
+                index=index,
+                view=view,
+                usable=sorted(view.free_gpus & match),
+                capable=len(match),
+                free_cpus=view.free_cpus,
+                free_memory_mb=view.free_memory_mb,
+            )
+        )
+    return sorted(out, key=lambda c: (len(c.usable), c.index))
+
+
+def place(spec: JobSpec, nodes: Sequence[NodeView], partition: str | None = None) -> Allocation | None:
+    """Where ``spec`` fits on ``nodes`` as they are now (any partition unless one is named)."""
+    views = [v if partition is not None else replace(v, partitions=frozenset({""})) for v in nodes]
+    views.sort(key=lambda v: (v.switches, v.name))
+    request = request_for(0, spec, partition if partition is not None else "", 0.0)
+    return Placer(build_pipeline()).place(request, lambda r: candidates_of(views, r))

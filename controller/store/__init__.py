@@ -10,18 +10,28 @@ See ``interface.Store`` for the contract, ``schema.py`` for the tables and ``mig
 
 from __future__ import annotations
 
-from .engine import UnsupportedDatabaseURL, create_store_engine
-from .interface import LoadedState, Store
+from .engine import PoolSettings, UnsupportedDatabaseURL, create_store_engine
+from .interface import JobQuery, LoadedState, Store, UsageRow
 from .migrate import upgrade, upgrade_engine
 from .sql_store import SqlStore
 
-__all__ = ["LoadedState", "SqlStore", "Store", "UnsupportedDatabaseURL", "open_store", "upgrade"]
+__all__ = [
+    "JobQuery",
+    "LoadedState",
+    "PoolSettings",
+    "SqlStore",
+    "Store",
+    "UnsupportedDatabaseURL",
+    "UsageRow",
+    "open_store",
+    "upgrade",
+]
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, pool: PoolSettings | None = None) -> Store:
     """Open the store at ``url`` (``sqlite:///path.db`` or ``postgresql+psycopg://user@host:port/db``),
     migrating its schema to the newest version first."""
-    engine = create_store_engine(url)
+    engine = create_store_engine(url, pool)
     try:
         upgrade_engine(engine)
     except BaseException:

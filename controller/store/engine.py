@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,23 @@ class UnsupportedDatabaseURL(ValueError):
     """A store URL that names neither SQLite nor PostgreSQL."""
 
 
-def create_store_engine(url: str | URL) -> Engine:
+@dataclass(frozen=True)
+class PoolSettings:
+    """The PostgreSQL connection pool (SQLAlchemy's QueuePool); SQLite does not pool.
+
+    The controller writes from the event loop thread and reads for accounting from a few executor
+    threads, so a handful of connections is plenty; ``max_overflow`` absorbs bursts of gacct queries.
+    ``recycle_s`` replaces connections older than that, before a server-side or firewall idle timeout
+    can cut them.
+    """
+
+    size: int = 5
+    max_overflow: int = 10
+    timeout_s: float = 30.0
+    recycle_s: float = 3600.0
+
+
+def create_store_engine(url: str | URL, pool: PoolSettings | None = None) -> Engine:
     """An engine for ``sqlite:///path.db`` or ``postgresql+psycopg://user@host:port/db``."""
     parsed = make_url(url)
     backend = parsed.get_backend_name()
@@ -30,7 +47,15 @@ def create_store_engine(url: str | URL) -> Engine:
             parsed = parsed.set(drivername="postgresql+psycopg")
         # pre_ping: a controller outlives database restarts and idle-connection reapers; a dead pooled
         # connection is replaced at checkout instead of failing the write that drew it.
-        return create_engine(parsed, pool_pre_ping=True)
+        pool = pool or PoolSettings()
+        return create_engine(
+            parsed,
+            pool_pre_ping=True,
+            pool_size=pool.size,
+            max_overflow=pool.max_overflow,
+            pool_timeout=pool.timeout_s,
+            pool_recycle=pool.recycle_s,
+        )
     raise UnsupportedDatabaseURL(
         f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}: "
         "expected sqlite:///path/to/file.db or postgresql+psycopg://user@host:port/database"
@@ -56,6 +81,21 @@ def _sqlite_engine(url: URL) -> Engine:
     event.listen(engine, "connect", _configure_sqlite_connection)
     event.listen(engine, "begin", _begin_immediate)
     return engine
+
+
+def create_sqlite_reader(engine: Engine) -> Engine | None:
+    """A second engine on the same SQLite file for long reads (accounting), or None for an in-memory
+    database, which has only the store's one connection.
+
+    Its transactions begin DEFERRED: in WAL mode a reader sees one snapshot and never blocks the writer,
+    where the store's own BEGIN IMMEDIATE would hold off every submit for as long as the read lasts."""
+    database = engine.url.database
+    if database in (None, "", ":memory:"):
+        return None
+    reader = create_engine(engine.url, connect_args={"check_same_thread": False})
+    event.listen(reader, "connect", _configure_sqlite_connection)
+    event.listen(reader, "begin", lambda connection: connection.exec_driver_sql("BEGIN"))
+    return reader
 
 
 def _configure_sqlite_connection(dbapi_connection: Any, _connection_record: object) -> None:

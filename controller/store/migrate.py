@@ -6,6 +6,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 
@@ -35,3 +37,20 @@ def upgrade(url: str) -> None:
         upgrade_engine(engine)
     finally:
         engine.dispose()
+
+
+def schema_revision(url: str) -> str | None:
+    """The Alembic revision the database at ``url`` is at; None for a database never migrated."""
+    engine = create_store_engine(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def head_revision() -> str:
+    """The newest revision this version of Garrison knows."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "no migrations"
+    return head

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Double,
@@ -117,4 +118,109 @@ counters = Table(
     Column("id", Integer, primary_key=True, autoincrement=False),
     Column("next_job_id", BigInteger, nullable=False),
     CheckConstraint(f"id = {COUNTER_ROW_ID}", name="single_row"),
+)
+
+
+# -- Scheduling policy (migration 0002): the accounting data gadmin manages, decayed usage, job holds ---------
+# Small tables, rewritten as a whole on every admin change (SqlStore.save_accounting), so they carry no
+# foreign keys between them: Accounting (controller/accounts.py) validates the whole before it is saved.
+# Lists are JSON text, like the job spec.
+
+accounts = Table(
+    "accounts",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("parent", Text, nullable=True),
+    Column("shares", Integer, nullable=False),
+    Column("allowed_qos_json", Text, nullable=False),
+    Column("description", Text, nullable=False),
+)
+
+users = Table(
+    "users",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("default_account", Text, nullable=False),
+)
+
+# A user's membership of an account (Slurm's association), with its fair-share shares.
+user_accounts = Table(
+    "user_accounts",
+    metadata,
+    Column("user_name", Text, primary_key=True),
+    Column("account", Text, primary_key=True),
+    Column("shares", Integer, nullable=False),
+    Index(None, "account"),
+)
+
+coordinators = Table(
+    "coordinators",
+    metadata,
+    Column("user_name", Text, primary_key=True),
+    Column("account", Text, primary_key=True),
+)
+
+qos = Table(
+    "qos",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("priority", Integer, nullable=False),
+    Column("preempts_json", Text, nullable=False),
+    Column("max_gpus_per_user", Integer, nullable=True),
+    Column("max_jobs_per_user", Integer, nullable=True),
+    Column("max_time_s", BigInteger, nullable=True),
+    Column("grace_s", Integer, nullable=False),
+    Column("description", Text, nullable=False),
+)
+
+quotas = Table(
+    "quotas",
+    metadata,
+    Column("kind", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("max_gpus", Integer, nullable=True),
+    Column("max_jobs", Integer, nullable=True),
+    Column("max_gpu_hours", Double, nullable=True),
+    CheckConstraint("kind IN ('account', 'user')", name="kind"),
+)
+
+partitions = Table(
+    "partitions",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("position", Integer, nullable=False),  # the order partitions are listed (and defaulted) in
+    Column("nodes_json", Text, nullable=False),
+    Column("default_time_s", BigInteger, nullable=False),
+    Column("max_time_s", BigInteger, nullable=False),
+    Column("is_default", Boolean, nullable=False),
+    Column("allowed_accounts_json", Text, nullable=False),
+    Column("allowed_qos_json", Text, nullable=False),
+    Column("priority", Integer, nullable=False),
+)
+
+# Key/value settings of the policy: whether the accounting data was seeded from the configuration, the
+# default account and QoS, association enforcement, and when usage was last decayed.
+policy_settings = Table(
+    "policy_settings",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+# GPU-seconds per (account, user): decayed (fair share), since the quota period began, and in all.
+usage_ledger = Table(
+    "usage_ledger",
+    metadata,
+    Column("account", Text, primary_key=True),
+    Column("user_name", Text, primary_key=True),
+    Column("decayed_gpu_s", Double, nullable=False),
+    Column("period_gpu_s", Double, nullable=False),
+    Column("total_gpu_s", Double, nullable=False),
+)
+
+job_holds = Table(
+    "job_holds",
+    metadata,
+    Column("job_id", JobId, ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True, autoincrement=False),
+    Column("by_admin", Boolean, nullable=False),
 )

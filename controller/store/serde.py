@@ -70,13 +70,27 @@ def spec_from_json(text: str) -> JobSpec:
 # -- Allocation --------------------------------------------------------------------------------------------
 
 
+def _node_allocation_to_dict(n: NodeAllocation) -> dict[str, Any]:
+    out: dict[str, Any] = {"node": n.node, "gpus": list(n.gpus)}
+    # CPUs and memory only when the job asked for them: most allocations stay as compact as before.
+    if n.cpus:
+        out["cpus"] = list(n.cpus)
+    if n.mem_mb:
+        out["mem_mb"] = n.mem_mb
+    return out
+
+
 def allocation_to_dict(allocation: Allocation) -> dict[str, Any]:
-    return {"nodes": [{"node": n.node, "gpus": list(n.gpus)} for n in allocation.nodes]}
+    return {"nodes": [_node_allocation_to_dict(n) for n in allocation.nodes]}
 
 
 def allocation_from_dict(data: Mapping[str, Any]) -> Allocation:
     return Allocation(
-        nodes=tuple(NodeAllocation(node=n["node"], gpus=tuple(n["gpus"])) for n in data["nodes"])
+        nodes=tuple(
+            NodeAllocation(node=n["node"], gpus=tuple(n["gpus"]), cpus=tuple(n.get("cpus", ())),
+                           mem_mb=n.get("mem_mb", 0))
+            for n in data["nodes"]
+        )
     )
 
 

@@ -12,14 +12,15 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, Insert, Table, delete, select, update
+from sqlalchemy import Engine, Insert, Row, Table, and_, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from ..domain import Attempt, Job, JobState, Node, NodeState
 from . import schema
-from .engine import is_sqlite
-from .interface import LoadedState
+from .engine import create_sqlite_reader, is_sqlite
+from .interface import JobQuery, LoadedState, UsageRow
+from .policy_tables import PolicyTables
 from .schema import COUNTER_ROW_ID
 from .serde import (
     allocation_from_json,
@@ -34,7 +35,7 @@ from .serde import (
 DELETE_BATCH = 500
 
 
-class SqlStore:
+class SqlStore(PolicyTables):
     """``Store`` on a SQLAlchemy engine whose database is already migrated to head (see ``open_store``)."""
 
     def __init__(self, engine: Engine) -> None:
@@ -50,6 +51,8 @@ class SqlStore:
         self._upsert_attempts = self._upsert(schema.job_attempts)
         self._upsert_node = self._upsert(schema.nodes)
         self._upsert_gpus = self._upsert(schema.gpus)
+        self._reader: Engine | None = None  # for accounting reads on SQLite, made on first use
+        self._reader_lock = threading.Lock()
 
     @property
     def engine(self) -> Engine:
@@ -78,6 +81,20 @@ class SqlStore:
             with connection.begin():
                 yield connection
 
+    @contextlib.contextmanager
+    def _read_snapshot(self) -> Iterator[Connection]:
+        """One consistent view for a long read that must not hold up the controller's writes."""
+        if self._sqlite:
+            with self._reader_lock:
+                if self._reader is None:
+                    self._reader = create_sqlite_reader(self._engine)
+            if self._reader is not None:
+                with self._reader.connect() as connection, connection.begin():
+                    yield connection
+                return
+        with self._snapshot() as connection:
+            yield connection
+
     # -- Store -----------------------------------------------------------------------------------------
 
     def load(self) -> LoadedState:
@@ -93,44 +110,7 @@ class SqlStore:
             job_rows = connection.execute(select(schema.jobs).order_by(schema.jobs.c.job_id)).all()
             node_rows = connection.execute(select(schema.nodes).order_by(schema.nodes.c.name)).all()
 
-        attempts_by_job: defaultdict[int, list[Attempt]] = defaultdict(list)
-        for row in attempt_rows:
-            attempts_by_job[row.job_id].append(
-                Attempt(
-                    job_id=row.job_id,
-                    attempt=row.attempt,
-                    allocation=allocation_from_json(row.allocation_json),
-                    start_time=row.start_time,
-                    end_time=row.end_time,
-                    state=JobState(row.state),
-                    exit_code=row.exit_code,
-                    reason=row.reason,
-                )
-            )
-        loaded_jobs = [
-            Job(
-                job_id=row.job_id,
-                spec=spec_from_json(row.spec_json),
-                user=row.user_name,
-                uid=row.uid,
-                gid=row.gid,
-                account=row.account,
-                partition=row.partition,
-                time_limit_s=row.time_limit_s,
-                submit_time=row.submit_time,
-                state=JobState(row.state),
-                reason=row.reason,
-                priority=row.priority,
-                array_job_id=row.array_job_id,
-                array_task_id=row.array_task_id,
-                start_time=row.start_time,
-                end_time=row.end_time,
-                exit_code=row.exit_code,
-                attempts=tuple(attempts_by_job.get(row.job_id, ())),
-                restart_count=row.restart_count,
-            )
-            for row in job_rows
-        ]
+        loaded_jobs = _jobs_from_rows(job_rows, attempt_rows)
         loaded_nodes = [
             Node(
                 name=row.name,
@@ -201,8 +181,144 @@ class SqlStore:
                 connection.execute(delete(schema.job_attempts).where(schema.job_attempts.c.job_id.in_(batch)))
                 connection.execute(delete(schema.jobs).where(schema.jobs.c.job_id.in_(batch)))
 
+    # -- accounting ------------------------------------------------------------------------------------
+
+    def query_jobs(self, query: JobQuery) -> list[Job]:
+        jobs_table = schema.jobs
+        conditions: list[Any] = [jobs_table.c.job_id > query.after_job_id]
+        by_id: list[Any] = []
+        if query.job_ids:
+            by_id += [jobs_table.c.job_id.in_(query.job_ids), jobs_table.c.array_job_id.in_(query.job_ids)]
+        by_id += [
+            and_(jobs_table.c.array_job_id == array_id, jobs_table.c.array_task_id == task_id)
+            for array_id, task_id in query.array_tasks
+        ]
+        if by_id:
+            conditions.append(or_(*by_id))
+        if query.users:
+            conditions.append(jobs_table.c.user_name.in_(query.users))
+        if query.accounts:
+            conditions.append(jobs_table.c.account.in_(query.accounts))
+        if query.states:
+            conditions.append(jobs_table.c.state.in_([state.value for state in query.states]))
+        if query.active_before is not None:
+            conditions.append(jobs_table.c.submit_time <= query.active_before)
+        if query.active_after is not None:
+            conditions.append(
+                or_(jobs_table.c.end_time.is_(None), jobs_table.c.end_time >= query.active_after)
+            )
+        statement = select(jobs_table).where(*conditions).order_by(jobs_table.c.job_id)
+        if query.limit is not None:
+            statement = statement.limit(query.limit)
+        attempts_table = schema.job_attempts
+        with self._read_snapshot() as connection:
+            job_rows = connection.execute(statement).all()
+            ids = [row.job_id for row in job_rows]
+            attempt_rows: list[Row[Any]] = []
+            for start in range(0, len(ids), DELETE_BATCH):
+                attempt_rows += connection.execute(
+                    select(attempts_table)
+                    .where(attempts_table.c.job_id.in_(ids[start : start + DELETE_BATCH]))
+                    .order_by(attempts_table.c.job_id, attempts_table.c.attempt)
+                ).all()
+        return _jobs_from_rows(job_rows, attempt_rows)
+
+    def usage(
+        self,
+        start: float,
+        end: float,
+        now: float,
+        users: Sequence[str] = (),
+        accounts: Sequence[str] = (),
+    ) -> list[UsageRow]:
+        jobs_table, attempts_table = schema.jobs, schema.job_attempts
+        # An attempt with no end of its own (still running, or closed by a path that never stamped it)
+        # ends with its job, else now.
+        attempt_end = func.coalesce(attempts_table.c.end_time, jobs_table.c.end_time, now)
+        conditions: list[Any] = [attempts_table.c.start_time < end, attempt_end > start]
+        if users:
+            conditions.append(jobs_table.c.user_name.in_(list(users)))
+        if accounts:
+            conditions.append(jobs_table.c.account.in_(list(accounts)))
+        statement = (
+            select(
+                jobs_table.c.account,
+                jobs_table.c.user_name,
+                attempts_table.c.job_id,
+                attempts_table.c.start_time,
+                attempt_end.label("end_time"),
+                attempts_table.c.allocation_json,
+            )
+            .select_from(attempts_table.join(jobs_table, attempts_table.c.job_id == jobs_table.c.job_id))
+            .where(*conditions)
+        )
+        gpu_seconds: defaultdict[tuple[str, str], float] = defaultdict(float)
+        job_ids: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
+        attempt_counts: defaultdict[tuple[str, str], int] = defaultdict(int)
+        with self._read_snapshot() as connection:
+            rows = connection.execute(statement).all()
+        for row in rows:
+            key = (row.account, row.user_name)
+            overlap = min(row.end_time, end) - max(row.start_time, start)
+            # The GPU count lives in the allocation's JSON; parsing it here keeps the schema free of a
+            # derived column that every writer would have to keep in step.
+            gpu_seconds[key] += max(overlap, 0.0) * allocation_from_json(row.allocation_json).gpu_count()
+            job_ids[key].add(row.job_id)
+            attempt_counts[key] += 1
+        return [
+            UsageRow(account=account, user=user, gpu_seconds=gpu_seconds[(account, user)],
+                     jobs=len(job_ids[(account, user)]), attempts=attempt_counts[(account, user)])
+            for account, user in sorted(gpu_seconds)
+        ]
+
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.dispose()
         self._engine.dispose()
+
+
+def _attempt_from_row(row: Row[Any]) -> Attempt:
+    return Attempt(
+        job_id=row.job_id,
+        attempt=row.attempt,
+        allocation=allocation_from_json(row.allocation_json),
+        start_time=row.start_time,
+        end_time=row.end_time,
+        state=JobState(row.state),
+        exit_code=row.exit_code,
+        reason=row.reason,
+    )
+
+
+def _jobs_from_rows(job_rows: Sequence[Row[Any]], attempt_rows: Sequence[Row[Any]]) -> list[Job]:
+    """Jobs from their rows, each with its attempts (``attempt_rows`` in attempt order)."""
+    attempts_by_job: defaultdict[int, list[Attempt]] = defaultdict(list)
+    for row in attempt_rows:
+        attempts_by_job[row.job_id].append(_attempt_from_row(row))
+    return [
+        Job(
+            job_id=row.job_id,
+            spec=spec_from_json(row.spec_json),
+            user=row.user_name,
+            uid=row.uid,
+            gid=row.gid,
+            account=row.account,
+            partition=row.partition,
+            time_limit_s=row.time_limit_s,
+            submit_time=row.submit_time,
+            state=JobState(row.state),
+            reason=row.reason,
+            priority=row.priority,
+            array_job_id=row.array_job_id,
+            array_task_id=row.array_task_id,
+            start_time=row.start_time,
+            end_time=row.end_time,
+            exit_code=row.exit_code,
+            attempts=tuple(attempts_by_job.get(row.job_id, ())),
+            restart_count=row.restart_count,
+        )
+        for row in job_rows
+    ]
 
 
 def _job_row(job: Job) -> dict[str, Any]:

@@ -431,6 +431,8 @@ class FakeNvmlLibrary:
         self.uuids = tuple(fake_gpu_uuid(node_name, gpu.index) for gpu in self.machine.gpus)
         self.init_count = 0
         self._failures = dict(failures or {})
+        # GPU index -> (GPU busy %, memory controller busy %, memory used MiB); idle GPUs are absent.
+        self._usage: dict[int, tuple[int, int, int]] = {}
         self._symbols: dict[str, Callable[..., int | bytes]] = {
             "nvmlInitWithFlags": self._init_with_flags,
             "nvmlInit_v2": self._init,
@@ -488,6 +490,16 @@ class FakeNvmlLibrary:
         return implementation(*args)
 
     # -- library -----------------------------------------------------------------------------------------
+
+    def set_usage(self, index: int, *, gpu_percent: int, memory_percent: int, memory_used_mib: int) -> None:
+        """Make GPU ``index`` report a load, as a GPU running a job would: its utilization rates and used
+        memory (free memory shrinks to match). ValueError for an unknown GPU or values out of range."""
+        gpu = next((g for g in self.machine.gpus if g.index == index), None)
+        if gpu is None:
+            raise ValueError(f"no GPU {index} on this fake node")
+        if not (0 <= gpu_percent <= 100 and 0 <= memory_percent <= 100 and 0 <= memory_used_mib <= gpu.memory_mib):
+            raise ValueError(f"GPU {index}: usage out of range")
+        self._usage[index] = (gpu_percent, memory_percent, memory_used_mib)
 
     def _init_with_flags(self, flags: object) -> int:
         _as_int(flags)
@@ -584,8 +596,8 @@ class FakeNvmlLibrary:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
         memory = _target(memory_ref)
         memory.total = gpu.memory_mib * 1024 * 1024
-        memory.free = memory.total  # nothing runs on a fake GPU
-        memory.used = 0
+        memory.used = self._usage.get(gpu.index, (0, 0, 0))[2] * 1024 * 1024  # 0 unless set_usage said so
+        memory.free = memory.total - memory.used
         return pynvml.NVML_SUCCESS
 
     def _memory_info_v2(self, handle: Any, memory_ref: Any) -> int:
@@ -742,11 +754,11 @@ class FakeNvmlLibrary:
         return pynvml.NVML_SUCCESS
 
     def _utilization_rates(self, handle: Any, utilization_ref: Any) -> int:
-        if self._gpu(handle) is None:
+        gpu = self._gpu(handle)
+        if gpu is None:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
         utilization = _target(utilization_ref)
-        utilization.gpu = 0
-        utilization.memory = 0
+        utilization.gpu, utilization.memory, _ = self._usage.get(gpu.index, (0, 0, 0))
         return pynvml.NVML_SUCCESS
 
     def _total_ecc_errors(self, handle: Any, error_type: object, counter_type: object, count_ref: Any) -> int:

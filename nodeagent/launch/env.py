@@ -34,6 +34,8 @@ class LaunchContext:
     array_job_id: int | None = None
     array_task_id: int | None = None
     error_file_dir: str = ""  # where TORCHELASTIC_ERROR_FILE points, per rank
+    checkpoint_dir: str = ""  # stable across requeues: where the job keeps its checkpoints
+    checkpoint_mark: str = ""  # touching it tells the scheduler work so far is saved (gcheckpoint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,11 @@ class RankPlan:
     cwd: str
     stdout: str
     stderr: str
+
+
+def checkpoint_dir_for(spec: JobSpec, job_id: int) -> str:
+    """The same directory for every attempt of a job (the submit directory is shared, as under Slurm)."""
+    return os.path.join(spec.workdir, ".garrison", "checkpoints", str(job_id))
 
 
 def ranks_on_node(spec: JobSpec, allocation: Allocation, node_rank: int) -> int:
@@ -101,6 +108,10 @@ def plan_ranks(ctx: LaunchContext, argv: Sequence[str]) -> list[RankPlan]:
             "MASTER_PORT": str(ctx.master_port),
         }
     )
+    if ctx.checkpoint_dir:
+        common["GARRISON_CHECKPOINT_DIR"] = ctx.checkpoint_dir
+    if ctx.checkpoint_mark:
+        common["GARRISON_CHECKPOINT_MARK"] = ctx.checkpoint_mark
     if ctx.array_job_id is not None and ctx.array_task_id is not None:
         common["GARRISON_ARRAY_JOB_ID"] = str(ctx.array_job_id)
         common["GARRISON_ARRAY_TASK_ID"] = str(ctx.array_task_id)

@@ -130,7 +130,7 @@ class RankProcess:
 class Launch:
     """The parts of launch.json the supervisor needs (schema: spec.LaunchSpec)."""
 
-    __slots__ = ("job_id", "attempt", "uid", "gid", "groups", "user", "ranks", "kill_wait_s", "notify_socket")
+    __slots__ = ("job_id", "attempt", "uid", "gid", "groups", "user", "ranks", "kill_wait_s", "notify_socket", "umask")
 
     def __init__(self, document: dict[str, Any]) -> None:
         try:
@@ -144,6 +144,8 @@ class Launch:
             self.kill_wait_s = float(document["kill_wait_s"])
             notify_socket = document.get("notify_socket")
             self.notify_socket = None if notify_socket is None else str(notify_socket)
+            umask = document.get("umask")
+            self.umask = None if umask is None else int(umask) & 0o777
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise LaunchError(f"malformed {LAUNCH_FILE}: {error!r}") from error
 
@@ -262,6 +264,8 @@ def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_sig
             os.setgid(launch.gid)
             os.setuid(launch.uid)
         privileges_dropped = True
+        if launch.umask is not None:
+            os.umask(launch.umask)  # the submitter's, so files the job and its output create get their modes
         # Everything from here on happens with the job user's rights only, so a job
         # cannot chdir into or write output files where its user could not.
         stage = "chdir"

@@ -96,6 +96,7 @@ class LaunchSpec:
     ranks: list[RankSpec]
     kill_wait_s: float
     notify_socket: str | None = None
+    umask: int | None = None  # the submitter's umask, applied after dropping privileges
 
     def __post_init__(self) -> None:
         if not self.ranks:
@@ -125,6 +126,7 @@ class LaunchSpec:
             ranks=[RankSpec.from_dict(_object(rank, "rank")) for rank in _field(document, "ranks", list)],
             kill_wait_s=_field(document, "kill_wait_s", float),
             notify_socket=_optional_field(document, "notify_socket", str),
+            umask=_optional_field(document, "umask", int),
         )
 
 

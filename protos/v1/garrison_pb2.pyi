@@ -198,6 +198,9 @@ class JobSpec(_message.Message):
     NO_REQUEUE_FIELD_NUMBER: _builtins.int
     MAX_RESTARTS_FIELD_NUMBER: _builtins.int
     QOS_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    UMASK_FIELD_NUMBER: _builtins.int
+    GPU_MEM_MB_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     script: _builtins.str
     nodes: _builtins.int
@@ -218,6 +221,12 @@ class JobSpec(_message.Message):
     no_requeue: _builtins.bool
     max_restarts: _builtins.int
     qos: _builtins.str
+    signal: _builtins.str
+    """--signal [R:]SIG@SECS: warn SECS before the time limit (and before preemption)"""
+    umask: _builtins.int
+    """the submitter's umask"""
+    gpu_mem_mb: _builtins.int
+    """--gpu-mem: the least memory (MiB) each allocated GPU must have"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -246,10 +255,13 @@ class JobSpec(_message.Message):
         no_requeue: _builtins.bool = ...,
         max_restarts: _builtins.int = ...,
         qos: _builtins.str = ...,
+        signal: _builtins.str = ...,
+        umask: _builtins.int | None = ...,
+        gpu_mem_mb: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "script", b"script", "time_limit_s", b"time_limit_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "script", b"script", "time_limit_s", b"time_limit_s", "umask", b"umask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "account", b"account", "command", b"command", "cpus_per_gpu", b"cpus_per_gpu", "env", b"env", "error", b"error", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "no_requeue", b"no_requeue", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "time_limit_s", b"time_limit_s", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "command", b"command", "cpus_per_gpu", b"cpus_per_gpu", "env", b"env", "error", b"error", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "no_requeue", b"no_requeue", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gpus: _TypeAlias = _typing.Literal["gpus"]  # noqa: Y015
     _WhichOneofArgType__gpus: _TypeAlias = _typing.Literal["_gpus", b"_gpus"]  # noqa: Y015
@@ -263,6 +275,8 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__script: _TypeAlias = _typing.Literal["_script", b"_script"]  # noqa: Y015
     _WhichOneofReturnType__time_limit_s: _TypeAlias = _typing.Literal["time_limit_s"]  # noqa: Y015
     _WhichOneofArgType__time_limit_s: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s"]  # noqa: Y015
+    _WhichOneofReturnType__umask: _TypeAlias = _typing.Literal["umask"]  # noqa: Y015
+    _WhichOneofArgType__umask: _TypeAlias = _typing.Literal["_umask", b"_umask"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpus) -> _WhichOneofReturnType__gpus | None: ...
     @_typing.overload
@@ -275,6 +289,8 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__script) -> _WhichOneofReturnType__script | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__time_limit_s) -> _WhichOneofReturnType__time_limit_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__umask) -> _WhichOneofReturnType__umask | None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
 
@@ -284,18 +300,28 @@ class NodeAllocation(_message.Message):
 
     NODE_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
+    CPUS_FIELD_NUMBER: _builtins.int
+    MEM_MB_FIELD_NUMBER: _builtins.int
     node: _builtins.str
+    mem_mb: _builtins.int
+    """host memory held on that node"""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def cpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """CPU ids chosen for the job on that node (NUMA-local to its GPUs first)"""
+
     def __init__(
         self,
         *,
         node: _builtins.str = ...,
         gpus: _abc.Iterable[_builtins.int] | None = ...,
+        cpus: _abc.Iterable[_builtins.int] | None = ...,
+        mem_mb: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "node", b"node"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus", b"cpus", "gpus", b"gpus", "mem_mb", b"mem_mb", "node", b"node"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -891,6 +917,33 @@ class JobStarted(_message.Message):
 Global___JobStarted: _TypeAlias = JobStarted  # noqa: Y015
 
 @_typing.final
+class Checkpointed(_message.Message):
+    """The job touched GARRISON_CHECKPOINT_MARK (or ran gcheckpoint): work before `time` is saved."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    attempt: _builtins.int
+    time: _builtins.float
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+        time: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Checkpointed: _TypeAlias = Checkpointed  # noqa: Y015
+
+@_typing.final
 class AgentMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -898,6 +951,7 @@ class AgentMessage(_message.Message):
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     STARTED_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
+    CHECKPOINTED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def register(self) -> Global___Register: ...
     @_builtins.property
@@ -906,6 +960,8 @@ class AgentMessage(_message.Message):
     def started(self) -> Global___JobStarted: ...
     @_builtins.property
     def finished(self) -> Global___JobResult: ...
+    @_builtins.property
+    def checkpointed(self) -> Global___Checkpointed: ...
     def __init__(
         self,
         *,
@@ -913,12 +969,13 @@ class AgentMessage(_message.Message):
         heartbeat: Global___Heartbeat | None = ...,
         started: Global___JobStarted | None = ...,
         finished: Global___JobResult | None = ...,
+        checkpointed: Global___Checkpointed | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "started", b"started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpointed", b"checkpointed", "finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "started", b"started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpointed", b"checkpointed", "finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["register", "heartbeat", "started", "finished"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["register", "heartbeat", "started", "finished", "checkpointed"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

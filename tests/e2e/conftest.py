@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,7 @@ class Cluster:
         return int((self.state_dir / f"{daemon}.pid").read_text())
 
 
-def start_cluster(topologies: list[str]) -> Cluster:
+def start_cluster(topologies: list[str], extra_args: Sequence[str] = ()) -> Cluster:
     state_dir = Path(tempfile.mkdtemp(prefix="gtest-", dir="/tmp"))
     work = state_dir / "work"
     work.mkdir()
@@ -93,6 +93,7 @@ def start_cluster(topologies: list[str]) -> Cluster:
     args = [str(BIN / "garrison"), "up", "--state-dir", str(state_dir)]
     for topology in topologies:
         args += ["--fake-topology", topology]
+    args += list(extra_args)  # e.g. --database URL
     proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
     if proc.returncode != 0:
         logs = "\n".join(p.read_text()[-2000:] for p in state_dir.glob("*.log"))

@@ -202,3 +202,15 @@ def test_cli_over_grpc_transport(cluster: Cluster) -> None:
     assert cluster.wait_done(job_id)["state"] == "CANCELLED"
     proc = cluster.run("gsub", "-G", "0", "--wrap", "true", check=False, env=env)
     assert proc.returncode == 2
+
+
+def test_job_runs_with_the_submitters_umask(cluster: Cluster) -> None:
+    script = cluster.work / "umask.sh"
+    script.write_text("#!/bin/sh\numask > umask-$GARRISON_JOB_ID.txt\n")
+    old = os.umask(0o027)
+    try:
+        job_id = cluster.submit("-G", "1", str(script))
+    finally:
+        os.umask(old)
+    assert cluster.wait_done(job_id)["state"] == "COMPLETED"
+    assert (cluster.work / f"umask-{job_id}.txt").read_text().strip() == "0027"

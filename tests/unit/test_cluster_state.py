@@ -221,3 +221,55 @@ def test_stale_plan_is_rechecked(db: str) -> None:
     state.start_attempts([(1, alloc)], now=1.0)
     assert state.start_attempts([(2, alloc)], now=1.0) == []  # GPU 0 is taken: that part of the plan is dropped
     assert state.jobs[2].state == JobState.PENDING
+
+
+def test_preempted_job_is_warned_then_terminated_then_requeued_even_on_exit_0(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1")
+    submit(state, 1, gpus=2)
+    state.start_attempts([(1, Allocation((NodeAllocation("n1", (0, 1)),)))], now=1.0)
+    state.node_started("n1", 1, 0)
+    out = state.preempt(1, grace_s=30.0, signum=10, now=5.0)
+    assert out == [SignalAttempt("n1", 1, 0, "signal", 10)]
+    assert state.jobs[1].state == JobState.COMPLETING
+    assert state.expire_time_limits(now=34.0) == []
+    assert state.expire_time_limits(now=35.0) == [SignalAttempt("n1", 1, 0, "terminate")]
+    state.node_finished("n1", ok(1), now=36.0)  # it checkpointed and exited 0
+    job = state.jobs[1]
+    assert job.state == JobState.PENDING and job.attempts[0].state == JobState.PREEMPTED
+    assert state.free_gpus(state.nodes["n1"]) == frozenset(range(8))
+    state.start_attempts([(1, Allocation((NodeAllocation("n1", (0, 1)),)))], now=37.0)
+    assert state.jobs[1].restart_count == 1 and len(state.jobs[1].attempts) == 2
+
+
+def test_signal_warning_before_time_limit(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1")
+    submit(state, 1, gpus=1, signal="USR1@20")
+    state.start_attempts([(1, Allocation((NodeAllocation("n1", (0,)),)))], now=0.0)
+    assert state.expire_time_limits(now=39.0) == []
+    assert state.expire_time_limits(now=40.0) == [SignalAttempt("n1", 1, 0, "signal", 10)]
+    assert state.expire_time_limits(now=41.0) == []  # once
+    assert state.expire_time_limits(now=60.0) == [SignalAttempt("n1", 1, 0, "terminate")]
+
+
+def test_launch_failure_requeues_and_rank_failure_restarts_up_to_max(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1", "n2")
+    submit(state, 1, nodes=2, gpus_per_node=2, max_restarts=1)
+    state.start_attempts([(1, two_node_alloc())], now=1.0)
+    out = state.node_finished("n1", NodeResult(1, 0, (), "launch failed: MASTER_PORT 2 is in use"), now=2.0)
+    assert SignalAttempt("n2", 1, 0, "terminate") in out
+    state.node_finished("n2", ok(1), now=3.0)
+    assert state.jobs[1].state == JobState.PENDING
+    # Attempt 1: a rank fails; --max-restarts 1 allows one restart.
+    state.start_attempts([(1, two_node_alloc())], now=4.0)
+    state.node_finished("n1", NodeResult(1, 1, (RankOutcome(0, 1, "boom"), RankOutcome(1, 0))), now=5.0)
+    state.node_finished("n2", ok(1, attempt=1), now=5.5)
+    assert state.jobs[1].state == JobState.PENDING
+    state.start_attempts([(1, two_node_alloc())], now=6.0)
+    state.node_finished("n1", NodeResult(1, 2, (RankOutcome(0, 1, "boom again"), RankOutcome(1, 0))), now=7.0)
+    state.node_finished("n2", ok(1, attempt=2), now=7.5)
+    job = state.jobs[1]
+    assert job.state == JobState.FAILED and job.exit_code == 1 and "rank 0 exited with 1: boom again" in job.reason
+    assert [a.state for a in job.attempts] == [JobState.FAILED, JobState.FAILED, JobState.FAILED]

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from garrison.controller.domain import JobSpec
 from garrison.controller.sched.cycle import Reason, schedule
 from garrison.controller.sched.placement import pick_connected_gpus, place
+from garrison.controller.sched.presets import preset
 from garrison.controller.sched.snapshot import NodeView, PendingJob, Snapshot
 
 # DGX-1V hybrid cube-mesh NVLink lanes (see nodeagent/gpu/topologies/dgx1v.toml).
@@ -68,9 +69,9 @@ def test_typed_gpus_match_names() -> None:
     assert place(JobSpec(name="j", command=("x",), gpus=2, gpu_type="h100"), nodes) is None
 
 
-def test_blocked_job_blocks_lower_priority_in_its_partition() -> None:
+def test_fifo_blocked_job_blocks_lower_priority_in_its_partition() -> None:
     snap = Snapshot(nodes=(node("a", free={0, 1}),), pending=(pending(1, gpus=4), pending(2, gpus=1)))
-    plan = schedule(snap, now=0.0)
+    plan = schedule(snap, now=0.0, config=preset("fifo"))
     assert plan.starts == ()
     assert plan.waiting == {1: Reason.RESOURCES, 2: Reason.PRIORITY}
 

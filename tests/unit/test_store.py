@@ -28,6 +28,19 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from psycopg import sql
+from sqlalchemy import Engine, create_engine, event, inspect, select, text
+
+from garrison.controller.accounts import (
+    Account,
+    Accounting,
+    Limits,
+    PartitionDef,
+    Qos,
+    UsageRecord,
+    UsageState,
+    User,
+)
 from garrison.controller.domain import (
     Allocation,
     Attempt,
@@ -42,10 +55,12 @@ from garrison.controller.domain import (
     NodeState,
 )
 from garrison.controller.store import (
+    JobQuery,
     LoadedState,
     SqlStore,
     Store,
     UnsupportedDatabaseURL,
+    UsageRow,
     open_store,
     upgrade,
 )
@@ -59,8 +74,6 @@ from garrison.controller.store.serde import (
     spec_from_json,
     spec_to_json,
 )
-from psycopg import sql
-from sqlalchemy import Engine, create_engine, event, inspect, select, text
 
 POSTGRES_HOST, POSTGRES_PORT = "127.0.0.1", 5432
 POSTGRES_ADMIN_DSN = f"host={POSTGRES_HOST} port={POSTGRES_PORT} user=postgres dbname=test connect_timeout=3"
@@ -79,6 +92,7 @@ def full_spec() -> JobSpec:
         gpus=16,
         gpus_per_node=8,
         gpu_type="h100",
+        gpu_mem_mb=40_960,
         cpus_per_gpu=12,
         mem_mb=512_000,
         time_limit_s=7200,
@@ -93,6 +107,8 @@ def full_spec() -> JobSpec:
         requeue=False,
         max_restarts=3,
         qos="high",
+        signal="USR1@90",
+        umask=0o027,
         array_max_running=4,
     )
 
@@ -537,6 +553,133 @@ class StoreContract:
         finally:
             store.close()
 
+    # -- accounting queries
+
+    @staticmethod
+    def accounting_jobs() -> list[Job]:
+        """Six jobs of two users in two accounts: finished, running, pending, requeued and an array."""
+
+        def attempt(job_id: int, number: int, gpus: int, start: float, end: float | None,
+                    state: JobState) -> Attempt:
+            allocation = Allocation((NodeAllocation("n1", tuple(range(gpus))),))
+            return Attempt(job_id, number, allocation, start, end_time=end, state=state,
+                           exit_code=None if end is None else 0)
+
+        def job(job_id: int, user: str, account: str, submit: float, **changes: Any) -> Job:
+            return replace(pending_job(job_id, user), account=account, submit_time=submit, **changes)
+
+        return [
+            # ada/research: finished 100..200 on 4 GPUs
+            job(1, "ada", "research", 50.0, state=JobState.COMPLETED, start_time=100.0, end_time=200.0,
+                exit_code=0, attempts=(attempt(1, 0, 4, 100.0, 200.0, JobState.COMPLETED),)),
+            # ada/research: node failure at 400 after 300, requeued, second attempt running since 500 on 2 GPUs
+            job(2, "ada", "research", 250.0, state=JobState.RUNNING, start_time=500.0, restart_count=1,
+                attempts=(attempt(2, 0, 8, 300.0, 400.0, JobState.NODE_FAIL),
+                          attempt(2, 1, 2, 500.0, None, JobState.RUNNING))),
+            # bob/default: pending since 600
+            job(3, "bob", "default", 600.0),
+            # bob/default: an array of two tasks, both finished
+            job(4, "bob", "default", 10.0, array_job_id=4, array_task_id=0, state=JobState.FAILED,
+                start_time=20.0, end_time=30.0, exit_code=1,
+                attempts=(attempt(4, 0, 1, 20.0, 30.0, JobState.FAILED),)),
+            job(5, "bob", "default", 10.0, array_job_id=4, array_task_id=1, state=JobState.COMPLETED,
+                start_time=20.0, end_time=60.0, exit_code=0,
+                attempts=(attempt(5, 0, 1, 20.0, 60.0, JobState.COMPLETED),)),
+            # bob/research: cancelled while pending, never ran
+            job(6, "bob", "research", 700.0, state=JobState.CANCELLED, end_time=710.0),
+        ]
+
+    def query_ids(self, store: Store, **filters: Any) -> list[int]:
+        return [job.job_id for job in store.query_jobs(JobQuery(**filters))]
+
+    def test_query_jobs_returns_every_field_and_attempt(self, store: Store, store_url: str) -> None:
+        jobs = self.accounting_jobs()
+        store.save_jobs([*jobs, full_job(9)])
+        assert store.query_jobs(JobQuery()) == [*jobs, full_job(9)]
+        # from disk, through a new engine: the records survive a controller restart
+        reopened = open_store(store_url)
+        try:
+            assert reopened.query_jobs(JobQuery(job_ids=(9,))) == [full_job(9)]
+        finally:
+            reopened.close()
+
+    def test_query_jobs_filters(self, store: Store) -> None:
+        store.save_jobs(self.accounting_jobs())
+        assert self.query_ids(store, users=("ada",)) == [1, 2]
+        assert self.query_ids(store, accounts=("research",)) == [1, 2, 6]
+        assert self.query_ids(store, users=("bob",), accounts=("research",)) == [6]
+        assert self.query_ids(store, states=(JobState.COMPLETED, JobState.PENDING)) == [1, 3, 5]
+        assert self.query_ids(store, job_ids=(4,)) == [4, 5]  # an array's id selects every task
+        assert self.query_ids(store, job_ids=(2, 5)) == [2, 5]
+        assert self.query_ids(store, array_tasks=((4, 1),)) == [5]
+        assert self.query_ids(store, job_ids=(1,), array_tasks=((4, 0),)) == [1, 4]
+        assert self.query_ids(store, job_ids=(99,)) == []
+        assert self.query_ids(store, users=("nobody",)) == []
+
+    def test_query_jobs_time_window(self, store: Store) -> None:
+        store.save_jobs(self.accounting_jobs())
+        # Existing at some moment of [S, E]: submitted by E, and not ended before S.
+        assert self.query_ids(store, active_after=0.0, active_before=40.0) == [4, 5]
+        assert self.query_ids(store, active_after=150.0, active_before=260.0) == [1, 2]
+        assert self.query_ids(store, active_after=650.0) == [2, 3, 6]
+        assert self.query_ids(store, active_after=711.0) == [2, 3]  # unfinished jobs never age out
+        assert self.query_ids(store, active_before=20.0) == [4, 5]
+        assert self.query_ids(store, active_after=200.0, active_before=200.0) == [1]  # the edges count
+
+    def test_query_jobs_pages_by_job_id(self, store: Store) -> None:
+        store.save_jobs([running_job(i) for i in range(1, 1101)])  # more than one IN (...) batch
+        pages: list[list[int]] = []
+        after = 0
+        while True:
+            page = store.query_jobs(JobQuery(after_job_id=after, limit=400))
+            if not page:
+                break
+            assert all(len(job.attempts) == 1 for job in page)
+            pages.append([job.job_id for job in page])
+            after = page[-1].job_id
+        assert [len(page) for page in pages] == [400, 400, 300]
+        assert [i for page in pages for i in page] == list(range(1, 1101))
+
+    def test_usage_charges_gpu_time_inside_the_period(self, store: Store) -> None:
+        store.save_jobs(self.accounting_jobs())
+        # job 1: 4 GPUs x 100 s; job 2: 8 x 100 (first attempt) + 2 x (1000 - 500) running until now
+        # job 4: 1 x 10; job 5: 1 x 40; jobs 3 and 6 never ran
+        assert store.usage(0.0, 2000.0, now=1000.0) == [
+            UsageRow("default", "bob", gpu_seconds=50.0, jobs=2, attempts=2),
+            UsageRow("research", "ada", gpu_seconds=400.0 + 800.0 + 1000.0, jobs=2, attempts=3),
+        ]
+        # A period cuts attempts at its edges: [150, 350] holds 50 s of job 1 and 50 s of job 2's first.
+        assert store.usage(150.0, 350.0, now=1000.0) == [
+            UsageRow("research", "ada", gpu_seconds=4 * 50.0 + 8 * 50.0, jobs=2, attempts=2)
+        ]
+        assert store.usage(0.0, 2000.0, now=1000.0, users=["bob"]) == [
+            UsageRow("default", "bob", gpu_seconds=50.0, jobs=2, attempts=2)
+        ]
+        assert store.usage(0.0, 2000.0, now=1000.0, accounts=["default", "nothing"]) == [
+            UsageRow("default", "bob", gpu_seconds=50.0, jobs=2, attempts=2)
+        ]
+        assert store.usage(5000.0, 6000.0, now=1000.0) == []
+
+    def test_usage_of_an_unclosed_attempt_ends_with_its_job(self, store: Store) -> None:
+        job = running_job(1)  # one GPU from 1_700_000_101
+        start = job.attempts[0].start_time
+        ended = replace(job, state=JobState.FAILED, end_time=start + 30.0)  # attempt left without an end
+        store.save_jobs([ended])
+        (row,) = store.usage(0.0, start + 10_000.0, now=start + 5_000.0)
+        assert row.gpu_seconds == 30.0
+
+    def test_accounting_reads_do_not_hold_up_writes(self, store: Store) -> None:
+        store.save_jobs([running_job(1)])
+        assert isinstance(store, SqlStore)
+        read_attempts = select(job_attempts.c.job_id)
+        with store._read_snapshot() as connection:  # a long accounting read in progress
+            assert connection.execute(read_attempts).scalars().all() == [1]
+            started = time.perf_counter()
+            store.save_jobs([running_job(2)])
+            assert time.perf_counter() - started < 1.0
+            assert connection.execute(read_attempts).scalars().all() == [1]  # the read keeps its snapshot
+        assert self.query_ids(store) == [1, 2]
+
     # -- migrations
 
     def test_migrations_build_exactly_the_declared_schema(self, store_url: str) -> None:
@@ -563,6 +706,68 @@ class StoreContract:
         upgrade(store_url)
         upgrade(store_url)  # already at head: nothing to do
         assert self.reopen(store_url) == LoadedState(jobs=[], nodes=[], next_job_id=1)
+
+    # -- scheduling policy: accounting data, usage, holds (migration 0002) ------------------------------------
+
+    def test_accounting_is_none_until_saved_then_round_trips(self, store: Store, store_url: str) -> None:
+        assert store.load_accounting() is None
+        accounting = sample_accounting()
+        store.save_accounting(accounting)
+        assert store.load_accounting() == accounting
+        reopened = open_store(store_url)
+        try:
+            assert reopened.load_accounting() == accounting
+        finally:
+            reopened.close()
+
+    def test_saving_accounting_replaces_the_whole_of_it(self, store: Store) -> None:
+        accounting = sample_accounting()
+        store.save_accounting(accounting)
+        smaller = accounting.without_user("ann").with_limits("account", "team", Limits())
+        smaller = smaller.with_partition(PartitionDef("debug", max_time_s=600, default_time_s=60, default=True))
+        store.save_accounting(smaller)
+        loaded = store.load_accounting()
+        assert loaded == smaller
+        assert loaded is not None and [p.name for p in loaded.partitions] == ["main", "debug"]
+
+    def test_usage_is_upserted_with_its_times(self, store: Store) -> None:
+        assert store.load_usage() == UsageState()
+        first = UsageState((UsageRecord("team", "ann", 10.5, 20.25, 30.0),), updated_at=1_700_000_000.5,
+                           period_start=1_699_000_000.0)
+        store.save_usage(first)
+        second = UsageState((UsageRecord("team", "ann", 11.0, 21.0, 31.0), UsageRecord("org", "bob", 1.0, 2.0, 3.0)),
+                            updated_at=1_700_000_010.25, period_start=1_699_000_000.0)
+        store.save_usage(second)
+        assert store.load_usage() == UsageState(tuple(sorted(second.records, key=lambda r: (r.account, r.user))),
+                                                second.updated_at, second.period_start)
+
+    def test_holds_are_kept_and_go_with_their_jobs(self, store: Store) -> None:
+        store.save_jobs([pending_job(1), pending_job(2)])
+        store.set_hold(1, by_admin=True)
+        store.set_hold(2, by_admin=False)
+        store.set_hold(2, by_admin=True)
+        assert store.load_holds() == {1: True, 2: True}
+        store.set_hold(2, None)
+        store.set_hold(3, None)  # not held: nothing to do
+        assert store.load_holds() == {1: True}
+        store.delete_jobs([1])
+        assert store.load_holds() == {}
+
+
+def sample_accounting() -> Accounting:
+    """Accounting data with every kind of record, built through its validated changes."""
+    accounting = Accounting(default_account="default", enforce_associations=True)
+    accounting = accounting.with_qos(Qos("low", 0, grace_s=30))
+    accounting = accounting.with_qos(Qos("high", 20, ("low",), max_gpus_per_user=8, max_jobs_per_user=2,
+                                         max_time_s=86_400, grace_s=120, description="for deadlines"))
+    accounting = accounting.with_default_qos("low")
+    accounting = accounting.with_account(Account("default"))
+    accounting = accounting.with_account(Account("org", shares=3, description="the lab"))
+    accounting = accounting.with_account(Account("team", "org", 2, ("high", "low")))
+    accounting = accounting.with_user(User("ann", "team", (("default", 1), ("team", 4)), ("org",)))
+    accounting = accounting.with_limits("account", "team", Limits(max_gpus=16, max_jobs=4, max_gpu_hours=1000.5))
+    accounting = accounting.with_limits("user", "bob", Limits(max_gpus=2))
+    return accounting.with_partition(PartitionDef("main", ("n1", "n2"), 600, 86_400, True, ("org",), ("high",), 5))
 
 
 # -- SQLite ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,242 @@
+"""Pure pieces of gacct: time arguments, and job records and usage as a table, CSV or JSON.
+
+No I/O here (the clock and the time zone are arguments), so every view is testable as text.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Sequence
+from datetime import datetime, timedelta, tzinfo
+from typing import Any
+
+from garrison.cli.render import format_duration
+
+_UNITS = {
+    "": 1, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+    "w": 604800, "week": 604800, "weeks": 604800,
+}
+_RELATIVE = re.compile(r"^now\s*([+-])\s*(\d+)\s*([a-z]*)$")
+TIME_FORMATS_HELP = (
+    "YYYY-MM-DD[THH:MM[:SS]], now, today (or midnight), yesterday, or now-N[s|m|h|d|w] (e.g. now-7days)"
+)
+
+
+class TimeSpecError(ValueError):
+    """A -S/-E value gacct cannot read; the message says what it accepts."""
+
+
+def parse_time(text: str, now: datetime) -> float:
+    """Epoch seconds for a -S/-E value, read in ``now``'s time zone (the user's local one in gacct)."""
+    value = text.strip().lower()
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if value == "now":
+        return now.timestamp()
+    if value in ("today", "midnight"):
+        return midnight.timestamp()
+    if value == "yesterday":
+        return (midnight - timedelta(days=1)).timestamp()
+    relative = _RELATIVE.match(value)
+    if relative:
+        sign, count, unit = relative.groups()
+        if unit not in _UNITS:
+            raise TimeSpecError(f"unknown time unit {unit!r} in {text!r}: use s, m, h, d or w")
+        seconds = int(count) * _UNITS[unit]
+        return now.timestamp() + (seconds if sign == "+" else -seconds)
+    try:
+        parsed = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise TimeSpecError(f"cannot read the time {text!r}: use {TIME_FORMATS_HELP}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=now.tzinfo)
+    return parsed.timestamp()
+
+
+def _local(value: float, zone: tzinfo | None) -> str:
+    if not value:
+        return "-"
+    return datetime.fromtimestamp(value, zone).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _elapsed(start: float, end: float, now: float) -> float:
+    if not start:
+        return 0.0
+    return max((end or now) - start, 0.0)
+
+
+def _exit_code(message: Any) -> str:
+    return str(message.exit_code) if message.HasField("exit_code") else "-"
+
+
+def _nodes(allocation: Sequence[Any]) -> str:
+    return ",".join(node.node for node in allocation) or "-"
+
+
+def _gpu_hours(gpu_seconds: float) -> str:
+    return f"{gpu_seconds / 3600:.2f}"
+
+
+RECORD_COLUMNS = (
+    "JOBID", "NAME", "USER", "ACCOUNT", "PARTITION", "STATE", "START", "END", "ELAPSED", "GPUS", "GPU-HOURS",
+    "NODELIST", "EXITCODE",
+)
+
+
+def record_rows(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attempts: bool = True) -> list[tuple[str, ...]]:
+    """One row per job and, below it, one per attempt (JOBID 12.0, 12.1 ...), like sacct's job steps."""
+    rows: list[tuple[str, ...]] = []
+    for job in jobs:
+        last = job.attempts[-1] if job.attempts else None
+        rows.append((
+            job.display_id, job.name, job.user, job.account, job.partition, job.state,
+            _local(job.start_time, zone), _local(job.end_time, zone),
+            format_duration(_elapsed(job.start_time, job.end_time, now)),
+            str(last.gpus if last is not None else job.requested_gpus), _gpu_hours(job.gpu_seconds),
+            _nodes(last.allocation) if last is not None else "-", _exit_code(job),
+        ))
+        if not with_attempts:
+            continue
+        for attempt in job.attempts:
+            rows.append((
+                f"{job.display_id}.{attempt.attempt}", "", "", "", "", attempt.state,
+                _local(attempt.start_time, zone), _local(attempt.end_time, zone),
+                format_duration(_elapsed(attempt.start_time, attempt.end_time, now)),
+                str(attempt.gpus), _gpu_hours(attempt.gpu_seconds), _nodes(attempt.allocation), _exit_code(attempt),
+            ))
+    return rows
+
+
+def _attempt_json(attempt: Any, now: float) -> dict[str, Any]:
+    return {
+        "attempt": attempt.attempt,
+        "state": attempt.state,
+        "start_time": attempt.start_time or None,
+        "end_time": attempt.end_time or None,
+        "elapsed_s": round(_elapsed(attempt.start_time, attempt.end_time, now), 3),
+        "exit_code": attempt.exit_code if attempt.HasField("exit_code") else None,
+        "reason": attempt.reason,
+        "gpus": attempt.gpus,
+        "gpu_hours": round(attempt.gpu_seconds / 3600, 6),
+        "allocation": [{"node": n.node, "gpus": list(n.gpus)} for n in attempt.allocation],
+    }
+
+
+def record_json(job: Any, now: float) -> dict[str, Any]:
+    return {
+        "job_id": job.display_id,
+        "name": job.name,
+        "user": job.user,
+        "uid": job.uid,
+        "account": job.account,
+        "partition": job.partition,
+        "state": job.state,
+        "reason": job.reason,
+        "submit_time": job.submit_time,
+        "start_time": job.start_time or None,
+        "end_time": job.end_time or None,
+        "elapsed_s": round(_elapsed(job.start_time, job.end_time, now), 3),
+        "time_limit_s": job.time_limit_s,
+        "exit_code": job.exit_code if job.HasField("exit_code") else None,
+        "requested_gpus": job.requested_gpus,
+        "restart_count": job.restart_count,
+        "gpu_hours": round(job.gpu_seconds / 3600, 6),
+        "attempts": [_attempt_json(a, now) for a in job.attempts],
+    }
+
+
+def records_json(jobs: Sequence[Any], now: float) -> str:
+    return json.dumps({"jobs": [record_json(job, now) for job in jobs]}, indent=2)
+
+
+CSV_FIELDS = (
+    "job_id", "attempt", "name", "user", "account", "partition", "state", "submit_time", "start_time", "end_time",
+    "elapsed_s", "gpus", "gpu_hours", "nodes", "exit_code", "reason",
+)
+
+
+def _iso(value: float, zone: tzinfo | None) -> str:
+    return datetime.fromtimestamp(value, zone).isoformat(timespec="seconds") if value else ""
+
+
+def records_csv(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attempts: bool = True) -> str:
+    """A header and one line per job and per attempt (the attempt column is empty on job lines); times in
+    ISO 8601 with their UTC offset, so a spreadsheet and a script read the same instant."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_FIELDS)
+    for job in jobs:
+        last = job.attempts[-1] if job.attempts else None
+        writer.writerow([
+            job.display_id, "", job.name, job.user, job.account, job.partition, job.state,
+            _iso(job.submit_time, zone), _iso(job.start_time, zone), _iso(job.end_time, zone),
+            f"{_elapsed(job.start_time, job.end_time, now):.3f}",
+            last.gpus if last is not None else job.requested_gpus, f"{job.gpu_seconds / 3600:.6f}",
+            _nodes(last.allocation) if last is not None else "",
+            job.exit_code if job.HasField("exit_code") else "", job.reason,
+        ])
+        if not with_attempts:
+            continue
+        for attempt in job.attempts:
+            writer.writerow([
+                job.display_id, attempt.attempt, "", job.user, job.account, job.partition, attempt.state,
+                "", _iso(attempt.start_time, zone), _iso(attempt.end_time, zone),
+                f"{_elapsed(attempt.start_time, attempt.end_time, now):.3f}", attempt.gpus,
+                f"{attempt.gpu_seconds / 3600:.6f}", _nodes(attempt.allocation),
+                attempt.exit_code if attempt.HasField("exit_code") else "", attempt.reason,
+            ])
+    return out.getvalue()
+
+
+USAGE_COLUMNS = ("ACCOUNT", "USER", "GPU-HOURS", "JOBS", "ATTEMPTS")
+
+
+def usage_rows(rows: Sequence[Any]) -> list[tuple[str, ...]]:
+    """Each (account, user), then a total per account and one for the whole period."""
+    table: list[tuple[str, ...]] = []
+    by_account: dict[str, list[Any]] = {}
+    for row in rows:
+        by_account.setdefault(row.account, []).append(row)
+    for account, members in by_account.items():
+        for row in members:
+            table.append((account, row.user, _gpu_hours(row.gpu_seconds), str(row.jobs), str(row.attempts)))
+        if len(members) > 1:
+            table.append((account, "(total)", _gpu_hours(sum(r.gpu_seconds for r in members)),
+                          str(sum(r.jobs for r in members)), str(sum(r.attempts for r in members))))
+    if len(by_account) > 1 or not rows:
+        table.append(("(all)", "", _gpu_hours(sum(r.gpu_seconds for r in rows)), str(sum(r.jobs for r in rows)),
+                      str(sum(r.attempts for r in rows))))
+    return table
+
+
+def usage_json(response: Any) -> str:
+    return json.dumps(
+        {
+            "start_time": response.start_time,
+            "end_time": response.end_time,
+            "usage": [
+                {"account": r.account, "user": r.user, "gpu_hours": round(r.gpu_seconds / 3600, 6),
+                 "gpu_seconds": round(r.gpu_seconds, 3), "jobs": r.jobs, "attempts": r.attempts}
+                for r in response.rows
+            ],
+        },
+        indent=2,
+    )
+
+
+def usage_csv(response: Any) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(("account", "user", "gpu_hours", "jobs", "attempts"))
+    for r in response.rows:
+        writer.writerow((r.account, r.user, f"{r.gpu_seconds / 3600:.6f}", r.jobs, r.attempts))
+    return out.getvalue()
+
+
+def usage_header(response: Any, zone: tzinfo | None) -> str:
+    return f"GPU usage from {_local(response.start_time, zone)} to {_local(response.end_time, zone)}"

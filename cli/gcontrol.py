@@ -1,0 +1,94 @@
+"""gcontrol: control jobs (scontrol's job side): hold, release, requeue, update.
+
+A job's owner, its account's coordinators and admins may control it; raising a time limit takes a
+coordinator or an admin, setting a priority an admin. The controller checks and says why it refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from garrison.cli.client import EXIT_USAGE, Client, CliError, fail
+from garrison.cli.parsing import UsageError, parse_time_limit
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+def _ids(job_ids: tuple[str, ...]) -> list[str]:
+    return [i for value in job_ids for i in value.split(",") if i]
+
+
+def _control(action: str, job_ids: tuple[str, ...], quiet: bool = False, **fields: Any) -> None:
+    from garrison.protos.v1 import admin_pb2 as adminpb
+    from garrison.protos.v1 import admin_pb2_grpc
+
+    ids = _ids(job_ids)
+    if not ids:
+        fail("gcontrol", CliError(f"nothing to {action}: give job ids", EXIT_USAGE))
+    request = adminpb.JobControlRequest(action=action, job_ids=ids)
+    for name, value in fields.items():
+        if value is not None:
+            setattr(request, name, value)
+    try:
+        with Client() as client:
+            response = client.service_call(admin_pb2_grpc.AdminStub, "ControlJobs", request)
+    except CliError as exc:
+        fail("gcontrol", exc)
+    if not response.job_ids and not quiet:
+        why = {"hold": "not pending", "release": "not held", "requeue": "not running"}.get(action, "unchanged")
+        fail("gcontrol", CliError(f"no job to {action} ({why})"))
+
+
+@click.group(context_settings=CONTEXT)
+def gcontrol() -> None:
+    """Control jobs: gcontrol hold|release|requeue|update JOB..."""
+
+
+@gcontrol.command()
+@click.argument("job_ids", nargs=-1)
+def hold(job_ids: tuple[str, ...]) -> None:
+    """Keep pending jobs from starting (a hold by an admin or coordinator only they may release)."""
+    _control("hold", job_ids)
+
+
+@gcontrol.command()
+@click.argument("job_ids", nargs=-1)
+def release(job_ids: tuple[str, ...]) -> None:
+    """Let held jobs start again."""
+    _control("release", job_ids)
+
+
+@gcontrol.command()
+@click.argument("job_ids", nargs=-1)
+def requeue(job_ids: tuple[str, ...]) -> None:
+    """Stop running jobs and put them back in the queue."""
+    _control("requeue", job_ids)
+
+
+@gcontrol.command()
+@click.argument("job_ids", nargs=-1)
+@click.option("-t", "--time-limit", default=None, metavar="TIME",
+              help="New time limit (owners may only lower it): M, M:S, H:M:S, D-H[:M[:S]].")
+@click.option("--priority", type=int, default=None, help="Admins: an adjustment added to the computed priority.")
+@click.option("-q", "--qos", default=None, help="New QoS, among those the job's account and partition allow.")
+def update(job_ids: tuple[str, ...], time_limit: str | None, priority: int | None, qos: str | None) -> None:
+    """Change a job's time limit, priority or QoS."""
+    seconds = None
+    if time_limit is not None:
+        try:
+            seconds = parse_time_limit(time_limit)
+        except UsageError as exc:
+            fail("gcontrol", CliError(f"--time-limit: {exc}", EXIT_USAGE))
+    if seconds is None and priority is None and qos is None:
+        fail("gcontrol", CliError("nothing to update: give --time-limit, --priority or --qos", EXIT_USAGE))
+    _control("update", job_ids, time_limit_s=seconds, priority=priority, qos=qos)
+
+
+def main() -> None:
+    gcontrol(prog_name="gcontrol")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""gqueue --start and --priority: pending jobs with their queue position, estimated start and priority
+factors, from the controller's last scheduling cycle (like squeue --start and sprio). Pure functions from
+the Admin service's QueueDetailsResponse to rows, so the views are testable as text."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+START_COLUMNS = ("JOBID", "PARTITION", "NAME", "USER", "ACCOUNT", "POS", "START_TIME", "NODES(REASON)")
+PRIORITY_COLUMNS = ("JOBID", "USER", "ACCOUNT", "PRIORITY", "AGE", "FAIRSHARE", "QOS", "JOBSIZE", "PARTITION",
+                    "ADMIN")
+
+
+def _when(epoch: float, now: float) -> str:
+    if epoch <= now:
+        return "now"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
+
+
+def start_rows(response: Any) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for detail in response.jobs:
+        job = detail.job
+        start = _when(detail.estimated_start, response.now) if detail.HasField("estimated_start") else "N/A"
+        rows.append((
+            job.display_id, job.partition, job.name, job.user, job.account,
+            str(detail.position) if detail.position else "-", start, f"({job.reason or 'None'})",
+        ))
+    return rows
+
+
+def priority_rows(response: Any) -> list[tuple[str, ...]]:
+    """Each factor weighted (what it adds to the priority), like sprio."""
+    w = response.weights
+    rows: list[tuple[str, ...]] = []
+    for detail in response.jobs:
+        job, f = detail.job, detail.factors
+        if not detail.HasField("factors"):
+            rows.append((job.display_id, job.user, job.account, "-", "-", "-", "-", "-", "-", "-"))
+            continue
+        rows.append((
+            job.display_id, job.user, job.account,
+            str(detail.priority) if detail.HasField("priority") else "-",
+            str(round(w.age * f.age)), str(round(w.fair_share * f.fair_share)), str(round(w.qos * f.qos)),
+            str(round(w.job_size * f.job_size)), str(round(w.partition * f.partition)), str(f.admin),
+        ))
+    return rows
+
+
+def details_json(response: Any) -> str:
+    jobs = []
+    for detail in response.jobs:
+        f = detail.factors
+        jobs.append({
+            "job_id": detail.job.display_id,
+            "user": detail.job.user,
+            "account": detail.job.account,
+            "state": detail.job.state,
+            "reason": detail.job.reason,
+            "position": detail.position or None,
+            "estimated_start": detail.estimated_start if detail.HasField("estimated_start") else None,
+            "priority": detail.priority if detail.HasField("priority") else None,
+            "factors": {"age": f.age, "fair_share": f.fair_share, "qos": f.qos, "job_size": f.job_size,
+                        "partition": f.partition, "admin": f.admin} if detail.HasField("factors") else None,
+        })
+    w = response.weights
+    weights = {"age": w.age, "fair_share": w.fair_share, "qos": w.qos, "job_size": w.job_size,
+               "partition": w.partition}
+    return json.dumps({"jobs": jobs, "weights": weights, "cycle_time": response.cycle_time or None}, indent=2)

@@ -1,0 +1,232 @@
+"""The controller's Prometheus metrics.
+
+Two kinds:
+
+- Events, counted as they happen: job starts, ends (by final state), requeues and preemptions, and the
+  latency of each scheduling cycle. ``job_changed`` is the ClusterState observer that counts job
+  transitions; ``record_preemption`` is for the preemption code; ``observe_scheduling_cycle`` for the engine.
+- The cluster's state, read at scrape time: jobs by state (and, for pending ones, why they wait), GPUs per
+  node, node states, heartbeat ages. ClusterState lives on the event loop thread and is not safe to read
+  from the HTTP server's thread, so ``ClusterCollector`` takes its sample on the loop (one short pass over
+  the jobs and nodes) and formats it in the scrape thread.
+
+Every metric is in ``REGISTRY`` (this process's, with the process and Python collectors), which
+``serve_metrics`` exposes on ``[controller] metrics_address``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import Metric
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from garrison.controller.domain import Job, JobState, NodeState
+
+if TYPE_CHECKING:
+    from garrison.controller.clock import Clock
+    from garrison.controller.state import ClusterState
+
+log = logging.getLogger("garrison.controller.metrics")
+
+# How long a scrape waits for the event loop to take the cluster sample before it answers without it.
+SAMPLE_TIMEOUT_S = 5.0
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+SCHEDULING_CYCLE_SECONDS = Histogram(
+    "garrison_scheduling_cycle_seconds",
+    "Time of one scheduling cycle: computing the plan on a snapshot and applying it.",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    registry=REGISTRY,
+)
+JOB_STARTS = Counter(
+    "garrison_job_starts", "Job attempts started (a requeued job starts again).", ["partition"],
+    registry=REGISTRY,
+)
+JOB_ENDS = Counter(
+    "garrison_job_ends", "Jobs that reached a final state, by that state.", ["partition", "state"],
+    registry=REGISTRY,
+)
+JOB_REQUEUES = Counter(
+    "garrison_job_requeues", "Jobs sent back to the queue after an attempt (node failure, preemption, restart).",
+    ["partition"], registry=REGISTRY,
+)
+JOB_SUBMISSIONS = Counter(
+    "garrison_job_submissions", "Jobs submitted (each task of an array counts).", ["partition"], registry=REGISTRY
+)
+PREEMPTIONS = Counter(
+    "garrison_preemptions", "Job attempts preempted to make room for other jobs.", registry=REGISTRY
+)
+
+
+def observe_scheduling_cycle(seconds: float) -> None:
+    SCHEDULING_CYCLE_SECONDS.observe(seconds)
+
+
+def record_preemption(count: int = 1) -> None:
+    """Count ``count`` preempted job attempts (called by the preemption code when it stops victims)."""
+    PREEMPTIONS.inc(count)
+
+
+def job_changed(old: Job | None, new: Job) -> None:
+    """ClusterState's job observer: count starts, ends and requeues from one job's change."""
+    if old is not None and old.state == new.state:
+        return
+    if old is None and new.state == JobState.PENDING:
+        JOB_SUBMISSIONS.labels(new.partition).inc()
+    elif new.state == JobState.CONFIGURING:
+        JOB_STARTS.labels(new.partition).inc()
+    elif new.state.is_terminal and (old is None or not old.state.is_terminal):
+        JOB_ENDS.labels(new.partition, new.state.value).inc()
+    elif new.state == JobState.PENDING and old is not None and old.state != JobState.PENDING:
+        JOB_REQUEUES.labels(new.partition).inc()
+
+
+# -- the cluster's state, sampled at scrape time ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    name: str
+    state: str  # UP, DOWN, DRAIN, or UNKNOWN (UP in the store but not connected)
+    gpus: int
+    allocated_gpus: int
+    heartbeat_age_s: float
+
+
+@dataclass(frozen=True)
+class ClusterSample:
+    jobs: dict[tuple[str, str], int]  # (state, reason) -> count; reason only for pending jobs
+    nodes: tuple[NodeSample, ...]
+    agents_connected: int
+
+
+def pending_reason(state: ClusterState, job: Job) -> str:
+    """Why a pending job waits, as a label of few values: the scheduler's reason (Resources, Priority...),
+    else the head of the job's own ("Requeued: node n1 not responding" -> "Requeued")."""
+    reason = state.wait_reasons.get(job.job_id) or job.reason or "None"
+    return reason.split(":", 1)[0].strip() or "None"
+
+
+def sample_cluster(state: ClusterState, now: float) -> ClusterSample:
+    """One pass over the jobs and nodes in memory. Run it on the thread that owns ``state``."""
+    jobs: Tally[tuple[str, str]] = Tally()
+    for job in state.jobs.values():
+        reason = pending_reason(state, job) if job.state == JobState.PENDING else ""
+        jobs[(job.state.value, reason)] += 1
+    nodes = []
+    for node in sorted(state.nodes.values(), key=lambda n: n.name):
+        connected = node.name in state.connected
+        shown = node.state.value if connected or node.state != NodeState.UP else "UNKNOWN"
+        nodes.append(
+            NodeSample(
+                name=node.name,
+                state=shown,
+                gpus=node.gpu_count,
+                allocated_gpus=len(state.gpu_owner.get(node.name, {})),
+                heartbeat_age_s=max(now - node.last_heartbeat, 0.0),
+            )
+        )
+    return ClusterSample(jobs=dict(jobs), nodes=tuple(nodes), agents_connected=len(state.connected))
+
+
+def cluster_metrics(sample: ClusterSample) -> list[Metric]:
+    jobs = GaugeMetricFamily(
+        "garrison_jobs", "Jobs in the controller's memory by state; pending ones also by why they wait.",
+        labels=["state", "reason"],
+    )
+    # Every state appears, at 0 when empty, so that dashboards and alerts see a series instead of none.
+    counts = dict(sample.jobs)
+    for state in JobState:
+        if state != JobState.PENDING:
+            counts.setdefault((state.value, ""), 0)
+    if not any(key[0] == JobState.PENDING.value for key in counts):
+        counts[(JobState.PENDING.value, "None")] = 0
+    for (state_name, reason), count in sorted(counts.items()):
+        jobs.add_metric([state_name, reason], count)
+
+    gpus = GaugeMetricFamily("garrison_node_gpus", "GPUs a node has.", labels=["node"])
+    allocated = GaugeMetricFamily("garrison_node_gpus_allocated", "GPUs of a node held by job attempts.",
+                                  labels=["node"])
+    node_state = GaugeMetricFamily("garrison_node_state", "1 for the state a node is in.", labels=["node", "state"])
+    heartbeat = GaugeMetricFamily("garrison_node_heartbeat_age_seconds",
+                                  "Seconds since the node's agent was last heard from.", labels=["node"])
+    for node in sample.nodes:
+        gpus.add_metric([node.name], node.gpus)
+        allocated.add_metric([node.name], node.allocated_gpus)
+        for state_name in ("UP", "DOWN", "DRAIN", "UNKNOWN"):
+            node_state.add_metric([node.name, state_name], 1.0 if node.state == state_name else 0.0)
+        heartbeat.add_metric([node.name], node.heartbeat_age_s)
+    total = GaugeMetricFamily("garrison_gpus", "GPUs in the cluster.", value=sum(n.gpus for n in sample.nodes))
+    total_allocated = GaugeMetricFamily(
+        "garrison_gpus_allocated", "GPUs held by job attempts.", value=sum(n.allocated_gpus for n in sample.nodes)
+    )
+    agents = GaugeMetricFamily("garrison_agents_connected", "Agents with an open link to the controller.",
+                               value=sample.agents_connected)
+    return [jobs, gpus, allocated, node_state, heartbeat, total, total_allocated, agents]
+
+
+class ClusterCollector(Collector):
+    """Gauges of the cluster's state; create it on the event loop thread that owns the state."""
+
+    def __init__(self, state: ClusterState, clock: Clock, loop: asyncio.AbstractEventLoop) -> None:
+        self.state = state
+        self.clock = clock
+        self.loop = loop
+        self.loop_thread = threading.get_ident()
+        self.failed_samples = 0
+
+    def _sample_on_loop(self) -> ClusterSample:
+        if threading.get_ident() == self.loop_thread:
+            return sample_cluster(self.state, self.clock.now())
+        result: concurrent.futures.Future[ClusterSample] = concurrent.futures.Future()
+
+        def take() -> None:
+            try:
+                result.set_result(sample_cluster(self.state, self.clock.now()))
+            except BaseException as exc:  # noqa: B036 - handed to the waiting scrape thread
+                result.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(take)
+        return result.result(timeout=SAMPLE_TIMEOUT_S)
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            sample = self._sample_on_loop()
+        except (concurrent.futures.TimeoutError, RuntimeError) as exc:
+            # A busy or closed loop: answer with the event metrics alone rather than fail the scrape.
+            self.failed_samples += 1
+            log.warning("metrics: no cluster sample this scrape (%s)", type(exc).__name__)
+            sample = None
+        if sample is not None:
+            yield from cluster_metrics(sample)
+        yield GaugeMetricFamily(
+            "garrison_metrics_sample_failures", "Scrapes answered without the cluster sample.",
+            value=self.failed_samples,
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # the families depend on the cluster; registering must not take a sample
+
+
+def install_cluster_collector(state: ClusterState, clock: Clock, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """Register a ClusterCollector for ``state``; returns the function that unregisters it."""
+    collector = ClusterCollector(state, clock, loop)
+    REGISTRY.register(collector)
+    return lambda: REGISTRY.unregister(collector)

@@ -1,0 +1,128 @@
+"""The Accounting service (gacct): job records and GPU usage, read from the store.
+
+The store keeps every job and attempt the controller ever wrote, while the controller's memory holds only
+recent ones, so accounting reads the database. Those reads can be long (months of jobs), so they run on a
+small thread pool of their own, never on the event loop that serves submissions and agents, and never on
+the pool the scheduler uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+
+import grpc
+
+from garrison.controller.clock import Clock
+from garrison.controller.domain import JobState
+from garrison.controller.engine import parse_job_ref
+from garrison.controller.rpc import convert
+from garrison.controller.rpc.services import Authenticator, mapped_errors
+from garrison.controller.store.interface import JobQuery, Store
+from garrison.controller.validate import ValidationError
+from garrison.protos.v1 import accounting_pb2 as apb
+from garrison.protos.v1 import accounting_pb2_grpc as apb_grpc
+
+# Jobs per ListJobRecords answer: well under gRPC's 4 MiB message limit even for jobs with many attempts.
+PAGE_SIZE = 1000
+# At most this many accounting queries run at once; more wait their turn instead of taking database
+# connections (and CPU) from the controller's own writes.
+QUERY_THREADS = 2
+MAX_FILTER_VALUES = 1000
+
+
+def job_query_from_pb(request: apb.JobRecordsRequest) -> JobQuery:
+    """The store query for a request; ValidationError (INVALID_ARGUMENT) names what is wrong."""
+    for name, values in (
+        ("job ids", request.job_ids),
+        ("users", request.users),
+        ("accounts", request.accounts),
+        ("states", request.states),
+    ):
+        if len(values) > MAX_FILTER_VALUES:
+            raise ValidationError(f"too many {name}: at most {MAX_FILTER_VALUES}")
+    job_ids: list[int] = []
+    array_tasks: list[tuple[int, int]] = []
+    for text in request.job_ids:
+        try:
+            job_id, task = parse_job_ref(text)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+        if task is None:
+            job_ids.append(job_id)
+        else:
+            array_tasks.append((job_id, task))
+    states: list[JobState] = []
+    for name in request.states:
+        try:
+            states.append(JobState(name.upper()))
+        except ValueError:
+            raise ValidationError(f"unknown job state {name!r}") from None
+    start = request.start_time if request.HasField("start_time") else None
+    end = request.end_time if request.HasField("end_time") else None
+    for label, value in (("start time", start), ("end time", end)):
+        if value is not None and not math.isfinite(value):
+            raise ValidationError(f"invalid {label} {value!r}")
+    if start is not None and end is not None and start > end:
+        raise ValidationError("the start time is after the end time")
+    return JobQuery(
+        job_ids=tuple(job_ids),
+        array_tasks=tuple(array_tasks),
+        users=tuple(request.users),
+        accounts=tuple(request.accounts),
+        states=tuple(states),
+        active_after=start,
+        active_before=end,
+        after_job_id=request.after_job_id,
+        limit=min(request.limit, PAGE_SIZE) if request.limit else PAGE_SIZE,
+    )
+
+
+class AccountingService(apb_grpc.AccountingServicer):
+    """Every authenticated user may read every record, as gqueue shows every job."""
+
+    def __init__(self, store: Store, auth: Authenticator, clock: Clock) -> None:
+        self.store = store
+        self.auth = auth
+        self.clock = clock
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=QUERY_THREADS, thread_name_prefix="accounting"
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _list(self, request: apb.JobRecordsRequest, now: float) -> apb.JobRecordsResponse:
+        query = job_query_from_pb(request)
+        jobs = self.store.query_jobs(query)
+        return apb.JobRecordsResponse(
+            jobs=[convert.job_record_to_pb(job, now) for job in jobs], now=now, page_size=query.limit or 0
+        )
+
+    def _usage(self, request: apb.UsageRequest, now: float) -> apb.UsageResponse:
+        start, end = request.start_time, request.end_time
+        if not (math.isfinite(start) and math.isfinite(end)):
+            raise ValidationError("the period's start and end must be finite times")
+        if start >= end:
+            raise ValidationError("the period's start must be before its end")
+        if len(request.users) > MAX_FILTER_VALUES or len(request.accounts) > MAX_FILTER_VALUES:
+            raise ValidationError(f"too many users or accounts: at most {MAX_FILTER_VALUES}")
+        rows = self.store.usage(start, end, now, users=list(request.users), accounts=list(request.accounts))
+        return apb.UsageResponse(
+            rows=[convert.usage_to_pb(row) for row in rows], start_time=start, end_time=end, now=now
+        )
+
+    @mapped_errors
+    async def ListJobRecords(
+        self, request: apb.JobRecordsRequest, context: grpc.aio.ServicerContext
+    ) -> apb.JobRecordsResponse:
+        self.auth.principal(context)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._list, request, self.clock.now())
+
+    @mapped_errors
+    async def GetUsage(self, request: apb.UsageRequest, context: grpc.aio.ServicerContext) -> apb.UsageResponse:
+        self.auth.principal(context)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._usage, request, self.clock.now())

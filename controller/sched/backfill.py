@@ -1,0 +1,174 @@
+"""Reservations: when could a blocked job start, and which GPUs will it take then?
+
+The timeline knows when each busy GPU comes free: a running job's GPUs at its start plus its time limit
+(limits are enforced, so that is the latest they can be busy), a job started in this cycle's GPUs at now
+plus its limit. A reservation found here holds its GPUs from its start to its end, and later reservations
+treat them as busy until that end (conservative: they never slip in before an earlier reservation). GPUs
+busy for a reason the snapshot does not explain (a job the snapshot does not list) never come free.
+
+``earliest_start`` sweeps the release events in time order, rounded up to the resolution, and at each step
+first asks a cheap necessary question (enough nodes with enough GPUs free by then) before running the real
+placement, which is bounded in attempts; the sweep stops at the window's end. These are Slurm's
+bf_resolution, bf_window and (for the number of jobs tested, in cycle.py) bf_max_job_test, as named and
+validated settings rather than file-level globals.
+
+CPUs and host memory are assumed free by a reservation's start: reservations hold GPUs only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from garrison.controller.domain import Allocation
+from garrison.controller.sched.capacity import INFINITY, Capacity
+from garrison.controller.sched.framework import Candidate, Request
+from garrison.controller.sched.placement import Placer
+from garrison.controller.sched.snapshot import RunningJob
+
+# Real placements tried per reservation once the cheap test passes (each costs a scan of the partition).
+MAX_PLACEMENT_ATTEMPTS = 24
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    job_id: int
+    start: float
+    end: float
+    allocation: Allocation
+
+
+class Timeline:
+    def __init__(self, capacity: Capacity, running: Sequence[RunningJob], now: float) -> None:
+        self.capacity = capacity
+        self.now = now
+        # node index -> busy GPU -> when it comes free (INFINITY: unknown)
+        self.free_at: list[dict[int, float]] = [{} for _ in capacity.views]
+        self.events: list[tuple[float, int, tuple[int, ...]]] = []
+        for index, free in enumerate(capacity.free):
+            busy = set(range(capacity.views[index].gpu_count)) - free
+            for gpu in busy:
+                self.free_at[index][gpu] = INFINITY
+        by_time: dict[tuple[float, int], list[int]] = defaultdict(list)
+        for job in running:
+            end = now if job.stopping else max(now, job.expected_end)
+            for node_alloc in job.allocation.nodes:
+                found = capacity.index_of.get(node_alloc.node)
+                if found is None:
+                    continue
+                for gpu in node_alloc.gpus:
+                    if self.free_at[found].get(gpu) == INFINITY:
+                        self.free_at[found][gpu] = end
+                        by_time[(end, found)].append(gpu)
+        self.events = sorted((t, i, tuple(sorted(g))) for (t, i), g in by_time.items())
+        # GPUs usable from now on, per node (free now and not held by a start or reservation)
+        self.usable_now = [len(self._usable_at(i, now)) for i in range(len(capacity.views))]
+
+    def started(self, allocation: Allocation, until: float) -> None:
+        """A job of this cycle started on ``allocation`` now (its GPUs are already out of the capacity's free
+        sets, so the timeline took them for busy with no known end): they come free at ``until``."""
+        for node_alloc in allocation.nodes:
+            index = self.capacity.index_of[node_alloc.node]
+            for gpu in node_alloc.gpus:
+                self.free_at[index][gpu] = until
+            bisect.insort(self.events, (until, index, tuple(node_alloc.gpus)))
+
+    def hold(self, allocation: Allocation, until: float) -> None:
+        """The GPUs of ``allocation`` are busy until ``until`` at least (a start now, or a reservation)."""
+        for node_alloc in allocation.nodes:
+            index = self.capacity.index_of[node_alloc.node]
+            busy = self.free_at[index]
+            for gpu in node_alloc.gpus:
+                before = busy.get(gpu, self.now)
+                if before <= self.now < until:
+                    self.usable_now[index] -= 1
+                busy[gpu] = max(before, until)
+            bisect.insort(self.events, (until, index, tuple(node_alloc.gpus)))
+
+    def _usable_at(self, index: int, when: float) -> set[int]:
+        busy = self.free_at[index]
+        return {g for g in range(self.capacity.views[index].gpu_count) if busy.get(g, self.now) <= when}
+
+    def _candidates_at(self, request: Request, when: float, counts: list[int]) -> Iterator[Candidate]:
+        capacity = self.capacity
+        per_node = request.shape.min_gpus_per_node
+        for index, view in enumerate(capacity.views):
+            if not capacity.ready[index] or request.partition not in view.partitions or counts[index] < per_node:
+                continue
+            match = capacity.matching(index, request.gpu_type, request.gpu_mem_mib)
+            usable = self._usable_at(index, when) & match
+            yield Candidate(
+                index=index,
+                view=view,
+                usable=sorted(usable),
+                capable=len(match),
+                free_cpus=frozenset(range(view.cpus)),
+                free_memory_mb=view.memory_mb,
+            )
+
+    def earliest_start(
+        self, request: Request, placer: Placer, resolution_s: float, window_s: float
+    ) -> tuple[float, Allocation] | None:
+        """The first moment (rounded up to the resolution, within the window) at which the whole job fits,
+        with the allocation it would get then; None if not within the window."""
+        capacity = self.capacity
+        counts = list(self.usable_now)
+        members = [
+            i for i, view in enumerate(capacity.views) if capacity.ready[i] and request.partition in view.partitions
+        ]
+        if not members:
+            return None
+        member_set = set(members)
+        histogram = [0] * (capacity.max_gpus + 1)
+        for i in members:
+            histogram[counts[i]] += 1
+        shape = request.shape
+        per_node = shape.min_gpus_per_node
+
+        def might_fit() -> bool:
+            if shape.node_count is None:
+                return sum(k * histogram[k] for k in range(1, len(histogram))) >= shape.total_gpus
+            return sum(histogram[k] for k in range(per_node, len(histogram))) >= shape.node_count
+
+        horizon = self.now + window_s
+        attempts = 0
+
+        def try_at(step: float) -> Allocation | None:
+            nonlocal attempts
+            attempts += 1
+            candidates = sorted(self._candidates_at(request, step, counts), key=lambda c: (len(c.usable), c.index))
+            return placer.place(request, lambda _r: candidates)
+
+        # Now first: GPUs of jobs being stopped count as free from now on, so the job may fit as soon as
+        # they are (it could not start yet because they are still held).
+        if might_fit():
+            allocation = try_at(self.now)
+            if allocation is not None:
+                return self.now, allocation
+        position = bisect.bisect_right(self.events, (self.now, math.inf, ()))
+        while position < len(self.events) and attempts < MAX_PLACEMENT_ATTEMPTS:
+            # Every release up to the next resolution step counts at that step.
+            first = self.events[position][0]
+            step = self.now + math.ceil((first - self.now) / resolution_s) * resolution_s if resolution_s > 0 else first
+            if step > horizon:
+                return None
+            while position < len(self.events) and self.events[position][0] <= step:
+                when, index, gpus = self.events[position]
+                position += 1
+                if index not in member_set:
+                    continue
+                busy = self.free_at[index]
+                released = sum(1 for g in gpus if busy.get(g) == when)
+                if released:
+                    histogram[counts[index]] -= 1
+                    counts[index] = min(capacity.views[index].gpu_count, counts[index] + released)
+                    histogram[counts[index]] += 1
+            if might_fit():
+                allocation = try_at(step)
+                if allocation is not None:
+                    return step, allocation
+        return None
+        return None

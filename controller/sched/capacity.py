@@ -1,0 +1,146 @@
+"""The cluster's free resources during one cycle, indexed so that a 1,000-node cluster costs little per job.
+
+Built once per cycle from the snapshot's node views, then changed as the cycle decides: ``take`` removes
+what a start uses, ``reserve`` marks GPUs a blocked job will get at a future time. For every partition the
+ready nodes are bucketed by their number of free GPUs, which gives two things cheaply:
+
+- ``might_fit``: a necessary condition (enough nodes with enough free GPUs, enough free GPUs in all) that
+  rejects most jobs of a deep queue in constant time, before any node is looked at;
+- ``stream``: candidate nodes in best-fit order (fewest free GPUs first) for the placer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from garrison.controller.domain import Allocation
+from garrison.controller.sched.framework import Candidate, Request
+from garrison.controller.sched.placement import matching_gpus
+from garrison.controller.sched.snapshot import NodeView
+
+INFINITY = float("inf")
+
+
+class Capacity:
+    def __init__(self, nodes: Sequence[NodeView]) -> None:
+        # Topology order, then name: node indices double as rank order for gangs (placement.py).
+        self.views: tuple[NodeView, ...] = tuple(sorted(nodes, key=lambda v: (v.switches, v.name)))
+        self.index_of = {v.name: i for i, v in enumerate(self.views)}
+        self.free: list[set[int]] = [set(v.free_gpus) for v in self.views]
+        self.free_cpus: list[frozenset[int]] = [v.free_cpus for v in self.views]
+        self.free_memory: list[int] = [v.free_memory_mb for v in self.views]
+        self.ready: list[bool] = [v.schedulable and not v.drained for v in self.views]
+        # node index -> GPU -> (start, job id) of the earliest reservation that holds it
+        self.reserved: dict[int, dict[int, tuple[float, int]]] = {}
+        self.max_gpus = max((v.gpu_count for v in self.views), default=0)
+        self.buckets: dict[str, list[set[int]]] = {}
+        for i, view in enumerate(self.views):
+            if not self.ready[i]:
+                continue
+            for part in view.partitions:
+                self._bucket(part)[len(self.free[i])].add(i)
+        self._matching: dict[tuple[int, str | None, int], frozenset[int]] = {}
+        self.version = 0  # bumped by every take and reserve, so callers can cache answers between changes
+
+    def _bucket(self, partition: str) -> list[set[int]]:
+        found = self.buckets.get(partition)
+        if found is None:
+            found = [set() for _ in range(self.max_gpus + 1)]
+            self.buckets[partition] = found
+        return found
+
+    def matching(self, index: int, gpu_type: str | None, gpu_mem_mib: int) -> frozenset[int]:
+        key = (index, gpu_type, gpu_mem_mib)
+        found = self._matching.get(key)
+        if found is None:
+            found = matching_gpus(self.views[index], gpu_type, gpu_mem_mib)
+            self._matching[key] = found
+        return found
+
+    # -- questions ------------------------------------------------------------------------------------
+
+    def might_fit(self, request: Request) -> bool:
+        """False only if the job cannot possibly start now (GPU counts alone); True means: look closer."""
+        buckets = self.buckets.get(request.partition)
+        if buckets is None:
+            return False
+        shape = request.shape
+        if shape.node_count is None:
+            if any(buckets[k] for k in range(shape.total_gpus, len(buckets))):
+                return True  # one node has them all
+            return sum(k * len(buckets[k]) for k in range(1, len(buckets))) >= shape.total_gpus
+        nodes = sum(len(buckets[k]) for k in range(shape.min_gpus_per_node, len(buckets)))
+        return nodes >= shape.node_count
+
+    def candidate(self, request: Request, index: int, end_time: float) -> Candidate:
+        """What node ``index`` offers a job that would run until ``end_time`` if it started now."""
+        view = self.views[index]
+        match = self.matching(index, request.gpu_type, request.gpu_mem_mib)
+        free = self.free[index]
+        usable = free if len(match) == view.gpu_count else free & match
+        reserved = self.reserved.get(index)
+        if reserved:
+            usable = {g for g in usable if g not in reserved or reserved[g][0] >= end_time}
+        return Candidate(
+            index=index,
+            view=view,
+            usable=sorted(usable),
+            capable=len(match),
+            free_cpus=self.free_cpus[index],
+            free_memory_mb=self.free_memory[index],
+        )
+
+    def stream(self, request: Request, end_time: float) -> Iterator[Candidate]:
+        """Ready nodes of the job's partition with enough free GPUs, fewest free first (best fit)."""
+        buckets = self.buckets.get(request.partition)
+        if buckets is None:
+            return
+        for k in range(request.shape.min_gpus_per_node, len(buckets)):
+            for index in sorted(buckets[k]):
+                yield self.candidate(request, index, end_time)
+
+    def all_candidates(self, request: Request, end_time: float) -> Iterator[Candidate]:
+        """Every node, ready or not, in node order (for telling why a job could never run)."""
+        for index in range(len(self.views)):
+            yield self.candidate(request, index, end_time)
+
+    # -- changes --------------------------------------------------------------------------------------
+
+    def take(self, allocation: Allocation) -> None:
+        self.version += 1
+        for node_alloc in allocation.nodes:
+            index = self.index_of[node_alloc.node]
+            before = len(self.free[index])
+            self.free[index] -= set(node_alloc.gpus)
+            if node_alloc.cpus:
+                self.free_cpus[index] = self.free_cpus[index] - set(node_alloc.cpus)
+            self.free_memory[index] -= node_alloc.mem_mb
+            after = len(self.free[index])
+            if self.ready[index] and after != before:
+                for part in self.views[index].partitions:
+                    bucket = self._bucket(part)
+                    bucket[before].discard(index)
+                    bucket[after].add(index)
+
+    def reserve(self, allocation: Allocation, start: float, job_id: int) -> None:
+        """From ``start`` on, the GPUs of ``allocation`` belong to job ``job_id``: a job started now may
+        use them only if it ends by then."""
+        self.version += 1
+        for node_alloc in allocation.nodes:
+            held = self.reserved.setdefault(self.index_of[node_alloc.node], {})
+            for gpu in node_alloc.gpus:
+                if gpu not in held or start < held[gpu][0]:
+                    held[gpu] = (start, job_id)
+
+    def reservation_on(self, allocation: Allocation) -> tuple[float, int] | None:
+        """(start, job id) of the earliest reservation on any GPU of ``allocation``; None if none."""
+        earliest: tuple[float, int] | None = None
+        for node_alloc in allocation.nodes:
+            held = self.reserved.get(self.index_of[node_alloc.node])
+            if not held:
+                continue
+            for gpu in node_alloc.gpus:
+                found = held.get(gpu)
+                if found is not None and (earliest is None or found < earliest):
+                    earliest = found
+        return earliest

@@ -1,0 +1,45 @@
+"""`--signal [R:|B:]SIG@SECS`, as in Slurm: which signal a job wants before its time limit (and before
+preemption), and how many seconds ahead. Pure parsing, shared by the controller and its tests."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+MAX_WARNING_S = 65535  # Slurm's limit for the lead time
+DEFAULT_WARNING_SIGNAL = signal.SIGUSR1
+
+
+@dataclass(frozen=True, slots=True)
+class SignalRequest:
+    signum: int
+    seconds: int
+
+
+def parse_signal_request(text: str) -> SignalRequest:
+    """"USR1@90", "SIGUSR2@60", "B:USR1@30", "10@5" -> SignalRequest. ValueError with one line otherwise.
+
+    The R: (reservation) and B: (batch shell only) prefixes are accepted for Slurm scripts' sake; Garrison
+    always signals every rank's process group, which is what B: scripts and step scripts both need.
+    """
+    spec = text.strip()
+    for prefix in ("R:", "B:", "RB:", "BR:"):
+        if spec.upper().startswith(prefix):
+            spec = spec[len(prefix) :]
+            break
+    name, at, secs = spec.partition("@")
+    if not at:
+        secs = "60"  # Slurm's default lead time
+    if not secs.isdigit() or not 0 < int(secs) <= MAX_WARNING_S:
+        raise ValueError(f"--signal: lead time must be 1-{MAX_WARNING_S} seconds, got {text!r}")
+    name = name.strip().upper()
+    if name.isdigit():
+        number = int(name)
+    else:
+        try:
+            number = int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+        except KeyError:
+            raise ValueError(f"--signal: unknown signal {name!r}") from None
+    if number in (signal.SIGKILL, signal.SIGSTOP) or not 0 < number < signal.NSIG:
+        raise ValueError(f"--signal: signal {number} cannot be used as a warning")
+    return SignalRequest(number, int(secs))

@@ -1,0 +1,341 @@
+"""The discrete-event replay: a virtual cluster, a virtual clock, and the production scheduler.
+
+Events are job arrivals and job ends. At each event time the replay applies the events (ends first, so
+their GPUs are free for the jobs that arrive at the same moment), builds a snapshot of the virtual cluster,
+calls the scheduling core, and applies the plan the way the controller does (ClusterState.start_attempts):
+a start is accepted only if the job is still pending and all its GPUs are still free.
+
+Time between events is skipped: nothing changes then. A cycle is also skipped when it could not start
+anything whatever the policy: no job pending, or no GPU free (with preemption off). Every other event
+runs one cycle, as the daemon's scheduler does when it is woken by a submission or a finished job.
+
+Jobs run for their true duration, which the scheduler never sees; only their time limit is in the spec.
+A job still running at its time limit is stopped there (TIMEOUT), as the controller's timer would; that
+only happens when a gang slowdown stretches a job past its limit, or a trace gives a limit below the
+duration.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from garrison.controller.clock import ManualClock
+from garrison.controller.domain import Allocation
+from garrison.controller.sched.cycle import schedule
+from garrison.controller.sim.cluster import SimCluster
+from garrison.controller.sim.metrics import ContentionTracker, JobOutcome, ReplayResult
+from garrison.controller.sim.policies import Policy, SnapshotBuilder, plan_preemptions, plan_starts
+from garrison.controller.sim.trace import TraceError, TraceJob
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    """Knobs applied to every policy alike.
+
+    gang_slowdown: a gang spread over more nodes than it needs runs (1 + gang_slowdown) times longer, and
+        again (1 + gang_slowdown) times longer if it also spans more switches than it needs; 0 disables.
+    checkpoint_interval_s, restart_cost_s: what a preemption costs (preemption itself is a policy setting,
+        see policies.load_policy). A preempted job loses the work since its last checkpoint (every
+        checkpoint_interval_s of progress; 0: it checkpoints when warned) and pays restart_cost_s when it
+        restarts.
+    """
+
+    gang_slowdown: float = 0.0
+    checkpoint_interval_s: float = 3600.0
+    restart_cost_s: float = 300.0
+
+
+@dataclass(slots=True)
+class _Job:
+    job_id: int
+    trace: TraceJob
+    account: str
+    remaining_s: float  # true work still to do (grows by the restart cost after a preemption)
+    first_start: float | None = None
+    end: float | None = None
+    attempt: int = 0
+    allocation: Allocation | None = None
+    run_start: float = 0.0
+    slowdown: float = 1.0
+    preemptions: int = 0
+    timed_out: bool = False
+    stopping: bool = False  # being preempted: warned, GPUs held until the grace period ends
+
+
+_END = 0
+_PREEMPTED = 1
+
+
+class Replay:
+    """One policy's replay of one job list on one cluster. ``run`` may be called once."""
+
+    def __init__(
+        self, cluster: SimCluster, jobs: Sequence[TraceJob], policy: Policy, options: ReplayOptions | None = None
+    ) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.options = options or ReplayOptions()
+        # Scheduler job ids follow arrival order, as the controller's ids follow submission order.
+        in_order = sorted(jobs, key=lambda t: t.submit_s)
+        default_account = policy.accounting.default_account
+        self.jobs = [
+            _Job(job_id=i + 1, trace=t, account=t.account or default_account, remaining_s=t.duration_s)
+            for i, t in enumerate(in_order)
+        ]
+        self.clock = ManualClock(in_order[0].submit_s if in_order else 0.0)
+        self.builder = SnapshotBuilder(cluster, policy, self.clock.now())
+        self.free = {n.name: set(range(n.gpu_count)) for n in cluster.nodes}
+        self.switch_of = {n.name: n.switch for n in cluster.nodes}
+        self.free_count = cluster.total_gpus
+        self.pending: set[int] = set()
+        self.running: dict[int, _Job] = {}
+        self.events: list[tuple[float, int, int, int, int]] = []  # (time, kind, seq, job id, attempt)
+        self._seq = 0
+        self.tracker = ContentionTracker(cluster.total_gpus)
+        self.start_order: list[int] = []
+        self.preemptions = 0
+        self.lost_gpu_s = 0.0
+        self.busy_gpu_s = 0.0
+        self.cycles = 0
+        self.rejected_starts = 0
+        self.times: list[float] = []
+        self.queue_length: list[int] = []
+        self.busy_gpus: list[int] = []
+
+    # ---------------------------------------------------------------------------------------------
+
+    def run(self) -> ReplayResult:
+        wall_start = time.perf_counter()
+        arrivals = self.jobs
+        next_arrival = 0
+        last = self.clock.now()
+        while next_arrival < len(arrivals) or self.events:
+            upcoming = [arrivals[next_arrival].trace.submit_s] if next_arrival < len(arrivals) else []
+            if self.events:
+                upcoming.append(self.events[0][0])
+            now = min(upcoming)
+            self.busy_gpu_s += (self.cluster.total_gpus - self.free_count) * (now - last)
+            self.tracker.advance(now)
+            self.clock.advance(now - self.clock.now())
+            self.builder.charge(now)  # usage of what ran until now, before anything ends or starts
+            last = now
+            while self.events and self.events[0][0] <= now:
+                _, kind, _, job_id, attempt = heapq.heappop(self.events)
+                if kind == _END:
+                    self._end(self.jobs[job_id - 1], attempt, now)
+                else:
+                    self._preempted(self.jobs[job_id - 1], attempt, now)
+            while next_arrival < len(arrivals) and arrivals[next_arrival].trace.submit_s <= now:
+                self._arrive(arrivals[next_arrival], now)
+                next_arrival += 1
+            self._cycle(now)
+            self._record(now)
+        # Jobs still pending here would wait forever: the policy never started them ("unfinished").
+        return ReplayResult(
+            policy=self.policy.name,
+            total_gpus=self.cluster.total_gpus,
+            jobs=[
+                JobOutcome(
+                    job_id=j.job_id,
+                    trace_id=j.trace.job_id,
+                    account=j.account,
+                    gpus=j.trace.gpus,
+                    submit=j.trace.submit_s,
+                    first_start=j.first_start,
+                    end=j.end,
+                    preemptions=j.preemptions,
+                    timed_out=j.timed_out,
+                )
+                for j in self.jobs
+            ],
+            start_order=self.start_order,
+            times=self.times,
+            queue_length=self.queue_length,
+            busy_gpus=self.busy_gpus,
+            busy_gpu_s=self.busy_gpu_s,
+            fairness=self.tracker.fairness(),
+            account_share_ratios=self.tracker.share_ratios(),
+            preemptions=self.preemptions,
+            gpu_hours_lost=self.lost_gpu_s / 3600.0,
+            cycles=self.cycles,
+            rejected_starts=self.rejected_starts,
+            wall_s=time.perf_counter() - wall_start,
+        )
+
+    # ---------------------------------------------------------------------------------------------
+
+    def _record(self, now: float) -> None:
+        busy = self.cluster.total_gpus - self.free_count
+        if self.times and self.times[-1] == now:
+            self.queue_length[-1] = len(self.pending)
+            self.busy_gpus[-1] = busy
+            return
+        self.times.append(now)
+        self.queue_length.append(len(self.pending))
+        self.busy_gpus.append(busy)
+
+    def _arrive(self, job: _Job, now: float) -> None:
+        self.pending.add(job.job_id)
+        self.builder.job_arrived(job.job_id, job.trace, job.trace.submit_s)
+        self.tracker.change(job.account, demand=job.trace.gpus, waiting=1)
+
+    def _cycle(self, now: float) -> None:
+        preempting = self.policy.config.preemption
+        if not self.pending or (self.free_count == 0 and not preempting):
+            return
+        if preempting:
+            self._report_checkpoints(now)
+        plan = schedule(self.builder.build(), now, self.policy.config)
+        self.cycles += 1
+        # As the engine applies a plan: starts first (re-checked), then preemptions.
+        for job_id, allocation in plan_starts(plan):
+            self._start(job_id, allocation, now)
+        for job_id, attempt, grace_s in plan_preemptions(plan):
+            job = self.running.get(job_id)
+            if job is not None and job.attempt == attempt and not job.stopping:
+                self._begin_preemption(job, now, grace_s)
+
+    def _allocation_free(self, allocation: Allocation) -> bool:
+        for node_alloc in allocation.nodes:
+            free = self.free.get(node_alloc.node)
+            if free is None or any(g not in free for g in node_alloc.gpus):
+                return False
+        return True
+
+    def _slowdown(self, job: _Job, allocation: Allocation) -> float:
+        factor = self.options.gang_slowdown
+        if factor <= 0:
+            return 1.0
+        nodes_needed = math.ceil(job.trace.gpus / self.cluster.max_gpus_per_node)
+        switches_needed = math.ceil(nodes_needed / self.cluster.nodes_per_switch)
+        slowdown = 1.0
+        if len(allocation.nodes) > nodes_needed:
+            slowdown *= 1.0 + factor
+        if len({self.switch_of[n.node] for n in allocation.nodes}) > switches_needed:
+            slowdown *= 1.0 + factor
+        return slowdown
+
+    def _start(self, job_id: int, allocation: Allocation, now: float) -> None:
+        # The controller's re-check (ClusterState.start_attempts): still pending, GPUs still free. The
+        # simulator's snapshot is never stale, so a refused start means the plan itself was inconsistent.
+        if job_id not in self.pending or not self._allocation_free(allocation):
+            self.rejected_starts += 1
+            return
+        job = self.jobs[job_id - 1]
+        for node_alloc in allocation.nodes:
+            free = self.free[node_alloc.node]
+            free.difference_update(node_alloc.gpus)
+            self.builder.set_free(node_alloc.node, frozenset(free))
+        gpus = allocation.gpu_count()
+        self.free_count -= gpus
+        self.pending.discard(job_id)
+        self.running[job_id] = job
+        self.builder.job_started(job_id, job.attempt, allocation, now)
+        self.tracker.change(job.account, held=gpus, waiting=-1)
+        if job.first_start is None:
+            job.first_start = now
+            self.start_order.append(job_id)
+        job.allocation = allocation
+        job.run_start = now
+        job.slowdown = self._slowdown(job, allocation)
+        run_time = job.remaining_s * job.slowdown
+        limit = job.trace.time_limit_s
+        if limit is not None and run_time > limit:
+            run_time = float(limit)
+            job.timed_out = True
+        self._seq += 1
+        heapq.heappush(self.events, (now + run_time, _END, self._seq, job_id, job.attempt))
+
+    def _release(self, job: _Job) -> None:
+        assert job.allocation is not None
+        for node_alloc in job.allocation.nodes:
+            free = self.free[node_alloc.node]
+            free.update(node_alloc.gpus)
+            self.builder.set_free(node_alloc.node, frozenset(free))
+        gpus = job.allocation.gpu_count()
+        self.free_count += gpus
+        del self.running[job.job_id]
+        job.allocation = None
+
+    def _end(self, job: _Job, attempt: int, now: float) -> None:
+        if attempt != job.attempt or job.job_id not in self.running:
+            return  # the end of an attempt that was preempted
+        assert job.allocation is not None
+        gpus = job.allocation.gpu_count()
+        self._release(job)
+        job.end = now
+        job.remaining_s = 0.0
+        job.stopping = False
+        self.builder.job_ended(job.job_id)
+        self.tracker.change(job.account, demand=-job.trace.gpus, held=-gpus)
+
+    # -- preemption ----------------------------------------------------------------------------------
+
+    def _last_checkpoint(self, job: _Job, now: float) -> float | None:
+        """When the job last saved its work: every checkpoint_interval_s of progress (None: not yet)."""
+        interval = self.options.checkpoint_interval_s
+        if interval <= 0:
+            return None
+        saved = math.floor((now - job.run_start) / job.slowdown / interval) * interval
+        return job.run_start + saved * job.slowdown if saved > 0 else None
+
+    def _report_checkpoints(self, now: float) -> None:
+        """What the jobs would have told the controller (gcheckpoint), so the victim chooser sees lost work."""
+        for job in self.running.values():
+            when = self._last_checkpoint(job, now)
+            if when is not None:
+                self.builder.job_checkpointed(job.job_id, when)
+
+    def _begin_preemption(self, job: _Job, now: float, grace_s: float) -> None:
+        """The controller warns the job and stops it after the grace period; its GPUs stay busy until then."""
+        job.stopping = True
+        self.builder.job_stopping(job.job_id)
+        self._seq += 1
+        heapq.heappush(self.events, (now + grace_s, _PREEMPTED, self._seq, job.job_id, job.attempt))
+
+    def _preempted(self, job: _Job, attempt: int, now: float) -> None:
+        """The grace period is over: stop the job and requeue it. It keeps the work up to its last
+        checkpoint (all of it with checkpoint_interval_s 0: it checkpointed when warned) and pays the
+        restart cost when it runs again. (A job whose work ended during the grace period completed.)"""
+        if attempt != job.attempt or job.job_id not in self.running:
+            return
+        assert job.allocation is not None
+        gpus = job.allocation.gpu_count()
+        progress = (now - job.run_start) / job.slowdown
+        interval = self.options.checkpoint_interval_s
+        kept = math.floor(progress / interval) * interval if interval > 0 else progress
+        lost = progress - kept + self.options.restart_cost_s
+        self.lost_gpu_s += lost * gpus
+        job.remaining_s = max(job.remaining_s - kept, 0.0) + self.options.restart_cost_s
+        job.preemptions += 1
+        job.attempt += 1
+        job.stopping = False
+        job.timed_out = False
+        self.preemptions += 1
+        self._release(job)
+        self.builder.job_ended(job.job_id)
+        self.tracker.change(job.account, held=-gpus, waiting=1)
+        self.pending.add(job.job_id)
+        # Requeued with its original submission time, as the controller keeps it.
+        self.builder.job_arrived(job.job_id, job.trace, job.trace.submit_s)
+
+
+def check_fits(cluster: SimCluster, jobs: Sequence[TraceJob], source: str) -> None:
+    """Refuse, before any replay, a job that no state of the cluster could run (the daemon refuses it at
+    submission): it would wait forever and hold back every policy alike."""
+    for job in jobs:
+        if job.gpus > cluster.total_gpus:
+            raise TraceError(
+                f"{source}, line {job.line}: job {job.job_id} asks for {job.gpus} GPUs; "
+                f"the cluster has {cluster.total_gpus}"
+            )
+
+
+def replay(
+    cluster: SimCluster, jobs: Sequence[TraceJob], policy: Policy, options: ReplayOptions | None = None
+) -> ReplayResult:
+    return Replay(cluster, jobs, policy, options).run()

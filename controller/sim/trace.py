@@ -1,0 +1,249 @@
+"""Job traces: reading CSV files, checking every row, and drawing what a trace lacks.
+
+The ElasticFlow format (``job_id,submission_time,duration,num_gpu``; seconds) is recognised by its header.
+Any other CSV is read through a ``ColumnMapping`` that names the columns holding the arrival time, the
+duration and the GPU count, and optionally the job id, user, account, QoS and time limit. A malformed row
+stops the whole read with ``TraceError`` naming the file, the line and the column: a replay never starts on
+half a trace.
+
+Traces rarely say who submitted a job or what time limit was asked for, yet fair share needs accounts and
+backfill needs limits. ``complete_jobs`` fills both in deterministically from a seed, before any policy
+runs, so every policy replays exactly the same jobs.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from garrison.config import ConfigError, parse_duration
+
+ELASTICFLOW_COLUMNS = ("job_id", "submission_time", "duration", "num_gpu")
+
+# Time limits users typically ask for, in hours: a drawn limit is rounded up to the next of these (and
+# past the last one, to whole multiples of it), like users who round to "an hour", "a day", "three days".
+COMMON_LIMITS_H = (1, 4, 24, 72, 168, 336)
+
+
+class TraceError(ValueError):
+    """A trace problem, in one line naming the file, the line and the column."""
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnMapping:
+    """Which CSV column holds which field. Times and durations are in seconds; a time limit may also be a
+    Slurm duration such as ``4:00:00`` or ``1-00:00:00``."""
+
+    arrival: str
+    duration: str
+    gpus: str
+    job_id: str | None = None
+    user: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str | None = None
+
+    FIELDS = ("arrival", "duration", "gpus", "job_id", "user", "account", "qos", "time_limit")
+
+    @classmethod
+    def parse(cls, text: str) -> ColumnMapping:
+        """``arrival=submit,duration=run,gpus=ngpu[,user=..,account=..,qos=..,time_limit=..,job_id=..]``."""
+        values: dict[str, str] = {}
+        for item in text.split(","):
+            key, sep, column = (part.strip() for part in item.partition("="))
+            if not sep or not key or not column:
+                raise TraceError(f"column mapping: expected FIELD=COLUMN, got {item.strip()!r}")
+            if key not in cls.FIELDS:
+                raise TraceError(f"column mapping: unknown field {key!r} (known: {', '.join(cls.FIELDS)})")
+            if key in values:
+                raise TraceError(f"column mapping: field {key!r} given twice")
+            values[key] = column
+        missing = [f for f in ("arrival", "duration", "gpus") if f not in values]
+        if missing:
+            raise TraceError(f"column mapping: missing {', '.join(missing)}")
+        return cls(**values)
+
+
+ELASTICFLOW = ColumnMapping(arrival="submission_time", duration="duration", gpus="num_gpu", job_id="job_id")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """One job of a trace. ``duration_s`` is the true run time: the replay uses it to end the job, and no
+    scheduling policy ever sees it."""
+
+    job_id: str
+    line: int  # line of the trace file, for messages
+    submit_s: float
+    duration_s: float
+    gpus: int
+    user: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit_s: int | None = None
+
+
+def _number(text: str, where: str, column: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(f"{where}, column {column!r}: expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise TraceError(f"{where}, column {column!r}: expected a non-negative number, got {text!r}")
+    return value
+
+
+def _gpu_count(text: str, where: str, column: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value.is_integer() or value < 1:
+        raise TraceError(f"{where}, column {column!r}: expected a whole number of GPUs (1 or more), got {text!r}")
+    return int(value)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def _time_limit(text: str, where: str, column: str) -> int | None:
+    stripped = text.strip()
+    if not stripped:
+        return None
+    try:
+        # A bare number is seconds (trace convention), not Slurm's minutes; anything else is a Slurm duration.
+        seconds = int(math.ceil(float(stripped))) if _is_number(stripped) else parse_duration(stripped, where)
+    except ConfigError:
+        raise TraceError(
+            f"{where}, column {column!r}: expected seconds or a duration like 4:00:00, got {text!r}"
+        ) from None
+    if seconds <= 0:
+        raise TraceError(f"{where}, column {column!r}: a time limit must be positive, got {text!r}")
+    return seconds
+
+
+def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[TraceJob]:
+    """Every job of the CSV at ``path`` in arrival order (ties keep file order), or TraceError."""
+    path = Path(path)
+    try:
+        handle = path.open(newline="", encoding="utf-8")
+    except OSError as err:
+        raise TraceError(f"{path}: cannot read trace: {err.strerror or err}") from None
+    with handle:
+        reader = csv.reader(handle)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise TraceError(f"{path}: the trace is empty") from None
+        except (csv.Error, UnicodeDecodeError) as err:
+            raise TraceError(f"{path}, line 1: unreadable CSV header: {err}") from None
+        if mapping is None:
+            if not set(ELASTICFLOW_COLUMNS) <= set(header):
+                raise TraceError(
+                    f"{path}, line 1: not the ElasticFlow format ({','.join(ELASTICFLOW_COLUMNS)}); header is "
+                    f"{','.join(header)!r}: give a column mapping (--columns arrival=...,duration=...,gpus=...)"
+                )
+            mapping = ELASTICFLOW
+        index: dict[str, int] = {}
+        for field in ColumnMapping.FIELDS:
+            column = getattr(mapping, field)
+            if column is None:
+                continue
+            if column not in header:
+                raise TraceError(f"{path}, line 1: no column {column!r} (for {field}) in the header")
+            index[field] = header.index(column)
+        jobs: list[TraceJob] = []
+        try:
+            for row in reader:
+                line = reader.line_num
+                if not row or all(not cell.strip() for cell in row):
+                    continue
+                where = f"{path}, line {line}"
+                if len(row) != len(header):
+                    raise TraceError(f"{where}: {len(row)} columns, the header has {len(header)}")
+
+                def cell(field: str, row: Sequence[str] = row) -> str | None:
+                    return row[index[field]].strip() if field in index else None
+
+                job_id = cell("job_id") or str(len(jobs) + 1)
+                jobs.append(
+                    TraceJob(
+                        job_id=job_id,
+                        line=line,
+                        submit_s=_number(cell("arrival") or "", where, mapping.arrival),
+                        duration_s=_number(cell("duration") or "", where, mapping.duration),
+                        gpus=_gpu_count(cell("gpus") or "", where, mapping.gpus),
+                        user=cell("user") or None,
+                        account=cell("account") or None,
+                        qos=cell("qos") or None,
+                        time_limit_s=(
+                            _time_limit(cell("time_limit") or "", where, mapping.time_limit)
+                            if mapping.time_limit
+                            else None
+                        ),
+                    )
+                )
+        except (csv.Error, UnicodeDecodeError) as err:
+            raise TraceError(f"{path}, line {reader.line_num}: unreadable CSV: {err}") from None
+    if not jobs:
+        raise TraceError(f"{path}: the trace has a header but no jobs")
+    jobs.sort(key=lambda j: j.submit_s)  # stable: simultaneous arrivals keep file order
+    return jobs
+
+
+def round_up_limit(seconds: float) -> int:
+    """The smallest common limit (COMMON_LIMITS_H) at least ``seconds`` long; multiples of the last past it."""
+    for hours in COMMON_LIMITS_H:
+        if seconds <= hours * 3600:
+            return hours * 3600
+    step = COMMON_LIMITS_H[-1] * 3600
+    return int(math.ceil(seconds / step)) * step
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionModel:
+    """How ``complete_jobs`` draws what a trace lacks.
+
+    Users overestimate run times: the asked limit is the true duration times a log-normal factor (median
+    ``overestimate_median``, spread ``overestimate_sigma``; never below 1, so no job outlives its limit
+    unless a gang slowdown stretches it), rounded up to a common limit. Jobs without an account get one of
+    ``accounts`` accounts with Zipf-skewed popularity (account k gets weight 1/(k+1)), because real
+    clusters have a few heavy accounts and many light ones, and that is where fair share matters.
+    """
+
+    seed: int = 0
+    accounts: int = 4
+    overestimate_median: float = 2.0
+    overestimate_sigma: float = 0.8
+
+
+def complete_jobs(jobs: Sequence[TraceJob], model: CompletionModel) -> list[TraceJob]:
+    """The jobs with every missing account, user and time limit drawn (seeded, in trace order)."""
+    if model.accounts < 1:
+        raise TraceError("the number of accounts must be at least 1")
+    # Separate streams: changing the number of accounts does not change anyone's time limit.
+    account_rng = random.Random(f"gsim-accounts:{model.seed}")
+    limit_rng = random.Random(f"gsim-limits:{model.seed}")
+    names = [f"acct{k}" for k in range(model.accounts)]
+    weights = [1.0 / (k + 1) for k in range(model.accounts)]
+    mu = math.log(model.overestimate_median)
+    out: list[TraceJob] = []
+    for job in jobs:
+        account = job.account
+        if account is None:
+            account = account_rng.choices(names, weights)[0]
+        user = job.user or f"{account}-user"
+        limit = job.time_limit_s
+        if limit is None:
+            factor = max(1.0, limit_rng.lognormvariate(mu, model.overestimate_sigma))
+            limit = round_up_limit(max(job.duration_s * factor, 1.0))
+        out.append(replace(job, account=account, user=user, time_limit_s=limit))
+    return out

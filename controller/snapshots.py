@@ -1,0 +1,175 @@
+"""Building the scheduling core's Snapshot from ClusterState's memory, cheaply, every cycle.
+
+Pending jobs' views are kept up to date as jobs change: ClusterState reports every job change it writes
+through to the store to its job observers, and this cache is one of them, so a cycle over 10,000 pending
+jobs copies a dict instead of visiting every job. (The engine's in-memory-only update of a pending job's
+reason is not reported, and needs not be: the reason is not part of the view.) Node and running-job views
+are cached against the objects they came from and rebuilt only when those change. Nothing here reads the
+store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from garrison.controller.accounts import Accounting
+from garrison.controller.domain import Job, JobState, Node, NodeState
+from garrison.controller.sched.snapshot import (
+    EMPTY_ACCOUNTING,
+    NodeView,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+    UsageView,
+    parse_cpu_list,
+)
+
+if TYPE_CHECKING:
+    from garrison.controller.state import ClusterState, LiveAttempt
+
+
+class SnapshotCache:
+    def __init__(self) -> None:
+        self._pending: dict[int, PendingJob] | None = None  # None until the first build reads every job
+        self._nodes: dict[str, tuple[tuple[object, ...], NodeView]] = {}
+        self._gpu_cpus: dict[str, tuple[object, tuple[frozenset[int], ...]]] = {}
+        self._running: dict[tuple[int, int], tuple[tuple[object, ...], RunningJob]] = {}
+
+    def build(
+        self,
+        state: ClusterState,
+        accounting: Accounting = EMPTY_ACCOUNTING,
+        usage: Mapping[tuple[str, str], UsageView] | None = None,
+        switches: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> Snapshot:
+        running = self._running_jobs(state)
+        used_cpus: dict[str, set[int]] = {}
+        used_memory: dict[str, int] = {}
+        for live in state.live.values():
+            for node_alloc in live.allocation.nodes:
+                if node_alloc.node not in live.pending_nodes:
+                    continue
+                if node_alloc.cpus:
+                    used_cpus.setdefault(node_alloc.node, set()).update(node_alloc.cpus)
+                if node_alloc.mem_mb:
+                    used_memory[node_alloc.node] = used_memory.get(node_alloc.node, 0) + node_alloc.mem_mb
+        nodes = tuple(
+            self._node_view(state, node, frozenset(used_cpus.get(node.name, ())), used_memory.get(node.name, 0),
+                            (switches or {}).get(node.name, ()))
+            for node in state.nodes.values()
+        )
+        if self._pending is None:
+            self._pending = {}
+            for job in state.jobs.values():
+                self.job_changed(None, job)
+        views = self._pending
+        pending = list(views.values())
+        held = [job_id for job_id in state.held if job_id in views]
+        if held:
+            patched = dict(views)
+            for job_id in held:
+                patched[job_id] = replace(views[job_id], held=True)
+            pending = list(patched.values())
+        return Snapshot(
+            nodes=nodes,
+            pending=tuple(pending),
+            running=running,
+            accounting=accounting,
+            usage=usage if usage is not None else {},
+        )
+
+    def job_changed(self, before: Job | None, job: Job) -> None:
+        """ClusterState's job observer: keep the pending views in step with the jobs."""
+        if self._pending is None:
+            return  # the first build reads every job
+        if job.state != JobState.PENDING:
+            self._pending.pop(job.job_id, None)
+            return
+        self._pending[job.job_id] = PendingJob(
+            job_id=job.job_id,
+            spec=job.spec,
+            partition=job.partition,
+            submit_time=job.submit_time,
+            priority=job.priority,
+            array_job_id=job.array_job_id,
+            user=job.user,
+            account=job.account,
+            qos=job.spec.qos or "",
+            time_limit_s=job.time_limit_s,
+        )
+
+    def _node_view(
+        self, state: ClusterState, node: Node, used_cpus: frozenset[int], used_memory: int, switches: tuple[str, ...]
+    ) -> NodeView:
+        owned = frozenset(state.gpu_owner.get(node.name, ()))
+        connected = node.name in state.connected
+        partitions = state.node_partitions.get(node.name, frozenset())
+        key = (node, connected, partitions, owned, used_cpus, used_memory, switches)
+        found = self._nodes.get(node.name)
+        if found is not None and found[0][0] is node and found[0][1:] == key[1:]:
+            return found[1]
+        inventory = node.inventory
+        free = frozenset(g.index for g in inventory.gpus) - owned
+        cpus_cached = self._gpu_cpus.get(node.name)
+        if cpus_cached is None or cpus_cached[0] is not inventory:
+            cpus_cached = (inventory, tuple(parse_cpu_list(g.cpu_affinity) for g in inventory.gpus))
+            self._gpu_cpus[node.name] = cpus_cached
+        view = NodeView(
+            name=node.name,
+            schedulable=node.state == NodeState.UP and connected,
+            gpu_names=tuple(g.name for g in inventory.gpus),
+            free_gpus=free,
+            nvlink=inventory.nvlink,
+            partitions=partitions,
+            drained=node.state == NodeState.DRAIN,
+            topo=inventory.topo,
+            gpu_memory_mib=tuple(g.memory_mib for g in inventory.gpus),
+            gpu_cpus=cpus_cached[1],
+            cpus=inventory.cpus,
+            free_cpus=frozenset(range(inventory.cpus)) - used_cpus,
+            memory_mb=inventory.memory_mb,
+            free_memory_mb=max(0, inventory.memory_mb - used_memory),
+            switches=switches,
+        )
+        self._nodes[node.name] = (key, view)
+        return view
+
+    def _running_jobs(self, state: ClusterState) -> tuple[RunningJob, ...]:
+        out: list[RunningJob] = []
+        seen: set[tuple[int, int]] = set()
+        for key, live in state.live.items():
+            job = state.jobs.get(live.job_id)
+            if job is None or live.attempt >= len(job.attempts):
+                continue
+            seen.add(key)
+            out.append(self._running_view(job, live))
+        for key in [k for k in self._running if k not in seen]:
+            del self._running[key]
+        return tuple(out)
+
+    def _running_view(self, job: Job, live: LiveAttempt) -> RunningJob:
+        stopping = live.stale or live.outcome is not None
+        checkpoint = getattr(live, "last_checkpoint", None)
+        key = (job, stopping, checkpoint)
+        found = self._running.get((live.job_id, live.attempt))
+        if found is not None and found[0][0] is job and found[0][1:] == key[1:]:
+            return found[1]
+        attempt = job.attempts[live.attempt]
+        view = RunningJob(
+            job_id=job.job_id,
+            attempt=live.attempt,
+            allocation=live.allocation,
+            start_time=attempt.start_time,
+            time_limit_s=job.time_limit_s,
+            user=job.user,
+            account=job.account,
+            qos=job.spec.qos or "",
+            partition=job.partition,
+            array_job_id=job.array_job_id if not live.stale else None,
+            checkpoint_time=checkpoint,
+            stopping=stopping,
+        )
+        self._running[(live.job_id, live.attempt)] = (key, view)
+        return view

@@ -1,0 +1,176 @@
+"""The Admin service over real gRPC against a real controller process: who may change what, the reasons
+given when refused, and that the accounting data and holds survive a restart.
+
+Callers are told apart by credentials signed with the controller's own key (as the local credential
+service would sign them for those users), so the tests can act as several users from one process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from security_helpers import ControllerProcess, running_controller
+
+from garrison.auth import issue_credential, load_or_create_key
+from garrison.controller.domain import Principal
+from garrison.protos.v1 import admin_pb2 as adminpb
+from garrison.protos.v1 import admin_pb2_grpc
+from garrison.protos.v1 import garrison_pb2 as pb
+from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
+
+POLICY = """\
+admins = ["carol"]
+admin_groups = ["adm"]
+accounts = ["default", {name = "org"}, {name = "teamA", parent = "org"}, {name = "teamB", parent = "org"}]
+users = [
+  {name = "cora", accounts = ["teamA"], coordinator_of = ["teamA"]},
+  {name = "mallory", accounts = ["teamA", "teamB"]},
+]
+schedule_interval_s = 0.1
+
+[controller.scheduler]
+fairshare_half_life = 60
+"""
+
+MALLORY = Principal("mallory", 5001, 5001, (5001,))
+EVE = Principal("eve", 5002, 5002, (5002,))
+CAROL = Principal("carol", 5003, 5003, (5003,))  # an admin by name
+GADM = Principal("gadm", 5004, 5004, (5004, 4))  # an admin by group (adm is gid 4)
+CORA = Principal("cora", 5005, 5005, (5005,))  # coordinates teamA
+
+
+class Caller:
+    def __init__(self, controller: ControllerProcess, channel: grpc.Channel) -> None:
+        self.key = load_or_create_key(controller.root / "state" / "credential.key")
+        self.admin = admin_pb2_grpc.AdminStub(channel)
+        self.client = pb_grpc.ControllerStub(channel)
+
+    def __call__(self, who: Principal, method: str, request: Any, service: str = "admin") -> Any:
+        token = issue_credential(self.key, who, time.time(), 60.0)
+        stub = self.admin if service == "admin" else self.client
+        return getattr(stub, method)(request, timeout=10, metadata=(("x-garrison-credential", token),))
+
+    def refused(self, who: Principal, method: str, request: Any, code: grpc.StatusCode = grpc.StatusCode.PERMISSION_DENIED,
+                service: str = "admin") -> str:
+        with pytest.raises(grpc.RpcError) as caught:
+            self(who, method, request, service)
+        assert caught.value.code() == code, caught.value.details()
+        return str(caught.value.details())
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProcess]:
+    with running_controller(tmp_path_factory.mktemp("admin"), extra=POLICY) as process:
+        yield process
+
+
+@pytest.fixture
+def call(controller: ControllerProcess) -> Iterator[Caller]:
+    with controller.client_channel() as channel:
+        yield Caller(controller, channel)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.3)
+
+
+def submit(call: Caller, who: Principal, **spec: Any) -> int:
+    request = pb.SubmitJobRequest(spec=pb.JobSpec(name="t", command=["true"], workdir="/", **spec))
+    return int(call(who, "SubmitJob", request, service="client").job_id)
+
+
+def reason(call: Caller, job_id: int) -> str:
+    (job,) = call(CAROL, "ListJobs", pb.ListJobsRequest(job_ids=[str(job_id)]), service="client").jobs
+    return str(job.reason)
+
+
+def test_reads_are_for_anyone_and_changes_for_admins(call: Caller) -> None:
+    policy = call(MALLORY, "GetPolicy", adminpb.GetPolicyRequest())
+    assert {a.name for a in policy.accounts} == {"default", "org", "teamA", "teamB"}
+    assert {u.name for u in policy.users} == {"cora", "mallory"}
+    add = adminpb.AccountChange(action=adminpb.ADD, name="lab", parent="org")
+    assert call.refused(MALLORY, "ChangeAccount", add) == "only admins may add account lab (mallory is not an admin)"
+    assert "only admins may" in call.refused(CORA, "ChangeAccount", add)  # coordinators manage jobs, not accounts
+    call(CAROL, "ChangeAccount", add)
+    modified = call(GADM, "ChangeAccount", adminpb.AccountChange(action=adminpb.MODIFY, name="lab", shares=5))
+    assert next(a for a in modified.accounts if a.name == "lab").shares == 5
+    quota = adminpb.QuotaChange(kind="account", name="teamB", max_gpus=4)
+    assert "only admins may set the quota" in call.refused(EVE, "SetQuota", quota)
+    call(CAROL, "SetQuota", quota)
+    drain = adminpb.NodeStateChange(node="node9", drain=True, reason="fan")
+    assert "only admins may drain node node9" in call.refused(MALLORY, "SetNodeState", drain)
+    assert call.refused(CAROL, "SetNodeState", drain, grpc.StatusCode.NOT_FOUND) == "no such node 'node9'"
+    bad = adminpb.AccountChange(action=adminpb.ADD, name="x", parent="nowhere")
+    assert "unknown parent account" in call.refused(CAROL, "ChangeAccount", bad, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def test_owners_coordinators_and_admins_control_jobs(call: Caller) -> None:
+    job = submit(call, MALLORY, gpus=1, time_limit_s=600)  # no nodes: it stays pending
+    other = submit(call, MALLORY, gpus=1, account="teamB")
+    hold = adminpb.JobControlRequest(action="hold", job_ids=[str(job)])
+    details = call.refused(EVE, "ControlJobs", hold)
+    assert details == (f"job {job} belongs to mallory in account teamA; only its owner, the account's coordinators "
+                       "and admins may hold it")
+    assert call.refused(CORA, "ControlJobs", adminpb.JobControlRequest(action="hold", job_ids=[str(other)]))
+    assert list(call(MALLORY, "ControlJobs", hold).job_ids) == [job]
+    wait_for("the hold to show", lambda: reason(call, job) == "Held")
+    # A coordinator's hold is an admin's hold: the owner cannot release it.
+    call(CORA, "ControlJobs", hold)
+    release = adminpb.JobControlRequest(action="release", job_ids=[str(job)])
+    assert "held by an admin or coordinator" in call.refused(MALLORY, "ControlJobs", release)
+    assert list(call(CORA, "ControlJobs", release).job_ids) == [job]
+    wait_for("the release to show", lambda: reason(call, job) != "Held")
+
+    priority = adminpb.JobControlRequest(action="update", job_ids=[str(job)], priority=100)
+    assert "only admins may set a job's priority" in call.refused(MALLORY, "ControlJobs", priority)
+    assert "only admins may set a job's priority" in call.refused(CORA, "ControlJobs", priority)
+    call(CAROL, "ControlJobs", priority)
+    longer = adminpb.JobControlRequest(action="update", job_ids=[str(job)], time_limit_s=1200)
+    assert "only admins and coordinators may raise a time limit" in call.refused(MALLORY, "ControlJobs", longer)
+    call(CORA, "ControlJobs", longer)
+    shorter = adminpb.JobControlRequest(action="update", job_ids=[str(job)], time_limit_s=300, qos="high")
+    call(MALLORY, "ControlJobs", shorter)
+    (info,) = call(MALLORY, "ListJobs", pb.ListJobsRequest(job_ids=[str(job)]), service="client").jobs
+    assert info.time_limit_s == 300 and info.priority == 100
+
+    wait_for("a cycle to price the job", lambda: call(MALLORY, "QueueDetails", adminpb.QueueDetailsRequest(
+        job_ids=[str(job)])).jobs[0].HasField("priority"))
+    (detail,) = call(MALLORY, "QueueDetails", adminpb.QueueDetailsRequest(job_ids=[str(job)])).jobs
+    assert detail.position >= 1 and detail.factors.admin == 100 and detail.factors.qos > 0
+    # Coordinators may cancel their account's jobs; others may not.
+    cancel = pb.CancelJobsRequest(job_ids=[str(job)])
+    call.refused(EVE, "CancelJobs", cancel, service="client")
+    assert list(call(CORA, "CancelJobs", cancel, service="client").cancelled) == [job]
+
+
+def test_accounting_and_holds_survive_a_restart(controller: ControllerProcess, tmp_path: Path) -> None:
+    with controller.client_channel() as channel:
+        call = Caller(controller, channel)
+        call(CAROL, "ChangeQos", adminpb.QosChange(action=adminpb.ADD, name="gold", priority=99, max_gpus_per_user=3))
+        call(CAROL, "ChangeAccount", adminpb.AccountChange(action=adminpb.ADD, name="vault", parent="teamB"))
+        job = submit(call, MALLORY, gpus=1)
+        call(CAROL, "ControlJobs", adminpb.JobControlRequest(action="hold", job_ids=[str(job)]))
+    controller.stop()
+    with running_controller(controller.root, reuse=controller) as again, again.client_channel() as channel:
+        call = Caller(again, channel)
+        policy = call(EVE, "GetPolicy", adminpb.GetPolicyRequest())
+        gold = next(q for q in policy.qos if q.name == "gold")
+        assert gold.priority == 99 and gold.max_gpus_per_user == 3
+        assert next(a for a in policy.accounts if a.name == "vault").parent == "teamB"
+        wait_for("the hold to show after the restart", lambda: reason(call, job) == "Held")
+        release = adminpb.JobControlRequest(action="release", job_ids=[str(job)])
+        assert "held by an admin" in call.refused(MALLORY, "ControlJobs", release)

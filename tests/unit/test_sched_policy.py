@@ -1,0 +1,315 @@
+"""The scheduling policy: multifactor priority, fair share, quotas, backfill, reasons, preemption, presets."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from sched_helpers import NOW, busy, node, pending, running
+
+from garrison.controller.accounts import Account, Accounting, Limits, PartitionDef, Qos, User
+from garrison.controller.sched.cycle import Reason, SchedulerConfig, schedule
+from garrison.controller.sched.fairshare import accrued, decay, fair_share_factors, normalised_shares
+from garrison.controller.sched.presets import policy_presets, preset
+from garrison.controller.sched.priority import PriorityWeights
+from garrison.controller.sched.snapshot import Snapshot, UsageView
+
+GARRISON = preset("garrison")
+
+
+def accounting(**changes: object) -> Accounting:
+    base = Accounting(
+        accounts=(Account("default"), Account("org"), Account("teamA", "org"), Account("teamB", "org")),
+        qos=(Qos("low", 0), Qos("normal", 10), Qos("high", 20, preempts=("low",), grace_s=30)),
+        partitions=(PartitionDef("main", default=True, max_time_s=86400),),
+        default_qos="normal",
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def snap(nodes: list, jobs: list, running_jobs: list = (), acct: Accounting | None = None,  # type: ignore[assignment,type-arg]
+         usage: dict | None = None) -> Snapshot:  # type: ignore[type-arg]
+    return Snapshot(nodes=tuple(nodes), pending=tuple(jobs), running=tuple(running_jobs),
+                    accounting=acct or accounting(), usage=usage or {})
+
+
+# -- fair share and priority ---------------------------------------------------------------------------------
+
+
+def test_fair_share_factor_is_half_at_exactly_the_share() -> None:
+    acct = accounting()
+    assocs = {("teamA", "u"), ("teamB", "v")}
+    shares = normalised_shares(acct, assocs)
+    assert shares[("teamA", "u")] == pytest.approx(shares[("teamB", "v")])
+    factors = fair_share_factors(acct, assocs, {("teamA", "u"): 75.0, ("teamB", "v"): 25.0})
+    assert factors[("teamB", "v")] > factors[("teamA", "u")]
+    # Both accounts at their exact share of the usage within org (org has 1/2 of the cluster next to default):
+    even = fair_share_factors(acct, assocs, {("teamA", "u"): 50.0, ("teamB", "v"): 50.0})
+    assert even[("teamA", "u")] == pytest.approx(2 ** -(0.5 / shares[("teamA", "u")]))
+
+
+def test_shares_divide_each_level_of_the_tree() -> None:
+    acct = accounting(accounts=(Account("org", shares=3), Account("other"), Account("teamA", "org", shares=1),
+                                Account("teamB", "org", shares=2)),
+                      users=(User("u", "teamA", (("teamA", 1),)), User("w", "teamA", (("teamA", 3),))))
+    shares = normalised_shares(acct, {("teamA", "u"), ("teamA", "w"), ("teamB", "v"), ("other", "x")})
+    assert shares[("other", "x")] == pytest.approx(1 / 4)
+    assert shares[("teamB", "v")] == pytest.approx(3 / 4 * 2 / 3)
+    assert shares[("teamA", "u")] == pytest.approx(3 / 4 * 1 / 3 * 1 / 4)
+    assert shares[("teamA", "w")] == pytest.approx(3 / 4 * 1 / 3 * 3 / 4)
+    assert sum(shares.values()) == pytest.approx(1.0)
+
+
+def test_decay_halves_per_half_life_and_accrual_does_not_depend_on_the_step() -> None:
+    assert decay(100.0, 60.0, 60.0) == pytest.approx(50.0)
+    one_step = accrued(8, 600.0, 300.0)
+    many = 0.0
+    for _ in range(60):
+        many = decay(many, 10.0, 300.0) + accrued(8, 10.0, 300.0)
+    assert many == pytest.approx(one_step)
+
+
+def test_the_account_under_its_share_goes_first() -> None:
+    nodes = [node("a", gpus=1)]
+    jobs = [pending(1, account="teamA", gpus=1), pending(2, account="teamB", gpus=1)]
+    usage = {("teamA", "u"): UsageView(decayed_gpu_s=3600.0)}
+    plan = schedule(snap(nodes, jobs, usage=usage), NOW, GARRISON)
+    assert [s.job_id for s in plan.starts] == [2]
+    assert plan.order == (2, 1)
+    fifo = schedule(snap(nodes, jobs, usage=usage), NOW, preset("fifo"))
+    assert [s.job_id for s in fifo.starts] == [1]
+
+
+def test_qos_partition_size_and_age_raise_priority() -> None:
+    acct = accounting(partitions=(PartitionDef("main", default=True), PartitionDef("fast", priority=10)))
+    nodes = [node("a", gpus=1, partitions=frozenset({"main", "fast"}))]
+    weights = PriorityWeights(age=1000, fair_share=0, qos=2000, job_size=1000, partition=1000, max_age_s=1000)
+    config = replace(GARRISON, weights=weights)
+    jobs = [
+        pending(1, submit=NOW - 500, gpus=1),  # age 0.5 -> 500
+        pending(2, submit=NOW, qos="high", gpus=1),  # qos 1.0 -> 2000
+        pending(3, submit=NOW, partition="fast", gpus=1),  # partition 1.0 -> 1000, qos normal 0.5 -> 1000
+        pending(4, submit=NOW, gpus=1, priority=5000),  # an admin's adjustment
+    ]
+    plan = schedule(snap(nodes, jobs, acct=acct), NOW, config)
+    assert plan.priorities[1] == 500 + 1000 + 1000 // 1  # age + normal QoS + size (1 of 1 GPU)
+    assert plan.order == (4, 2, 3, 1)
+
+
+# -- quotas -----------------------------------------------------------------------------------------------------
+
+
+def test_account_gpu_quota_counts_running_jobs_and_holds_under_a_parent() -> None:
+    acct = accounting(account_limits=(("org", Limits(max_gpus=4)),))
+    nodes = [busy(node("a"), running(9, {"a": (0, 1, 2)}, account="teamA"))]
+    jobs = [pending(1, account="teamB", gpus=2), pending(2, account="teamB", gpus=1), pending(3, gpus=4)]
+    plan = schedule(snap(nodes, jobs, [running(9, {"a": (0, 1, 2)}, account="teamA")], acct), NOW, GARRISON)
+    assert plan.waiting[1] == "QuotaGPUs"  # 3 in use under org + 2 > 4
+    assert {s.job_id for s in plan.starts} == {2, 3}  # the quota does not hold back others
+
+
+def test_user_job_quota_and_qos_per_user_limits() -> None:
+    acct = accounting(user_limits=(("u", Limits(max_jobs=1)),),
+                      qos=(Qos("normal", 10, max_gpus_per_user=2), Qos("high", 20)), default_qos="normal")
+    nodes = [node("a")]
+    jobs = [pending(1, gpus=1), pending(2, gpus=1), pending(3, user="v", gpus=2), pending(4, user="v", gpus=1)]
+    plan = schedule(snap(nodes, jobs, acct=acct), NOW, GARRISON)
+    assert plan.waiting[2] == "QuotaJobs"
+    assert plan.waiting[4] == "QOSMaxGPUsPerUser"
+    assert {s.job_id for s in plan.starts} == {1, 3}
+
+
+def test_gpu_hour_quota_counts_running_jobs_to_their_time_limits() -> None:
+    acct = accounting(account_limits=(("teamA", Limits(max_gpu_hours=10)),))
+    run = running(9, {"a": (0, 1)}, account="teamA", start=NOW - 3600, limit=4 * 3600)  # 6 GPU-h still to come
+    usage = {("teamA", "u"): UsageView(period_gpu_s=2 * 3600)}  # 2 GPU-h used so far
+    nodes = [busy(node("a"), run)]
+    jobs = [pending(1, account="teamA", gpus=1, limit=3 * 3600), pending(2, account="teamA", gpus=1, limit=7200)]
+    plan = schedule(snap(nodes, jobs, [run], acct, usage), NOW, GARRISON)
+    assert plan.waiting[1] == "QuotaGPUHours"  # 2 + 6 + 3 > 10
+    assert [s.job_id for s in plan.starts] == [2]  # 2 + 6 + 2 = 10
+
+
+# -- backfill -------------------------------------------------------------------------------------------------
+
+
+def backfill_case() -> tuple[list, list, list]:  # type: ignore[type-arg]
+    """Node a: 6 of 8 GPUs run until NOW+1000. Job 1 wants all 8 (blocked); 2 is short, 3 is long."""
+    run = running(9, {"a": tuple(range(6))}, start=NOW - 100, limit=1100)
+    nodes = [busy(node("a"), run)]
+    jobs = [pending(1, gpus=8, limit=3600), pending(2, gpus=1, limit=600), pending(3, gpus=1, limit=7200)]
+    return nodes, jobs, [run]
+
+
+def test_easy_backfill_starts_only_what_ends_before_the_reservation() -> None:
+    nodes, jobs, run = backfill_case()
+    for name in ("fifo-easy", "garrison"):
+        config = replace(preset(name), resolution_s=60)
+        plan = schedule(snap(nodes, jobs, run), NOW, config)
+        assert [s.job_id for s in plan.starts] == [2], name
+        (reservation, *_) = plan.reservations
+        assert reservation.job_id == 1 and reservation.start == NOW + 1020  # rounded up to the minute
+        assert plan.estimated_starts[1] == NOW + 1020
+        assert plan.waiting[1] == Reason.RESOURCES
+        if name == "fifo-easy":
+            assert plan.waiting[3] == Reason.reserved_for(1)
+
+
+def test_strict_fifo_starts_nothing_behind_a_blocked_job() -> None:
+    nodes, jobs, run = backfill_case()
+    plan = schedule(snap(nodes, jobs, run), NOW, preset("fifo"))
+    assert plan.starts == () and plan.reservations == ()
+    assert plan.waiting == {1: Reason.RESOURCES, 2: Reason.PRIORITY, 3: Reason.PRIORITY}
+
+
+def test_backfill_may_use_gpus_the_reservation_does_not_need() -> None:
+    run = running(9, {"a": tuple(range(6))}, start=NOW, limit=1000)
+    nodes = [busy(node("a"), run), node("b", gpus=2)]
+    jobs = [pending(1, gpus=8), pending(2, gpus=2, limit=50_000)]
+    plan = schedule(snap(nodes, jobs, [run]), NOW, preset("fifo-easy"))
+    assert [s.allocation.node_names for s in plan.starts] == [("b",)]
+    assert plan.reservations[0].allocation.node_names == ("a",)
+
+
+def test_garrison_reserves_for_several_blocked_jobs() -> None:
+    runs = [running(9, {"a": tuple(range(8))}, limit=1000 + 100), running(8, {"b": tuple(range(8))}, limit=2100)]
+    nodes = [busy(node("a"), runs[0]), busy(node("b"), runs[1])]
+    jobs = [pending(1, gpus=8, limit=5000), pending(2, gpus=8, limit=5000), pending(3, gpus=16)]
+    # Arrival order (no job-size factor, which would put the 16-GPU job first), eight reservations.
+    config = replace(preset("fifo-easy"), reservations=8, resolution_s=1)
+    plan = schedule(snap(nodes, jobs, runs), NOW, config)
+    # 1 gets node a when its job ends; 2 node b when its job ends; 3 both, once 1 and 2 are done.
+    assert [(r.job_id, r.start) for r in plan.reservations] == [(1, NOW + 1000), (2, NOW + 2000),
+                                                                 (3, NOW + 7000)]
+    with_easy = schedule(snap(nodes, jobs, runs), NOW, replace(config, reservations=1))
+    assert [r.job_id for r in with_easy.reservations] == [1]
+
+
+def test_gpus_of_a_job_being_stopped_are_reserved_from_now() -> None:
+    # The job on node a has been told to stop (time limit, cancel): its GPUs are still held, but the top
+    # job gets them the moment they are free, and a long job may not slip in on node b meanwhile.
+    stopping = running(9, {"a": tuple(range(8))}, start=NOW - 5000, limit=4000, stopping=True)
+    nodes = [busy(node("a"), stopping), node("b")]
+    jobs = [pending(1, nodes=2, gpus_per_node=8), pending(2, gpus=1, limit=600)]
+    plan = schedule(snap(nodes, jobs, [stopping]), NOW, GARRISON)
+    assert [(r.job_id, r.start) for r in plan.reservations][0] == (1, NOW)
+    assert plan.starts == ()
+
+
+def test_reservations_beyond_the_window_are_not_made() -> None:
+    nodes, jobs, run = backfill_case()
+    plan = schedule(snap(nodes, jobs, run), NOW, replace(GARRISON, window_s=500))
+    assert plan.reservations == () and 1 not in plan.estimated_starts
+
+
+def test_bounded_work_leaves_the_rest_waiting_on_priority() -> None:
+    nodes = [busy(node("a"), running(9, {"a": tuple(range(8))}))]
+    jobs = [pending(i, gpus=1) for i in range(1, 50)]
+    plan = schedule(snap(nodes, jobs, [running(9, {"a": tuple(range(8))})]), NOW, replace(GARRISON, max_job_test=5,
+                                                                                        reservations=0))
+    assert sum(1 for r in plan.waiting.values() if r == Reason.PRIORITY) >= 44
+
+
+# -- reasons ---------------------------------------------------------------------------------------------------
+
+
+def test_reasons_for_held_drained_down_limits_and_arrays() -> None:
+    acct = accounting(partitions=(PartitionDef("main", default=True, max_time_s=3600),),
+                      qos=(Qos("normal", 10), Qos("high", 20), Qos("short", 5, max_time_s=1800)))
+    nodes = [node("a", gpus=2), node("big", gpus=8, drained=True), node("dead", gpus=16, schedulable=False)]
+    jobs = [
+        pending(1, gpus=1, held=True),
+        pending(2, gpus=8),
+        pending(3, gpus=16),
+        pending(4, gpus=1, limit=7200, qos="high"),
+        pending(5, gpus=1, limit=3000, qos="short"),
+        pending(6, gpus=1, array_job_id=6, array_max_running=1, qos="high"),
+        pending(7, gpus=1, array_job_id=6, array_max_running=1, qos="high"),
+        pending(8, gpus=1, partition="gone"),
+    ]
+    plan = schedule(snap(nodes, jobs, acct=acct), NOW, GARRISON)
+    assert plan.waiting[1] == Reason.HELD
+    assert plan.waiting[2] == Reason.NODES_DRAINED
+    assert plan.waiting[3] == Reason.NODES_UNAVAILABLE
+    assert plan.waiting[4] == Reason.PARTITION_TIME_LIMIT
+    assert plan.waiting[5] == Reason.QOS_TIME_LIMIT
+    assert plan.waiting[7] == Reason.ARRAY_LIMIT
+    assert plan.waiting[8] == Reason.PARTITION_INVALID
+    assert [s.job_id for s in plan.starts] == [6]
+
+
+def test_every_pending_job_gets_a_reason_position_and_priority() -> None:
+    nodes, jobs, run = backfill_case()
+    plan = schedule(snap(nodes, jobs, run), NOW, GARRISON)
+    started = {s.job_id for s in plan.starts}
+    assert set(plan.waiting) | started == {1, 2, 3} and not set(plan.waiting) & started
+    assert sorted(plan.order) == [1, 2, 3] and set(plan.priorities) == {1, 2, 3}
+
+
+# -- preemption ------------------------------------------------------------------------------------------------
+
+
+def preemption_case(enabled: bool = True) -> tuple[Snapshot, SchedulerConfig]:
+    # Node a: three low-QoS jobs; the one with the newest checkpoint loses the least work.
+    runs = [
+        running(11, {"a": (0, 1, 2, 3)}, qos="low", start=NOW - 1000),
+        running(12, {"a": (4, 5)}, qos="low", start=NOW - 1000, checkpoint=NOW - 10),
+        running(13, {"a": (6, 7)}, qos="low", start=NOW - 1000, checkpoint=NOW - 500),
+        running(14, {"b": tuple(range(8))}, qos="normal", start=NOW - 10),
+    ]
+    nodes = [busy(node("a"), *runs[:3]), busy(node("b"), runs[3])]
+    jobs = [pending(1, qos="high", gpus=2), pending(2, qos="normal", gpus=2)]
+    return snap(nodes, jobs, runs), replace(GARRISON, preemption=enabled)
+
+
+def test_preemption_takes_the_smallest_cheapest_victim_set() -> None:
+    snapshot, config = preemption_case()
+    plan = schedule(snapshot, NOW, config)
+    assert [(p.job_id, p.attempt, p.grace_s) for p in plan.preempts] == [(12, 0, 60)]
+    assert plan.waiting[1] == Reason.PREEMPTING
+    assert plan.waiting[2] != Reason.PREEMPTING  # normal may not preempt
+
+
+def test_no_preemption_unless_enabled() -> None:
+    snapshot, config = preemption_case(enabled=False)
+    assert schedule(snapshot, NOW, config).preempts == ()
+
+
+def test_a_preemption_in_flight_is_not_repeated() -> None:
+    snapshot, config = preemption_case()
+    stopping = tuple(replace(r, stopping=True) if r.job_id == 12 else r for r in snapshot.running)
+    plan = schedule(replace(snapshot, running=stopping), NOW, config)
+    assert plan.preempts == ()
+    assert plan.waiting[1] == Reason.PREEMPTING
+
+
+def test_preemption_frees_a_whole_gang_with_the_fewest_victims() -> None:
+    runs = [running(20 + i, {f"n{i}": tuple(range(8))}, qos="low", start=NOW - 100 * (i + 1)) for i in range(4)]
+    nodes = [busy(node(f"n{i}"), runs[i]) for i in range(4)]
+    plan = schedule(snap(nodes, [pending(1, qos="high", nodes=2, gpus_per_node=8)], runs), NOW,
+                    replace(GARRISON, preemption=True))
+    assert sorted(p.job_id for p in plan.preempts) == [20, 21]  # the two that ran least
+
+
+# -- presets and configuration ----------------------------------------------------------------------------------
+
+
+def test_presets_are_the_three_named_policies() -> None:
+    presets = policy_presets()
+    assert set(presets) == {"fifo", "fifo-easy", "garrison"}
+    assert not presets["fifo"].backfill and presets["fifo-easy"].reservations == 1
+    assert presets["garrison"].weights.fair_share > 0
+    with pytest.raises(ValueError, match="unknown scheduling policy"):
+        preset("lottery")
+
+
+@pytest.mark.parametrize("field,value", [("max_job_test", -1), ("score_limit", 0), ("window_s", 0),
+                                         ("scorer_weights", (("Magic", 1),))])
+def test_bad_settings_are_named(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field.removesuffix("_weights") if field != "scorer_weights" else "Magic"):
+        SchedulerConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_an_empty_snapshot_needs_no_accounting() -> None:
+    plan = schedule(Snapshot(nodes=(node("a"),), pending=(pending(1, gpus=1, account="anything"),)), NOW, GARRISON)
+    assert [s.job_id for s in plan.starts] == [1]

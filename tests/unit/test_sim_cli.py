@@ -1,0 +1,97 @@
+"""The gsim command as users run it (a real process): table, --json, --out, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GSIM = Path(sys.executable).parent / "gsim"
+COLUMNS = "job_id=id,arrival=t,duration=d,gpus=g,account=acct,time_limit=limit"
+U = 600
+
+
+def gsim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(GSIM), *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def queue_trace(tmp_path: Path) -> Path:
+    """The one-node FIFO queue of test_sim_replay, as a CSV with its own column names."""
+    rows = [(0, 8, 100), (10, 4, 50), (20, 4, 30), (30, 8, 10), (40, 1, 5)]
+    path = tmp_path / "queue.csv"
+    path.write_text("id,t,d,g,acct,limit\n" + "".join(
+        f"j{i},{t * U},{d * U},{g},a,{d * U}\n" for i, (t, g, d) in enumerate(rows)))
+    return path
+
+
+def test_json_figures(queue_trace: Path) -> None:
+    proc = gsim(str(queue_trace), "--cluster", "1x8", "--policy", "fifo", "--columns", COLUMNS, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    (fifo,) = data["policies"]
+    assert data["jobs"] == 5
+    assert fifo["policy"] == "fifo"
+    assert fifo["avg_jct_s"] == pytest.approx(121 * U)
+    assert fifo["max_wait_s"] == pytest.approx(120 * U)
+    assert fifo["p95_wait_s"] == pytest.approx(120 * U)
+    assert fifo["utilization"] == pytest.approx(1205 / 1320)
+    for key in ("p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_wait_s", "p50_wait_s", "p99_wait_s", "makespan_s",
+                "jain_fairness", "preemptions", "gpu_hours_lost", "wall_s"):
+        assert key in fifo
+
+
+def test_table_by_default(queue_trace: Path) -> None:
+    proc = gsim(str(queue_trace), "--cluster", "1x8", "--policy", "fifo", "--columns", COLUMNS)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "queue.csv: 5 jobs on 1x8 GPU; 8 GPUs; 1 switch(es)"
+    assert lines[1].split() == ["metric", "fifo"]
+    assert any(line.split()[:4] == ["avg", "JCT", "20.17", "h"] for line in lines)
+
+
+def test_out_writes_plots_results_and_jobs(queue_trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    proc = gsim(str(queue_trace), "--cluster", "1x8", "--policy", "fifo", "--columns", COLUMNS, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    for name in ("queue_length.png", "utilization.png", "jct_cdf.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "results.json").read_text())["policies"][0]["policy"] == "fifo"
+    rows = (out / "jobs.csv").read_text().splitlines()
+    assert rows[0].startswith("policy,job_id,trace_job_id,account,gpus,submit_s,start_s,end_s")
+    assert rows[5].startswith(f"fifo,5,j4,a,1,{40 * U}.0,{160 * U}.0,{165 * U}.0")
+
+
+def test_a_malformed_row_stops_before_any_replay(queue_trace: Path, tmp_path: Path) -> None:
+    text = queue_trace.read_text().splitlines()
+    text[3] = "j2,12000,soon,4,a,18000"
+    queue_trace.write_text("\n".join(text) + "\n")
+    out = tmp_path / "report"
+    proc = gsim(str(queue_trace), "--cluster", "1x8", "--columns", COLUMNS, "--out", str(out))
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr == (
+        f"gsim: error: {queue_trace}, line 4, column 'd': expected a number of seconds, got 'soon'\n"
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cluster", "12by8"], "gsim: error: cluster '12by8': expected NODESxGPUS"),
+        (["--cluster", "1x4"], "gsim: error: {trace}, line 2: job j0 asks for 8 GPUs; the cluster has 4"),
+        (["--cluster", "1x8", "--config", "/nonexistent.toml"], "gsim: error: /nonexistent.toml"),
+        (["--cluster", "1x8", "--columns", "arrival=t"], "gsim: error: column mapping: missing duration, gpus"),
+    ],
+)
+def test_bad_input_is_one_line(queue_trace: Path, args: list[str], message: str) -> None:
+    if "--columns" not in args:
+        args = [*args, "--columns", COLUMNS]
+    proc = gsim(str(queue_trace), "--policy", "fifo", *args)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(message.format(trace=queue_trace))
+    assert proc.stderr.count("\n") == 1

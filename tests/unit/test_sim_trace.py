@@ -1,0 +1,143 @@
+"""gsim traces: the ElasticFlow format, column mappings, errors that name file/line/column, drawn fields."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from garrison.controller.sim.trace import (
+    COMMON_LIMITS_H,
+    ColumnMapping,
+    CompletionModel,
+    TraceError,
+    TraceJob,
+    complete_jobs,
+    read_trace,
+    round_up_limit,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def write(tmp_path: Path, text: str, name: str = "trace.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_the_shipped_elasticflow_traces_read_whole() -> None:
+    for name, count in (("cluster06.csv", 2396), ("cluster10.csv", 260)):
+        with (DATA / name).open() as handle:
+            rows = list(csv.DictReader(handle))
+        jobs = read_trace(DATA / name)
+        assert len(jobs) == len(rows) == count
+        assert [j.submit_s for j in jobs] == sorted(j.submit_s for j in jobs)
+        first = rows[0]
+        assert (jobs[0].job_id, jobs[0].submit_s, jobs[0].duration_s, jobs[0].gpus) == (
+            first["job_id"], float(first["submission_time"]), float(first["duration"]), int(first["num_gpu"]))
+        assert all(j.user is None and j.account is None and j.time_limit_s is None for j in jobs)
+
+
+def test_simultaneous_arrivals_keep_file_order(tmp_path: Path) -> None:
+    path = write(tmp_path, "job_id,submission_time,duration,num_gpu\nb,5,1,1\na,0,1,1\nc,5,1,2\nd,5,1,3\n")
+    assert [j.job_id for j in read_trace(path)] == ["a", "b", "c", "d"]
+    assert [j.line for j in read_trace(path)] == [3, 2, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        ("x,10,abc,1", "line 3, column 'duration': expected a number of seconds, got 'abc'"),
+        ("x,-4,100,1", "line 3, column 'submission_time': expected a non-negative number, got '-4'"),
+        ("x,10,100,0", "line 3, column 'num_gpu': expected a whole number of GPUs (1 or more), got '0'"),
+        ("x,10,100,2.5", "line 3, column 'num_gpu': expected a whole number of GPUs (1 or more), got '2.5'"),
+        ("x,10,nan,1", "line 3, column 'duration': expected a non-negative number, got 'nan'"),
+        ("x,10,100", "line 3: 3 columns, the header has 4"),
+    ],
+)
+def test_a_malformed_row_names_file_line_and_column(tmp_path: Path, row: str, expected: str) -> None:
+    path = write(tmp_path, f"job_id,submission_time,duration,num_gpu\nok,0,5,1\n{row}\nlater,20,5,1\n")
+    with pytest.raises(TraceError) as err:
+        read_trace(path)
+    assert str(err.value) == f"{path}, {expected}"
+
+
+def test_unknown_format_and_empty_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match=r"line 1: not the ElasticFlow format .* give a column mapping"):
+        read_trace(write(tmp_path, "submit,run,ngpu\n0,1,1\n"))
+    with pytest.raises(TraceError, match="the trace is empty"):
+        read_trace(write(tmp_path, ""))
+    with pytest.raises(TraceError, match="has a header but no jobs"):
+        read_trace(write(tmp_path, "job_id,submission_time,duration,num_gpu\n\n"))
+    with pytest.raises(TraceError, match="cannot read trace"):
+        read_trace(tmp_path / "missing.csv")
+
+
+def test_a_column_mapping_reads_other_csvs_with_users_accounts_qos_and_limits(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "id,t,run,g,who,acct,q,limit\n"
+        "j1,0,30,2,alice,vision,high,3600\n"
+        "j2,5.5,60,1,bob,nlp,,4:00:00\n"
+        "j3,7,60,1,,,,\n",
+    )
+    mapping = ColumnMapping.parse("arrival=t,duration=run,gpus=g,job_id=id,user=who,account=acct,qos=q,time_limit=limit")
+    jobs = read_trace(path, mapping)
+    assert jobs == [
+        TraceJob("j1", 2, 0.0, 30.0, 2, "alice", "vision", "high", 3600),
+        TraceJob("j2", 3, 5.5, 60.0, 1, "bob", "nlp", None, 4 * 3600),
+        TraceJob("j3", 4, 7.0, 60.0, 1, None, None, None, None),
+    ]
+
+
+def test_mapping_errors(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="missing gpus"):
+        ColumnMapping.parse("arrival=a,duration=b")
+    with pytest.raises(TraceError, match="unknown field 'size'"):
+        ColumnMapping.parse("arrival=a,duration=b,gpus=c,size=d")
+    with pytest.raises(TraceError, match="expected FIELD=COLUMN"):
+        ColumnMapping.parse("arrival=a,duration")
+    path = write(tmp_path, "a,b,c,lim\n0,1,1,soon\n")
+    with pytest.raises(TraceError, match=r"line 1: no column 'gpus' \(for gpus\)"):
+        read_trace(path, ColumnMapping.parse("arrival=a,duration=b,gpus=gpus"))
+    with pytest.raises(TraceError, match=r"line 2, column 'lim': expected seconds or a duration like 4:00:00, got 'soon'"):
+        read_trace(path, ColumnMapping.parse("arrival=a,duration=b,gpus=c,time_limit=lim"))
+
+
+def test_limits_round_up_to_common_values() -> None:
+    assert round_up_limit(1) == 3600
+    assert round_up_limit(3600) == 3600
+    assert round_up_limit(3601) == 4 * 3600
+    assert round_up_limit(25 * 3600) == 72 * 3600
+    assert round_up_limit(200 * 3600) == 336 * 3600
+    assert round_up_limit(337 * 3600) == 2 * 336 * 3600
+
+
+def test_drawn_accounts_and_limits_are_seeded_and_never_below_the_duration() -> None:
+    jobs = read_trace(DATA / "cluster06.csv")
+    first = complete_jobs(jobs, CompletionModel(seed=7))
+    assert first == complete_jobs(jobs, CompletionModel(seed=7))
+    other = complete_jobs(jobs, CompletionModel(seed=8))
+    assert [j.time_limit_s for j in other] != [j.time_limit_s for j in first]
+    allowed = {h * 3600 for h in COMMON_LIMITS_H}
+    for job in first:
+        assert job.time_limit_s is not None and job.time_limit_s >= job.duration_s
+        assert job.time_limit_s in allowed or job.time_limit_s % (COMMON_LIMITS_H[-1] * 3600) == 0
+        assert job.account in {"acct0", "acct1", "acct2", "acct3"}
+        assert job.user == f"{job.account}-user"
+    # Zipf-skewed: the first account is the busiest, the last the lightest.
+    counts = [sum(1 for j in first if j.account == f"acct{k}") for k in range(4)]
+    assert counts == sorted(counts, reverse=True) and counts[-1] > 0
+    # Users overestimate: most limits are well above the true duration.
+    assert sum(1 for j in first if j.time_limit_s and j.time_limit_s >= 1.5 * j.duration_s) > 0.6 * len(first)
+    # The number of accounts does not change anyone's limit.
+    more = complete_jobs(jobs, CompletionModel(seed=7, accounts=9))
+    assert [j.time_limit_s for j in more] == [j.time_limit_s for j in first]
+
+
+def test_what_the_trace_gives_is_kept() -> None:
+    job = TraceJob("x", 2, 0.0, 10.0, 1, user="alice", account="vision", time_limit_s=60)
+    (done,) = complete_jobs([job], CompletionModel())
+    assert (done.user, done.account, done.time_limit_s) == ("alice", "vision", 60)
