@@ -18,6 +18,8 @@ demo: venv
 
 test: venv
 	$(PY) scripts/gen_protos.py --check
+	$(VENV)/bin/ruff check .
+	bash scripts/typecheck.sh
 	$(PY) -m pytest -q
 
 test-fast: venv

@@ -14,11 +14,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 import click
 
 from garrison.cli.client import Client, CliError, fail
-from garrison.config import load_config
+from garrison.config import ConfigError, load_config
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -58,9 +59,12 @@ def _controller_section(state_dir: Path, port: int, allow_root: bool, database: 
     )
 
 
-def _write_configs(state_dir: Path, topologies: list[str], database: str | None = None) -> None:
+def _write_configs(state_dir: Path, topologies: list[str], database: str | None = None, extra: str = "") -> None:
     allow_root = os.geteuid() == 0
     controller = _controller_section(state_dir, _free_port(), allow_root, database)
+    if extra:
+        # Tables such as [controller.scheduler] or [[controller.qos]], after the [controller] keys.
+        controller += "\n" + extra.rstrip() + "\n"
     (state_dir / "garrison.toml").write_text(controller)
     for i, topology in enumerate(topologies, start=1):
         topo = topology if topology in ("dgx-a100", "dgx1v", "pcie4", "pcie8") else str(Path(topology).resolve())
@@ -142,7 +146,9 @@ def _check_database_url(url: str) -> None:
         )
 
 
-def cluster_up(state_dir: Path, agents: int | None, topologies: list[str], database: str | None = None) -> str:
+def cluster_up(
+    state_dir: Path, agents: int | None, topologies: list[str], database: str | None = None, extra_config: str = ""
+) -> str:
     state_dir = state_dir.resolve()
     if database is not None:
         _check_database_url(database)
@@ -165,7 +171,12 @@ def cluster_up(state_dir: Path, agents: int | None, topologies: list[str], datab
                 resolve_topology(name)
             except ValueError as exc:
                 raise CliError(str(exc), 2) from None
-        _write_configs(state_dir, names, database)
+        _write_configs(state_dir, names, database, extra_config)
+        try:
+            load_config(state_dir / "garrison.toml")
+        except ConfigError as exc:
+            (state_dir / "garrison.toml").unlink()
+            raise CliError(f"--extra-config: {exc}", 2) from None
     config = state_dir / "garrison.toml"
     if os.geteuid() == 0:
         print(f"garrison up: running as root: jobs may run as root on this local cluster "
@@ -266,10 +277,15 @@ def garrison() -> None:
 @click.option("--database", default=None, metavar="URL",
               help="The controller's database (default: SQLite in the state dir), e.g. "
                    "postgresql+psycopg://postgres@127.0.0.1:5432/garrison; used when the state dir is new.")
-def up(state_dir: Path, agents: int | None, topologies: tuple[str, ...], database: str | None) -> None:
+@click.option("--extra-config", "extra_config", default=None, type=click.File("r"), metavar="FILE",
+              help="TOML tables added to the controller configuration written for a new state dir, "
+                   "e.g. [controller.scheduler] preemption = true, or [[controller.qos]] entries.")
+def up(state_dir: Path, agents: int | None, topologies: tuple[str, ...], database: str | None,
+       extra_config: TextIO | None) -> None:
     """Start (or restart what is dead of) a local cluster and print its export line."""
     try:
-        address = cluster_up(state_dir, agents, list(topologies), database)
+        extra = extra_config.read() if extra_config is not None else ""
+        address = cluster_up(state_dir, agents, list(topologies), database, extra)
     except CliError as exc:
         fail("garrison up", exc)
     click.echo(f"export GARRISON_CONTROLLER={address}")

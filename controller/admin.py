@@ -113,12 +113,14 @@ class AdminOps:
         return [j for j in self.state.jobs.values() if not j.state.is_terminal and predicate(j)]
 
     def add_account(self, principal: Principal, account: Account) -> Accounting:
+        self.require_admin(principal, f"add account {account.name}")
         if account.name in self.policy.accounting.account_map:
             raise ValidationError(f"account {account.name!r} exists (use gadmin account modify)")
         return self._change(principal, f"add account {account.name}", lambda a: a.with_account(account))
 
     def modify_account(self, principal: Principal, name: str, parent: object = UNSET, shares: object = UNSET,
                        allowed_qos: object = UNSET, description: object = UNSET) -> Accounting:
+        self.require_admin(principal, f"modify account {name}")
         current = self._existing(self.policy.accounting.account_map, name, "account")
         changes = _given(parent=parent, shares=shares, allowed_qos=allowed_qos, description=description)
         if "parent" in changes:
@@ -127,12 +129,14 @@ class AdminOps:
 
     def delete_account(self, principal: Principal, name: str) -> Accounting:
         self.require_admin(principal, f"delete account {name}")
+        self._existing(self.policy.accounting.account_map, name, "account")
         busy = self._jobs_using(lambda j: j.account == name)
         if busy:
             raise ValidationError(f"account {name!r} has {len(busy)} unfinished job(s), e.g. {busy[0].display_id}")
         return self._change(principal, f"delete account {name}", lambda a: a.without_account(name))
 
     def add_user(self, principal: Principal, user: User) -> Accounting:
+        self.require_admin(principal, f"add user {user.name}")
         if user.name in self.policy.accounting.user_map:
             raise ValidationError(f"user {user.name!r} exists (use gadmin user modify)")
         return self._change(principal, f"add user {user.name}", lambda a: a.with_user(user))
@@ -141,6 +145,7 @@ class AdminOps:
                     remove_accounts: Sequence[str] = (), default_account: str | None = None,
                     shares: int | None = None, add_coordinator: Sequence[str] = (),
                     remove_coordinator: Sequence[str] = ()) -> Accounting:
+        self.require_admin(principal, f"modify user {name}")
         current = self._existing(self.policy.accounting.user_map, name, "user")
         members = dict(current.accounts)
         for account in add_accounts:
@@ -157,10 +162,13 @@ class AdminOps:
         return self._change(principal, f"modify user {name}", lambda a: a.with_user(updated))
 
     def delete_user(self, principal: Principal, name: str) -> Accounting:
+        self.require_admin(principal, f"delete user {name}")
+        self._existing(self.policy.accounting.user_map, name, "user")
         return self._change(principal, f"delete user {name}", lambda a: a.without_user(name))
 
     def set_quota(self, principal: Principal, kind: str, name: str, max_gpus: object = UNSET,
                   max_jobs: object = UNSET, max_gpu_hours: object = UNSET) -> Accounting:
+        self.require_admin(principal, f"set the quota of {kind} {name}")
         table = (self.policy.accounting.account_limit_map if kind == "account"
                  else self.policy.accounting.user_limit_map)
         current = table.get(name, Limits())
@@ -169,6 +177,7 @@ class AdminOps:
                             lambda a: a.with_limits(kind, name, updated))
 
     def add_qos(self, principal: Principal, qos: Qos, make_default: bool = False) -> Accounting:
+        self.require_admin(principal, f"add QoS {qos.name}")
         if qos.name in self.policy.accounting.qos_map:
             raise ValidationError(f"QoS {qos.name!r} exists (use gadmin qos modify)")
 
@@ -179,6 +188,7 @@ class AdminOps:
         return self._change(principal, f"add QoS {qos.name}", change)
 
     def modify_qos(self, principal: Principal, name: str, make_default: bool = False, **fields: object) -> Accounting:
+        self.require_admin(principal, f"modify QoS {name}")
         current = self._existing(self.policy.accounting.qos_map, name, "QoS")
         updated = replace(current, **_given(**fields))
 
@@ -190,6 +200,7 @@ class AdminOps:
 
     def delete_qos(self, principal: Principal, name: str) -> Accounting:
         self.require_admin(principal, f"delete QoS {name}")
+        self._existing(self.policy.accounting.qos_map, name, "QoS")
         default = self.policy.accounting.default_qos
         busy = self._jobs_using(lambda j: (j.spec.qos or default) == name)
         if busy:
@@ -197,17 +208,20 @@ class AdminOps:
         return self._change(principal, f"delete QoS {name}", lambda a: a.without_qos(name))
 
     def add_partition(self, principal: Principal, partition: PartitionDef) -> Accounting:
+        self.require_admin(principal, f"add partition {partition.name}")
         if partition.name in self.policy.accounting.partition_map:
             raise ValidationError(f"partition {partition.name!r} exists (use gadmin partition modify)")
         return self._change(principal, f"add partition {partition.name}", lambda a: a.with_partition(partition))
 
     def modify_partition(self, principal: Principal, name: str, **fields: object) -> Accounting:
+        self.require_admin(principal, f"modify partition {name}")
         current = self._existing(self.policy.accounting.partition_map, name, "partition")
         updated = replace(current, **_given(**fields))
         return self._change(principal, f"modify partition {name}", lambda a: a.with_partition(updated))
 
     def delete_partition(self, principal: Principal, name: str) -> Accounting:
         self.require_admin(principal, f"delete partition {name}")
+        self._existing(self.policy.accounting.partition_map, name, "partition")
         busy = self._jobs_using(lambda j: j.partition == name)
         if busy:
             raise ValidationError(f"partition {name!r} has {len(busy)} unfinished job(s), e.g. {busy[0].display_id}")

@@ -66,12 +66,18 @@ def master_port(job_id: int, attempt: int) -> int:
     return 20000 + (job_id * 7919 + attempt * 104729) % 20000
 
 
+MAX_ID = 2**63 - 1  # ids are stored as signed 64-bit integers (SQLite INTEGER, PostgreSQL BIGINT)
+
+
 def parse_job_ref(text: str) -> tuple[int, int | None]:
     """"12" -> (12, None); "12_3" -> (12, 3). ValueError on anything else."""
     head, sep, tail = text.strip().partition("_")
-    if not head.isdigit() or (sep and not tail.isdigit()) or len(text) > 40:
+    if not head.isascii() or not head.isdigit() or (sep and not (tail.isascii() and tail.isdigit())) or len(text) > 40:
         raise ValueError(f"invalid job id {text!r}")
-    return int(head), (int(tail) if sep else None)
+    job_id, task = int(head), (int(tail) if sep else None)
+    if job_id > MAX_ID or (task is not None and task > MAX_ID):
+        raise ValueError(f"invalid job id {text!r}: too large")
+    return job_id, task
 
 
 class Engine:
@@ -228,8 +234,12 @@ class Engine:
         warning = parse_signal_request(job.spec.signal) if job.spec.signal else None
         signum = warning.signum if warning else DEFAULT_WARNING_SIGNAL
         grace = float(warning.seconds) if warning else grace_s
-        log.info("job=%d preempting: signal %d, grace %.0fs", job_id, signum, grace)
-        return self.state.preempt(job_id, grace, int(signum), now)
+        instructions = self.state.preempt(job_id, grace, int(signum), now)
+        if instructions:
+            log.info("job=%d node=%s preempting: signal %d, grace %.0fs", job_id,
+                     ",".join(sorted({i.node for i in instructions})), signum, grace)
+            metrics.record_preemption()
+        return instructions
 
     # ---------------------------------------------------------------------------------------------
     # Client operations

@@ -167,12 +167,14 @@ def _resolve_policy(spec: JobSpec, principal: Principal, accounting: Accounting)
         part = found
     if not accounting.partition_allows_account(part, account):
         raise ValidationError(f"account {account!r} may not use partition {part.name!r}")
+    allowed = accounting.allowed_qos(account)
     qos = spec.qos or accounting.default_qos
+    if spec.qos is None and allowed and qos not in allowed:
+        qos = allowed[0]  # the account's first QoS when the cluster's default is not one of its QoS
     if qos:
         if qos not in accounting.qos_map:
             known = ", ".join(q.name for q in accounting.qos)
             raise ValidationError(f"unknown QoS {qos!r} (known: {known})")
-        allowed = accounting.allowed_qos(account)
         if allowed and qos not in allowed:
             raise ValidationError(f"account {account!r} may not use QoS {qos!r} (allowed: {', '.join(allowed)})")
         if part.allowed_qos and qos not in part.allowed_qos:

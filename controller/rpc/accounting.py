@@ -16,7 +16,7 @@ import grpc
 
 from garrison.controller.clock import Clock
 from garrison.controller.domain import JobState
-from garrison.controller.engine import parse_job_ref
+from garrison.controller.engine import MAX_ID, parse_job_ref
 from garrison.controller.rpc import convert
 from garrison.controller.rpc.services import Authenticator, mapped_errors
 from garrison.controller.store.interface import JobQuery, Store
@@ -59,6 +59,8 @@ def job_query_from_pb(request: apb.JobRecordsRequest) -> JobQuery:
             states.append(JobState(name.upper()))
         except ValueError:
             raise ValidationError(f"unknown job state {name!r}") from None
+    if request.after_job_id > MAX_ID:
+        raise ValidationError(f"invalid job id {request.after_job_id}: too large")
     start = request.start_time if request.HasField("start_time") else None
     end = request.end_time if request.HasField("end_time") else None
     for label, value in (("start time", start), ("end time", end)):

@@ -99,11 +99,6 @@ class Capacity:
             for index in sorted(buckets[k]):
                 yield self.candidate(request, index, end_time)
 
-    def all_candidates(self, request: Request, end_time: float) -> Iterator[Candidate]:
-        """Every node, ready or not, in node order (for telling why a job could never run)."""
-        for index in range(len(self.views)):
-            yield self.candidate(request, index, end_time)
-
     # -- changes --------------------------------------------------------------------------------------
 
     def take(self, allocation: Allocation) -> None:

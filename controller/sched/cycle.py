@@ -30,7 +30,7 @@ from garrison.controller.domain import Allocation
 from garrison.controller.sched.backfill import Reservation, Timeline
 from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.framework import Candidate, Request
-from garrison.controller.sched.pipeline import DEFAULT_SCORER_WEIGHTS, Pipeline, build_pipeline
+from garrison.controller.sched.pipeline import DEFAULT_SCORER_WEIGHTS, QUEUE_ORDER, Pipeline, build_pipeline
 from garrison.controller.sched.placement import DEFAULT_SCORE_LIMIT, Placer, candidates_of, request_for
 from garrison.controller.sched.preemption import Preempt, select_victims
 from garrison.controller.sched.priority import NO_WEIGHTS, PriorityContext, PriorityWeights
@@ -43,7 +43,7 @@ from garrison.controller.sched.snapshot import (
     Snapshot,
 )
 
-__all__ = ["Plan", "Preempt", "Reason", "Reservation", "SchedulerConfig", "Start", "queue_order", "schedule"]
+__all__ = ["Plan", "Preempt", "Reason", "Reservation", "SchedulerConfig", "Start", "schedule"]
 
 
 class Reason:
@@ -117,11 +117,6 @@ class Plan:
     estimated_starts: dict[int, float] = field(default_factory=dict)  # starts (now) and reservations
     reservations: tuple[Reservation, ...] = ()
     preempts: tuple[Preempt, ...] = ()  # only when the config enables preemption
-
-
-def queue_order(job: PendingJob, priority: int | None = None) -> tuple[int, float, int]:
-    """Highest priority first, then oldest, then lowest id (a total order, so plans are deterministic)."""
-    return (-(job.priority if priority is None else priority), job.submit_time, job.job_id)
 
 
 @lru_cache(maxsize=16)
@@ -257,7 +252,7 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
             array_running[running.array_job_id] += 1
 
     priorities = pricing.priorities(snapshot.pending)
-    queue = sorted(snapshot.pending, key=lambda j: (-priorities[j.job_id], j.submit_time, j.job_id))
+    queue = sorted(snapshot.pending, key=lambda j: QUEUE_ORDER.key(j.job_id, j.submit_time, priorities[j.job_id]))
 
     starts: list[Start] = []
     waiting: dict[int, str] = {}
@@ -270,6 +265,7 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     failed = 0
     timeline: Timeline | None = None
     started_now: list[tuple[Allocation, float]] = []
+    preempted_for: list[tuple[Allocation, float]] = []
     partitions = accounting.partition_map
 
     for job in queue:
@@ -328,11 +324,19 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
             if chosen is not None:
                 victims, allocation = chosen
                 preempting_jobs += 1 if victims else 0
+                grace = 0
                 for victim in victims:
                     victims_taken.add((victim.job_id, victim.attempt))
                     victim_qos = accounting.qos_map.get(victim.qos or default_qos)
                     preempts.append(Preempt(victim.job_id, victim.attempt, victim_qos.grace_s if victim_qos else 0))
-                capacity.reserve(allocation, now, job.job_id)  # nobody else may take what is freed for it
+                    grace = max(grace, preempts[-1].grace_s)
+                # Nobody else may take what is freed for it, and later reservations plan around it.
+                capacity.reserve(allocation, now, job.job_id)
+                held_until = now + grace + limit
+                if timeline is not None:
+                    timeline.hold(allocation, held_until)
+                else:
+                    preempted_for.append((allocation, held_until))
                 waiting[job.job_id] = Reason.PREEMPTING
                 continue
 
@@ -345,6 +349,8 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
                 timeline = Timeline(capacity, snapshot.running, now)
                 for held, until in started_now:
                     timeline.started(held, until)
+                for held, until in preempted_for:
+                    timeline.hold(held, until)
             found = timeline.earliest_start(request, placer, config.resolution_s, config.window_s)
             if found is not None:
                 begin, reserved = found

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from garrison.controller.sched.filters import CpuMemoryFit, GpuCapacity, GpuFree, NodeReady, PartitionMember
-from garrison.controller.sched.framework import OK, Candidate, Filter, Request, Scorer, Status
+from garrison.controller.sched.framework import OK, Candidate, Filter, QueueOrder, Request, Scorer, Status
+from garrison.controller.sched.priority import PriorityOrder
 from garrison.controller.sched.scorers import BinPack, GpuTopology, NumaLocality
 
 FILTERS: tuple[Filter, ...] = (
@@ -31,6 +32,10 @@ FILTERS: tuple[Filter, ...] = (
     #    start) and on other jobs' reservations, so it goes last.
     GpuFree(),
 )
+
+# The queue is walked once per cycle in this order; jobs are placed in it, so it is also the order in which
+# they claim reservations.
+QUEUE_ORDER: QueueOrder = PriorityOrder()
 
 SCORER_TYPES: Mapping[str, type[BinPack] | type[GpuTopology] | type[NumaLocality]] = {
     "BinPack": BinPack,  # pack small jobs tight so whole nodes stay free for gangs (weighted highest)

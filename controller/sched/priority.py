@@ -52,6 +52,16 @@ class PriorityFactors:
     total: int
 
 
+class PriorityOrder:
+    """The queue order: highest priority first, then oldest, then lowest id (a total order, so plans are
+    deterministic)."""
+
+    name = "Priority"
+
+    def key(self, job_id: int, submit_time: float, priority: int) -> tuple[float, ...]:
+        return (-priority, submit_time, job_id)
+
+
 class PriorityContext:
     """What one cycle needs to price every pending job: computed once, then a few dict lookups per job."""
 

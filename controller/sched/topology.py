@@ -86,8 +86,3 @@ def best_affinity(affinity: Matrix, count: int) -> int:
     """The best set affinity ``count`` GPUs of an idle node of this kind can have."""
     chosen = pick_connected_gpus(tuple(range(len(affinity))), count, affinity)
     return set_affinity(chosen, affinity)
-
-
-def group_of(switches: tuple[str, ...], depth: int) -> tuple[str, ...]:
-    """The topology group of a node at ``depth`` levels from the top (0: the whole cluster)."""
-    return switches[:depth]

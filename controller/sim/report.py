@@ -114,7 +114,7 @@ def write_jobs_csv(results: Sequence[ReplayResult], path: Path) -> None:
                 ])
 
 
-def _step_average(times: Sequence[float], values: Sequence[int], bins: int) -> tuple[list[float], list[float]]:
+def step_average(times: Sequence[float], values: Sequence[int], bins: int) -> tuple[list[float], list[float]]:
     """Time-weighted averages of a step function over ``bins`` equal intervals (plots stay readable)."""
     start, stop = (times[0], times[-1]) if times else (0.0, 0.0)
     if len(times) < 2 or stop <= start:
@@ -123,13 +123,16 @@ def _step_average(times: Sequence[float], values: Sequence[int], bins: int) -> t
     sums = [0.0] * bins
     for i in range(len(times) - 1):
         left, right, value = times[i], times[i + 1], values[i]
+        index = min(int((left - start) / width), bins - 1)
         while left < right:
-            index = min(int((left - start) / width), bins - 1)
-            edge = min(right, start + (index + 1) * width)
-            if edge <= left:  # float rounding at a bin edge
-                edge = right
+            bin_end = start + (index + 1) * width if index < bins - 1 else stop
+            if bin_end <= left and index < bins - 1:  # float rounding put left at the end of this bin
+                index += 1
+                continue
+            edge = min(right, bin_end) if index < bins - 1 else right
             sums[index] += value * (edge - left)
             left = edge
+            index += 1
     centres = [start + (i + 0.5) * width for i in range(bins)]
     return centres, [s / width for s in sums]
 
@@ -155,7 +158,7 @@ def write_plots(results: Sequence[ReplayResult], out_dir: Path, bins: int = 400)
 
     fig, ax = plt.subplots(figsize=(9, 4))
     for result in results:
-        x, y = _step_average(result.times, result.queue_length, bins)
+        x, y = step_average(result.times, result.queue_length, bins)
         ax.plot([(t - origin) / 86400 for t in x], y, label=result.policy, linewidth=1)
     ax.set_xlabel("time (days)")
     ax.set_ylabel("pending jobs")
@@ -165,7 +168,7 @@ def write_plots(results: Sequence[ReplayResult], out_dir: Path, bins: int = 400)
 
     fig, ax = plt.subplots(figsize=(9, 4))
     for result in results:
-        x, y = _step_average(result.times, result.busy_gpus, bins)
+        x, y = step_average(result.times, result.busy_gpus, bins)
         ax.plot([(t - origin) / 86400 for t in x], [100 * v / result.total_gpus for v in y],
                 label=result.policy, linewidth=1)
     ax.set_xlabel("time (days)")

@@ -146,3 +146,43 @@ def test_killing_an_agent_requeues_its_job_onto_the_other(twin_cluster: Cluster)
     wait_until("the stale attempt to be killed", stale_gone)
     nodes = {line.split()[0]: line.split()[1] for line in c.run("ginfo").stdout.splitlines()[1:]}
     assert nodes[first_node] in ("IDLE", "MIXED")
+
+
+def test_signal_before_time_limit_arrives_on_time(cluster: Cluster) -> None:
+    log = cluster.work / "warned.log"
+    job_id = cluster.submit(
+        "-G", "1", "-t", "0:06", "--signal", "USR1@3", "-o", "/dev/null", "--wrap",
+        f"trap 'echo usr1 $(date +%s.%N) >> {log}' USR1; echo start $(date +%s.%N) >> {log}; "
+        "while :; do sleep 0.05; done",
+    )
+    job = cluster.wait_done(job_id, timeout=30)
+    assert job["state"] == "TIMEOUT"
+    stamps = {line.split()[0]: float(line.split()[1]) for line in log.read_text().splitlines()}
+    # USR1 three seconds before the 6 s limit, to within a second (ranks start a few ms after the attempt).
+    assert 2.0 <= stamps["usr1"] - stamps["start"] <= 4.0, stamps
+
+
+def test_gang_whose_launch_fails_on_one_node_is_requeued(cluster: Cluster) -> None:
+    """Rank 0's node cannot host the rendezvous (its MASTER_PORT is taken): the attempt is torn down on
+    every node and the job starts again as a new attempt, with another port."""
+    import socket
+
+    from garrison.controller.engine import master_port
+
+    probe = cluster.submit("-G", "1", "-o", "/dev/null", "--wrap", "true")
+    cluster.wait_done(probe)
+    next_id = int(probe) + 1
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as blocker:
+        blocker.bind(("0.0.0.0", master_port(next_id, 0)))
+        blocker.listen()
+        job_id = cluster.submit("-N", "2", "--gpus-per-node", "1", "-o", "relaunch-%j.out", "--wrap",
+                                'echo "attempt $GARRISON_ATTEMPT rank $RANK port $MASTER_PORT"')
+        assert int(job_id) == next_id, "another job was submitted in between; the port guess is off"
+        job = cluster.wait_done(job_id)
+    assert job["state"] == "COMPLETED" and job["restart_count"] == 1
+    lines = sorted((cluster.work / f"relaunch-{job_id}.out").read_text().splitlines())
+    # Rank 1's node may have run its part of attempt 0 before the gang was torn down; rank 0 never did.
+    assert [f"attempt 1 rank {r} port {master_port(next_id, 1)}" for r in (0, 1)] == lines[-2:]
+    assert not any(line.startswith("attempt 0 rank 0") for line in lines)
+    detail = cluster.run("gjob", job_id).stdout
+    assert "Attempt 0: FAILED" in detail and "is in use" in detail

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from garrison.config import ConfigError, parse_config
+from garrison.config import ConfigError, ControllerConfig, parse_config
 from garrison.controller.accounts import (
     Account,
     Accounting,
@@ -16,9 +16,11 @@ from garrison.controller.accounts import (
     UsageState,
     User,
 )
+from garrison.controller.domain import JobSpec, Principal
 from garrison.controller.policy import scheduler_config, seed_accounting, switch_paths
 from garrison.controller.sched.presets import preset
 from garrison.controller.usage import UsageLedger
+from garrison.controller.validate import ValidationError, validate_submission
 
 
 def base() -> Accounting:
@@ -191,3 +193,38 @@ def test_usage_period_rolls_over_and_survives_a_restart() -> None:
     again = UsageLedger(saved, half_life_s=3600.0, period_s=1000.0, now=2100.0 + 3600.0)
     assert again.view()[("a", "u")].decayed_gpu_s == pytest.approx(ledger.view()[("a", "u")].decayed_gpu_s / 2)
     assert again.view()[("a", "u")].period_gpu_s == 0.0  # the period it was charged in is over
+
+
+# -- submissions against the accounting data (validate.py) --------------------------------------------------
+
+
+def submit(accounting: Accounting, user: str = "ann", **spec: object) -> tuple[str, str, str | None, int]:
+    resolved = validate_submission(
+        JobSpec(name="j", command=("true",), **spec),  # type: ignore[arg-type]
+        Principal(user, 1000, 1000), ControllerConfig(), {}, [], accounting,
+    )
+    return resolved.account, resolved.partition, resolved.spec.qos, resolved.time_limit_s
+
+
+def test_submissions_resolve_account_partition_qos_and_time_limit() -> None:
+    acct = base().with_qos(Qos("short", 5, max_time_s=600))
+    acct = acct.with_account(Account("lab", "org", allowed_qos=("short",)))
+    acct = acct.with_user(User("ann", "team", (("team", 1), ("lab", 1))))
+    acct = acct.with_partition(PartitionDef("debug", default_time_s=60, max_time_s=900, allowed_accounts=("org",),
+                                            allowed_qos=("short", "normal")))
+    assert submit(acct) == ("team", "main", "normal", 3600)
+    assert submit(acct, account="lab", partition="debug") == ("lab", "debug", "short", 60)  # lab's only QoS
+    assert submit(acct, user="stranger") == ("default", "main", "normal", 3600)
+    for spec, message in (
+        ({"account": "org"}, "user 'ann' may not charge account 'org'"),
+        ({"qos": "gold"}, "unknown QoS 'gold'"),
+        ({"qos": "high"}, "account 'team' may not use QoS 'high'"),
+        ({"account": "lab", "time_limit_s": 700}, "exceeds QoS 'short' maximum of 600s"),
+        ({"partition": "debug", "qos": "normal", "time_limit_s": 1000}, "exceeds partition 'debug' maximum"),
+        ({"partition": "nowhere"}, "unknown partition 'nowhere' \\(known: main, debug\\)"),
+        ({"gpu_mem_mb": -1}, "must not be negative"),
+    ):
+        with pytest.raises(ValidationError, match=message):
+            submit(acct, **spec)
+    with pytest.raises(ValidationError, match="may not use partition 'debug'"):
+        submit(acct, user="stranger", partition="debug")

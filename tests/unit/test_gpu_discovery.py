@@ -11,6 +11,7 @@ from typing import Any
 import psutil
 import pynvml
 import pytest
+
 from garrison.controller.domain import NodeInventory
 from garrison.nodeagent.gpu import (
     TOPOLOGY_NAMES,

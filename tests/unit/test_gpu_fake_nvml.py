@@ -10,6 +10,7 @@ from typing import Any
 
 import pynvml
 import pytest
+
 from garrison.nodeagent.gpu import (
     TOPOLOGY_NAMES,
     install_failing_nvml,

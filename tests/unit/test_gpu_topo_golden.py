@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from garrison.controller.domain import Gpu, NodeInventory
 from garrison.nodeagent.gpu import (
     TOPOLOGY_NAMES,

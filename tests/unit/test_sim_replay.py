@@ -19,6 +19,7 @@ from garrison.controller.sim.metrics import (
 )
 from garrison.controller.sim.policies import Policy, SnapshotBuilder, load_policy
 from garrison.controller.sim.replay import ReplayOptions, replay
+from garrison.controller.sim.report import step_average
 from garrison.controller.sim.study import prepare
 from garrison.controller.sim.trace import TraceError, TraceJob
 
@@ -193,3 +194,16 @@ def test_metric_helpers() -> None:
     assert max_min_shares({"a": 2, "b": 1}, 8) == {"a": 2, "b": 1}
     assert jain_index([1.0, 1.0, 1.0]) == 1.0
     assert jain_index([1.0, 0.0, 0.0, 0.0]) == 0.25
+
+
+def test_plotted_averages_keep_the_area_and_stay_within_the_values() -> None:
+    times = [0.0, 0.3, 1.0, 2.7, 10.0]
+    values = [4, 8, 0, 2, 0]
+    centres, averages = step_average(times, values, 7)
+    assert len(centres) == len(averages) == 7
+    assert sum(a * 10 / 7 for a in averages) == pytest.approx(4 * 0.3 + 8 * 0.7 + 0 * 1.7 + 2 * 7.3)
+    assert max(averages) <= 8 and min(averages) >= 0
+    # Event times that fall on bin edges exactly (up to float rounding) do not spill into one bin.
+    edges = [i / 3 for i in range(31)]
+    _, flat = step_average(edges, [96] * 31, 10)
+    assert flat == pytest.approx([96.0] * 10)

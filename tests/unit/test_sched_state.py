@@ -1,0 +1,82 @@
+"""The scheduling policy's state operations on ClusterState with a real SQLite store: drains that survive
+silence and restarts, holds that survive restarts, requeue, job updates, and the snapshot's cached views
+following every change."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_cluster_state import connect, inventory, new_state, ok, submit
+
+from garrison.controller.domain import Allocation, JobState, NodeAllocation, NodeState
+from garrison.controller.state import SignalAttempt
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'c.db'}"
+
+
+def test_a_drained_node_stays_drained_through_silence_and_restarts(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1")
+    state.set_drain("n1", True, "bad DIMM")
+    # It goes silent (rebooted for maintenance): its jobs are lost, but it stays drained.
+    state.expire_heartbeats(100.0)
+    assert state.nodes["n1"].state == NodeState.DRAIN and "n1" not in state.connected
+    assert state.expire_heartbeats(200.0) == []  # handled once
+    connect(state, "n1", now=300.0)
+    assert state.nodes["n1"].state == NodeState.DRAIN and state.nodes["n1"].reason == "bad DIMM"
+    again = new_state(db, now=300.0)  # the controller restarts
+    assert again.nodes["n1"].state == NodeState.DRAIN
+    connect(again, "n1", now=300.0)
+    view = again.snapshot().nodes[0]
+    assert view.drained and not view.schedulable
+    again.set_drain("n1", False, "")
+    assert again.nodes["n1"].state == NodeState.UP and again.snapshot().nodes[0].schedulable
+
+
+def test_holds_survive_a_restart_and_mark_the_pending_view(db: str) -> None:
+    state = new_state(db)
+    submit(state, 1, gpus=1)
+    submit(state, 2, gpus=1)
+    assert state.hold([1], by_admin=True) == [1]
+    assert state.hold([2], by_admin=False) == [2]
+    assert {p.job_id: p.held for p in state.snapshot().pending} == {1: True, 2: True}
+    assert state.release([2]) == [2] and state.release([2]) == []
+    again = new_state(db)
+    assert again.held == {1} and again.admin_held == {1}
+    assert {p.job_id: p.held for p in again.snapshot().pending} == {1: True, 2: False}
+
+
+def test_requeue_stops_a_running_job_and_queues_it_again(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1")
+    submit(state, 1, gpus=1)
+    state.start_attempts([(1, Allocation((NodeAllocation("n1", (0,)),)))], 1.0)
+    requeued, instructions = state.requeue([1], 2.0)
+    assert requeued == [1] and instructions == [SignalAttempt("n1", 1, 0, "terminate")]
+    assert state.requeue([1], 2.0) == ([], [])  # already being stopped
+
+    state.node_finished("n1", ok(1, ranks=1), 3.0)
+    job = state.jobs[1]
+    assert job.state == JobState.PENDING and job.attempts[0].state == JobState.CANCELLED
+    assert [p.job_id for p in state.snapshot().pending] == [1]
+
+
+def test_snapshot_views_follow_job_changes(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1")
+    job = submit(state, 1, gpus=1)
+    first = state.snapshot()
+    assert first.pending[0].time_limit_s == 60 and first.nodes[0].free_gpus == frozenset(range(8))
+    state.update_job(replace(job, time_limit_s=30, priority=5))
+    second = state.snapshot()
+    assert (second.pending[0].time_limit_s, second.pending[0].priority) == (30, 5)
+    state.start_attempts([(1, Allocation((NodeAllocation("n1", (2, 3)),)))], 1.0)
+    third = state.snapshot()
+    assert third.pending == () and third.nodes[0].free_gpus == frozenset(range(8)) - {2, 3}
+    assert [(r.job_id, r.expected_end) for r in third.running] == [(1, 31.0)]
+    assert inventory("n1").gpus[0].name == third.nodes[0].gpu_names[0]
