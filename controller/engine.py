@@ -53,6 +53,7 @@ class AgentSession:
     node: str
     address: str
     queue: asyncio.Queue[pb.ControllerMessage | None] = field(default_factory=asyncio.Queue)
+    refusal: str = ""  # why the agent's stream was cut (an undecodable message), told to it at the end
 
     def send(self, message: pb.ControllerMessage) -> None:
         self.queue.put_nowait(message)

@@ -161,6 +161,7 @@ class JobManager:
             kill_wait_s=req.kill_wait_s,
             notify_socket=self.notify_socket,
             umask=req.spec.umask,
+            cpus=_usable_cpus(req.allocation.nodes[req.node_rank].cpus),
         )
         # Rename first so a crash never leaves a half-written job dir under the attempt's real name.
         staging.rename(job_dir)
@@ -240,6 +241,15 @@ class JobManager:
             else:
                 finished.append(result)
         return running, finished
+
+
+def _usable_cpus(chosen: tuple[int, ...]) -> list[int] | None:
+    """The scheduler's CPU choice for this node, limited to CPUs this host really has. None when it chose
+    none, or when none of them exist here (a fake machine description larger than the test host)."""
+    if not chosen:
+        return None
+    present = sorted(set(chosen) & os.sched_getaffinity(0))
+    return present or None
 
 
 def _check_port_free(port: int) -> None:

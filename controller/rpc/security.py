@@ -18,7 +18,7 @@ from garrison.auth import AuthError, load_or_create_key
 from garrison.config import ConfigError, ControllerConfig
 from garrison.controller.engine import Engine, NotFound, PermissionDenied
 from garrison.controller.ratelimit import RateLimited, RateLimiter
-from garrison.controller.rpc.services import Authenticator, mapped_errors
+from garrison.controller.rpc.services import Authenticator, MalformedStreamMessage, mapped_errors
 from garrison.controller.validate import ValidationError
 from garrison.protos.v1 import security_pb2 as spb
 from garrison.protos.v1 import security_pb2_grpc as spb_grpc
@@ -136,7 +136,9 @@ def _guard_stream(behavior: Any, decode: Callable[[bytes], Any], method: str) ->
                     message = decode(raw)
                 except Exception:
                     log.info("rejected %s stream from %s: undecodable message", method, context.peer())
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _malformed(method))
+                    # Not context.abort() here: this runs in the servicer's reader task while its other half
+                    # may be sending, and gRPC refuses a second operation at once. The servicer ends the call.
+                    raise MalformedStreamMessage(_malformed(method)) from None
                 yield message
 
         async for response in behavior(decoded(), context):

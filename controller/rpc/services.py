@@ -80,6 +80,11 @@ def mapped_errors(handler: Callable[..., Awaitable[R]]) -> Callable[..., Awaitab
     return wrapper
 
 
+class MalformedStreamMessage(Exception):
+    """A message on a stream did not decode (controller/rpc/security.py); the servicer ends the call with
+    INVALID_ARGUMENT itself, because aborting from the reading task races with its sending half."""
+
+
 class Authenticator:
     """Who is asking: the local socket's kernel-proven identity, a local credential, or a token.
 
@@ -218,7 +223,11 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                     context, grpc.StatusCode.PERMISSION_DENIED, f"uid {principal.uid} may not act as an agent"
                 )
                 return
-        first = await anext(aiter(request_iterator), None)
+        try:
+            first = await anext(aiter(request_iterator), None)
+        except MalformedStreamMessage as exc:
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
         if first is None or first.WhichOneof("kind") != "register" or not first.register.node_name:
             await self._refuse(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a Register with a node name"
@@ -246,7 +255,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 async for message in request_iterator:
                     self.engine.agent_message(session, message)
             except (asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.AbortError):
-                pass  # AbortError: the stream was already ended with a status (an undecodable message)
+                pass
+            except MalformedStreamMessage as exc:
+                session.refusal = str(exc)
             except Exception:
                 log.exception("agent stream from %s failed", session.node)
             finally:
@@ -262,6 +273,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         finally:
             reader.cancel()
             self.engine.agent_disconnected(session)
+        if session.refusal:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, session.refusal)
 
 
 def _peer_host(peer: str) -> str:

@@ -130,7 +130,9 @@ class RankProcess:
 class Launch:
     """The parts of launch.json the supervisor needs (schema: spec.LaunchSpec)."""
 
-    __slots__ = ("job_id", "attempt", "uid", "gid", "groups", "user", "ranks", "kill_wait_s", "notify_socket", "umask")
+    __slots__ = (
+        "job_id", "attempt", "uid", "gid", "groups", "user", "ranks", "kill_wait_s", "notify_socket", "umask", "cpus"
+    )
 
     def __init__(self, document: dict[str, Any]) -> None:
         try:
@@ -146,6 +148,8 @@ class Launch:
             self.notify_socket = None if notify_socket is None else str(notify_socket)
             umask = document.get("umask")
             self.umask = None if umask is None else int(umask) & 0o777
+            cpus = document.get("cpus")
+            self.cpus = None if not cpus else [int(cpu) for cpu in cpus]
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise LaunchError(f"malformed {LAUNCH_FILE}: {error!r}") from error
 
@@ -258,6 +262,9 @@ def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_sig
         for signal_number in ignored_signals:
             signal.signal(signal_number, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        if launch.cpus:
+            stage = "bind to CPUs"
+            os.sched_setaffinity(0, launch.cpus)  # the CPUs the scheduler chose, NUMA-local to the GPUs
         if launch.uid != os.getuid():
             stage = f"switch to uid {launch.uid} gid {launch.gid}"
             os.setgroups(launch.groups)

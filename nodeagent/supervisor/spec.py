@@ -97,6 +97,7 @@ class LaunchSpec:
     kill_wait_s: float
     notify_socket: str | None = None
     umask: int | None = None  # the submitter's umask, applied after dropping privileges
+    cpus: list[int] | None = None  # CPU ids every rank is bound to (sched_setaffinity); None: not bound
 
     def __post_init__(self) -> None:
         if not self.ranks:
@@ -127,6 +128,7 @@ class LaunchSpec:
             kill_wait_s=_field(document, "kill_wait_s", float),
             notify_socket=_optional_field(document, "notify_socket", str),
             umask=_optional_field(document, "umask", int),
+            cpus=_optional_field(document, "cpus", list),
         )
 
 

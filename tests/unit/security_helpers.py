@@ -82,7 +82,9 @@ class ControllerProcess:
         return self.process.returncode
 
 
-def write_config(root: Path, *, tls_dir: Path | None, extra: str = "") -> tuple[Path, str, str]:
+def write_config(
+    root: Path, *, tls_dir: Path | None, extra: str = "", local_socket: bool = False
+) -> tuple[Path, str, str]:
     address = f"127.0.0.1:{free_port()}"
     agent_address = f"127.0.0.1:{free_port()}" if tls_dir is not None else ""
     lines = [
@@ -91,7 +93,7 @@ def write_config(root: Path, *, tls_dir: Path | None, extra: str = "") -> tuple[
         f'database = "sqlite:///{root / "controller.db"}"',
         f'state_dir = "{root / "state"}"',
         f'credential_socket = "{root / "auth.sock"}"',
-        'local_socket = ""',
+        f'local_socket = "{root / "controller.sock" if local_socket else ""}"',
         f'key_file = "{root / "state" / "credential.key"}"',
         "heartbeat_interval_s = 1.0",
         "heartbeat_timeout_s = 30.0",
@@ -111,14 +113,15 @@ def write_config(root: Path, *, tls_dir: Path | None, extra: str = "") -> tuple[
 
 @contextmanager
 def running_controller(
-    root: Path, *, tls_dir: Path | None = None, extra: str = "", reuse: ControllerProcess | None = None
+    root: Path, *, tls_dir: Path | None = None, extra: str = "", reuse: ControllerProcess | None = None,
+    local_socket: bool = False,
 ) -> Iterator[ControllerProcess]:
     """A controller on a new configuration in ``root``, or (``reuse``) on a stopped one's config and store."""
     root.mkdir(parents=True, exist_ok=True)
     if reuse is not None:
         config, address, agent_address, tls_dir = reuse.config, reuse.address, reuse.agent_address, reuse.ca_dir
     else:
-        config, address, agent_address = write_config(root, tls_dir=tls_dir, extra=extra)
+        config, address, agent_address = write_config(root, tls_dir=tls_dir, extra=extra, local_socket=local_socket)
     log = root / "controller.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log, "wb") as log_file:

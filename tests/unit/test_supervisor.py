@@ -570,3 +570,16 @@ def test_unreadable_launch_file_is_reported_in_the_status(jobs: Jobs) -> None:
     status = client.read_status(job_dir)
     assert status is not None and status.finished and status.ranks == []
     assert status.error is not None and "launch.json" in status.error
+
+
+def test_ranks_are_bound_to_the_chosen_cpus(jobs: Jobs) -> None:
+    chosen = sorted(os.sched_getaffinity(0))[-1]
+    out = jobs.root / "affinity.out"
+    spec = dataclasses.replace(
+        jobs.spec(jobs.rank(0, "grep Cpus_allowed_list /proc/self/status", stdout=str(out), stderr=str(out))),
+        cpus=[chosen],
+    )
+    job_dir = jobs.job_dir()
+    client.spawn(job_dir, spec)
+    assert jobs.wait_finished(job_dir).ranks[0].exit_code == 0
+    assert out.read_text().split()[-1] == str(chosen)
