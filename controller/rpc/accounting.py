@@ -17,7 +17,7 @@ import grpc
 from garrison.controller.clock import Clock
 from garrison.controller.domain import JobState
 from garrison.controller.engine import MAX_ID, parse_job_ref
-from garrison.controller.rpc import convert
+from garrison.controller.rpc import convert_admin
 from garrison.controller.rpc.services import Authenticator, mapped_errors
 from garrison.controller.store.interface import JobQuery, Store
 from garrison.controller.validate import ValidationError
@@ -99,7 +99,7 @@ class AccountingService(apb_grpc.AccountingServicer):
         query = job_query_from_pb(request)
         jobs = self.store.query_jobs(query)
         return apb.JobRecordsResponse(
-            jobs=[convert.job_record_to_pb(job, now) for job in jobs], now=now, page_size=query.limit or 0
+            jobs=[convert_admin.job_record_to_pb(job, now) for job in jobs], now=now, page_size=query.limit or 0
         )
 
     def _usage(self, request: apb.UsageRequest, now: float) -> apb.UsageResponse:
@@ -112,7 +112,7 @@ class AccountingService(apb_grpc.AccountingServicer):
             raise ValidationError(f"too many users or accounts: at most {MAX_FILTER_VALUES}")
         rows = self.store.usage(start, end, now, users=list(request.users), accounts=list(request.accounts))
         return apb.UsageResponse(
-            rows=[convert.usage_to_pb(row) for row in rows], start_time=start, end_time=end, now=now
+            rows=[convert_admin.usage_to_pb(row) for row in rows], start_time=start, end_time=end, now=now
         )
 
     @mapped_errors

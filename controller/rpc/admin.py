@@ -7,7 +7,7 @@ import grpc
 
 from garrison.controller.admin import AdminOps
 from garrison.controller.engine import Engine
-from garrison.controller.rpc import convert
+from garrison.controller.rpc import convert, convert_admin
 from garrison.controller.rpc.services import Authenticator, mapped_errors
 from garrison.controller.validate import ValidationError
 from garrison.protos.v1 import admin_pb2 as adminpb
@@ -30,11 +30,12 @@ class AdminService(admin_grpc.AdminServicer):
         self.ops = AdminOps(engine)
 
     def _policy(self) -> adminpb.PolicyInfo:
-        return convert.policy_to_pb(self.engine.policy.accounting)
+        return convert_admin.policy_to_pb(self.engine.policy.accounting)
 
     @mapped_errors
     async def GetPolicy(self, request: adminpb.GetPolicyRequest, context: grpc.aio.ServicerContext) -> adminpb.PolicyInfo:
-        self.auth.principal(context)
+        # gadmin is for admins only, reads included (issue 3): users see their jobs' factors in gqueue.
+        self.ops.require_admin(self.auth.principal(context), "read the accounts, QoS and quota tables")
         return self._policy()
 
     @mapped_errors
@@ -42,9 +43,9 @@ class AdminService(admin_grpc.AdminServicer):
         principal = self.auth.principal(context)
         action = _action(request.action)
         if action == ADD:
-            self.ops.add_account(principal, convert.account_from_pb(request))
+            self.ops.add_account(principal, convert_admin.account_from_pb(request))
         elif action == MODIFY:
-            self.ops.modify_account(principal, request.name, **convert.account_changes_from_pb(request))
+            self.ops.modify_account(principal, request.name, **convert_admin.account_changes_from_pb(request))
         else:
             self.ops.delete_account(principal, request.name)
         return self._policy()
@@ -54,7 +55,7 @@ class AdminService(admin_grpc.AdminServicer):
         principal = self.auth.principal(context)
         action = _action(request.action)
         if action == ADD:
-            self.ops.add_user(principal, convert.user_from_pb(request))
+            self.ops.add_user(principal, convert_admin.user_from_pb(request))
         elif action == MODIFY:
             self.ops.modify_user(
                 principal, request.name, add_accounts=list(request.add_accounts),
@@ -70,7 +71,7 @@ class AdminService(admin_grpc.AdminServicer):
     @mapped_errors
     async def SetQuota(self, request: adminpb.QuotaChange, context: grpc.aio.ServicerContext) -> adminpb.PolicyInfo:
         principal = self.auth.principal(context)
-        self.ops.set_quota(principal, request.kind, request.name, **convert.quota_changes_from_pb(request))
+        self.ops.set_quota(principal, request.kind, request.name, **convert_admin.quota_changes_from_pb(request))
         return self._policy()
 
     @mapped_errors
@@ -78,10 +79,10 @@ class AdminService(admin_grpc.AdminServicer):
         principal = self.auth.principal(context)
         action = _action(request.action)
         if action == ADD:
-            self.ops.add_qos(principal, convert.qos_from_pb(request), make_default=request.make_default)
+            self.ops.add_qos(principal, convert_admin.qos_from_pb(request), make_default=request.make_default)
         elif action == MODIFY:
             self.ops.modify_qos(principal, request.name, make_default=request.make_default,
-                                **convert.qos_changes_from_pb(request))
+                                **convert_admin.qos_changes_from_pb(request))
         else:
             self.ops.delete_qos(principal, request.name)
         return self._policy()
@@ -93,9 +94,9 @@ class AdminService(admin_grpc.AdminServicer):
         principal = self.auth.principal(context)
         action = _action(request.action)
         if action == ADD:
-            self.ops.add_partition(principal, convert.partition_from_pb(request))
+            self.ops.add_partition(principal, convert_admin.partition_from_pb(request))
         elif action == MODIFY:
-            self.ops.modify_partition(principal, request.name, **convert.partition_changes_from_pb(request))
+            self.ops.modify_partition(principal, request.name, **convert_admin.partition_changes_from_pb(request))
         else:
             self.ops.delete_partition(principal, request.name)
         return self._policy()
@@ -104,10 +105,10 @@ class AdminService(admin_grpc.AdminServicer):
     async def GetFairShare(
         self, request: adminpb.FairShareRequest, context: grpc.aio.ServicerContext
     ) -> adminpb.FairShareResponse:
-        self.auth.principal(context)
+        self.ops.require_admin(self.auth.principal(context), "read every account's usage")
         ledger = self.engine.policy.usage
         lines = self.ops.usage(list(request.accounts), list(request.users))
-        return adminpb.FairShareResponse(entries=convert.fair_share_to_pb(lines), half_life_s=ledger.half_life_s,
+        return adminpb.FairShareResponse(entries=convert_admin.fair_share_to_pb(lines), half_life_s=ledger.half_life_s,
                                          period_start=ledger.period_start, period_s=ledger.period_s)
 
     @mapped_errors
@@ -152,8 +153,8 @@ class AdminService(admin_grpc.AdminServicer):
         now = engine.clock.now()
         last = engine.policy.last
         return adminpb.QueueDetailsResponse(
-            jobs=[convert.pending_detail_to_pb(line, now) for line in self.ops.pending_details(jobs)],
-            weights=convert.priority_weights_to_pb(engine.policy.scheduler.weights),
+            jobs=[convert_admin.pending_detail_to_pb(line, now) for line in self.ops.pending_details(jobs)],
+            weights=convert_admin.priority_weights_to_pb(engine.policy.scheduler.weights),
             cycle_time=last.at if last is not None else 0.0,
             now=now,
         )

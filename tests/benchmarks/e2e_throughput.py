@@ -124,8 +124,12 @@ def main() -> int:
 
     state_dir = Path(tempfile.mkdtemp(prefix="gbench-", dir="/tmp"))
     env = dict(os.environ, XDG_CACHE_HOME=str(state_dir / "cache"), PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    # One user submitting 1,000 jobs one by one is exactly what the per-user request rate limit (50/s by
+    # default) exists to slow down; lift it, as Slurm's benchmark runs without rl_enable.
+    (state_dir / "extra.toml").write_text("request_rate_per_s = 0\n")
     up = subprocess.run([str(BIN / "garrison"), "up", "--state-dir", str(state_dir), "--agents", str(args.agents),
-                         "--fake-topology", "dgx-a100"], env=env, capture_output=True, text=True)
+                         "--fake-topology", "dgx-a100", "--extra-config", str(state_dir / "extra.toml")],
+                        env=env, capture_output=True, text=True)
     if up.returncode != 0:
         print(up.stderr, file=sys.stderr)
         return 1

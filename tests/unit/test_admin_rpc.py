@@ -98,8 +98,10 @@ def reason(call: Caller, job_id: int) -> str:
     return str(job.reason)
 
 
-def test_reads_are_for_anyone_and_changes_for_admins(call: Caller) -> None:
-    policy = call(MALLORY, "GetPolicy", adminpb.GetPolicyRequest())
+def test_gadmin_reads_and_changes_are_for_admins(call: Caller) -> None:
+    assert "only admins may" in call.refused(MALLORY, "GetPolicy", adminpb.GetPolicyRequest())
+    assert "only admins may" in call.refused(MALLORY, "GetFairShare", adminpb.FairShareRequest())
+    policy = call(CAROL, "GetPolicy", adminpb.GetPolicyRequest())
     assert {a.name for a in policy.accounts} == {"default", "org", "teamA", "teamB"}
     assert {u.name for u in policy.users} == {"cora", "mallory"}
     add = adminpb.AccountChange(action=adminpb.ADD, name="lab", parent="org")
@@ -167,7 +169,7 @@ def test_accounting_and_holds_survive_a_restart(controller: ControllerProcess, t
     controller.stop()
     with running_controller(controller.root, reuse=controller) as again, again.client_channel() as channel:
         call = Caller(again, channel)
-        policy = call(EVE, "GetPolicy", adminpb.GetPolicyRequest())
+        policy = call(CAROL, "GetPolicy", adminpb.GetPolicyRequest())
         gold = next(q for q in policy.qos if q.name == "gold")
         assert gold.priority == 99 and gold.max_gpus_per_user == 3
         assert next(a for a in policy.accounts if a.name == "vault").parent == "teamB"

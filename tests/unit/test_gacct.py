@@ -29,7 +29,7 @@ from garrison.cli.accounting import (
     usage_rows,
 )
 from garrison.controller.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation
-from garrison.controller.rpc.convert import job_record_to_pb, usage_to_pb
+from garrison.controller.rpc.convert_admin import job_record_to_pb, usage_to_pb
 from garrison.controller.store import UsageRow, open_store
 
 BIN = Path(sys.executable).parent

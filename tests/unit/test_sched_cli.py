@@ -12,7 +12,7 @@ from garrison.cli.queue_views import details_json, priority_rows, start_rows
 from garrison.controller.accounts import Account, Accounting, Limits, PartitionDef, Qos
 from garrison.controller.admin import PendingLine
 from garrison.controller.domain import Job, JobSpec
-from garrison.controller.rpc import convert
+from garrison.controller.rpc import convert_admin
 from garrison.controller.sched.priority import PriorityFactors, PriorityWeights
 from garrison.protos.v1 import admin_pb2 as adminpb
 
@@ -27,7 +27,7 @@ def policy() -> adminpb.PolicyInfo:
         account_limits=(("team", Limits(max_gpus=8, max_gpu_hours=12.5)),),
         default_qos="normal",
     )
-    return convert.policy_to_pb(accounting)
+    return convert_admin.policy_to_pb(accounting)
 
 
 def test_account_tree_and_tables() -> None:
@@ -56,11 +56,11 @@ def test_queue_views_show_positions_estimates_and_weighted_factors() -> None:
     job = Job(job_id=7, spec=JobSpec(name="train", command=("x",), gpus=8), user="ann", uid=1, gid=1,
               account="team", partition="main", time_limit_s=60, submit_time=0.0, reason="Resources")
     factors = PriorityFactors(age=0.5, fair_share=0.25, qos=1.0, job_size=0.1, partition=0.0, admin=3, total=0)
-    detail = convert.pending_detail_to_pb(PendingLine(job, 2, 1000.0, 4103, factors), now=10.0)
-    unknown = convert.pending_detail_to_pb(PendingLine(job, 0, None, None, None), now=10.0)
+    detail = convert_admin.pending_detail_to_pb(PendingLine(job, 2, 1000.0, 4103, factors), now=10.0)
+    unknown = convert_admin.pending_detail_to_pb(PendingLine(job, 0, None, None, None), now=10.0)
     response = adminpb.QueueDetailsResponse(
         jobs=[detail, unknown], now=10.0,
-        weights=convert.priority_weights_to_pb(PriorityWeights(age=1000, fair_share=10000, qos=2000,
+        weights=convert_admin.priority_weights_to_pb(PriorityWeights(age=1000, fair_share=10000, qos=2000,
                                                                 job_size=1000, partition=1000)))
     rows = start_rows(response)
     assert rows[0][5] == "2" and rows[0][6] != "N/A" and rows[0][7] == "(Resources)"
