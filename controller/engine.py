@@ -34,7 +34,7 @@ from garrison.controller.state import (
     NodeResult,
     SignalAttempt,
 )
-from garrison.controller.validate import ValidationError, partition_nodes, validate_submission
+from garrison.controller.validate import ValidationError, validate_submission
 from garrison.protos.v1 import garrison_pb2 as pb
 
 log = logging.getLogger("garrison.controller")
@@ -422,7 +422,3 @@ class Engine:
             allocated = list(self.state.gpu_owner.get(node.name, {}))
             out.append(convert.node_to_pb(node, allocated, node.name in self.state.connected))
         return out
-
-    def partition_of(self, name: str) -> list[str]:
-        part = self.policy.accounting.partition_map[name]
-        return [n.name for n in partition_nodes(part, list(self.state.nodes.values()))]

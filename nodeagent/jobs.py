@@ -13,11 +13,10 @@ import logging
 import os
 import shutil
 import socket
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from garrison.controller.domain import Allocation, JobSpec, NodeAllocation
+from garrison.controller.domain import Allocation, JobSpec
 from garrison.nodeagent.launch.env import LaunchContext, checkpoint_dir_for, plan_ranks
 from garrison.nodeagent.supervisor import client as supervisor
 from garrison.nodeagent.supervisor.spec import LaunchSpec, RankSpec
@@ -284,6 +283,3 @@ def _groups_of(user: str, gid: int) -> list[int]:
     except (KeyError, OSError):
         return [gid]
 
-
-def allocation_of(nodes: Iterable[tuple[str, Iterable[int]]]) -> Allocation:
-    return Allocation(tuple(NodeAllocation(node, tuple(gpus)) for node, gpus in nodes))

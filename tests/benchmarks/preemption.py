@@ -26,23 +26,7 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-CONFIG = """
-[controller.scheduler]
-preemption = true
-
-[[controller.qos]]
-name = "low"
-grace_time = 5
-
-[[controller.qos]]
-name = "normal"
-priority = 10
-
-[[controller.qos]]
-name = "urgent"
-priority = 40
-preempts = ["low"]
-"""
+CONFIG = Path(__file__).resolve().parents[1] / "data" / "preemption.toml"
 
 
 def run(env: dict[str, str], *args: str) -> str:
@@ -72,10 +56,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     state_dir = Path(tempfile.mkdtemp(prefix="gpreempt-", dir="/tmp"))
-    (state_dir / "extra.toml").write_text(CONFIG)
     env = dict(os.environ, XDG_CACHE_HOME=str(state_dir / "cache"), PATH=f"{BIN}:{os.environ.get('PATH', '')}")
     line = run(env, "garrison", "up", "--state-dir", str(state_dir), "--agents", "1", "--fake-topology", "dgx-a100",
-               "--extra-config", str(state_dir / "extra.toml"))
+               "--extra-config", str(CONFIG))
     env["GARRISON_CONTROLLER"] = line.split("=", 1)[1]
     work = state_dir / "work"
     work.mkdir()

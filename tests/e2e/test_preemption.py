@@ -18,30 +18,12 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "ddp_checkpoint.py"
-PREEMPTION_CONFIG = """
-[controller.scheduler]
-preemption = true
-
-[[controller.qos]]
-name = "low"
-grace_time = 5
-
-[[controller.qos]]
-name = "normal"
-priority = 10
-
-[[controller.qos]]
-name = "urgent"
-priority = 40
-preempts = ["low"]
-"""
+PREEMPTION_CONFIG = Path(__file__).resolve().parents[1] / "data" / "preemption.toml"
 
 
 @pytest.fixture
-def preempting_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    extra = tmp_path / "preemption.toml"
-    extra.write_text(PREEMPTION_CONFIG)
-    c = start_cluster(["dgx-a100"], ["--agents", "1", "--extra-config", str(extra)])
+def preempting_cluster() -> Iterator[Cluster]:
+    c = start_cluster(["dgx-a100"], ["--agents", "1", "--extra-config", str(PREEMPTION_CONFIG)])
     try:
         yield c
     finally:
