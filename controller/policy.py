@@ -34,10 +34,12 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         "qos": settings.priority_weight_qos,
         "job_size": settings.priority_weight_job_size,
         "partition": settings.priority_weight_partition,
+        "time_limit": settings.priority_weight_time_limit,
+        "max_age_s": settings.priority_max_age_s,
+        "short_limit_s": settings.priority_time_limit_short_s,
+        "long_limit_s": settings.priority_time_limit_long_s,
     }
-    weights = replace(
-        weights, max_age_s=settings.priority_max_age_s, **{k: v for k, v in overrides.items() if v is not None}
-    )
+    weights = replace(weights, **{k: v for k, v in overrides.items() if v is not None})
     return replace(
         base,
         weights=weights,

@@ -91,6 +91,12 @@ DEFAULT_QOS = (
 )
 
 
+# Every preset's bounds of the time-limit priority factor (controller/sched/priority.py PriorityWeights; a
+# test keeps them equal). Repeated here so reading a config file never imports the scheduling core.
+PRESET_TIME_LIMIT_SHORT_S = 3600
+PRESET_TIME_LIMIT_LONG_S = 7 * 86400
+
+
 @dataclass(frozen=True)
 class SchedulerSettings:
     """[controller.scheduler]: the scheduling core's tunables (controller/sched/cycle.py SchedulerConfig)."""
@@ -101,7 +107,10 @@ class SchedulerSettings:
     priority_weight_qos: int | None = None
     priority_weight_job_size: int | None = None
     priority_weight_partition: int | None = None
-    priority_max_age_s: int = 7 * 86400
+    priority_weight_time_limit: int | None = None
+    priority_max_age_s: int | None = None  # None: the preset's
+    priority_time_limit_short_s: int | None = None
+    priority_time_limit_long_s: int | None = None
     fairshare_half_life_s: int = 7 * 86400
     quota_period_s: int = 30 * 86400
     backfill: bool | None = None
@@ -506,6 +515,9 @@ def _scheduler(table: Mapping[str, Any] | None, where: str) -> SchedulerSettings
     def weight(key: str) -> int | None:
         return s.get_int(key, 0) if key in s.table else None
 
+    def duration(key: str) -> int | None:
+        return s.get_duration(key, 0) if key in s.table else None
+
     settings = SchedulerSettings(
         policy=s.get_str("policy", d.policy),
         priority_weight_age=weight("priority_weight_age"),
@@ -513,7 +525,10 @@ def _scheduler(table: Mapping[str, Any] | None, where: str) -> SchedulerSettings
         priority_weight_qos=weight("priority_weight_qos"),
         priority_weight_job_size=weight("priority_weight_job_size"),
         priority_weight_partition=weight("priority_weight_partition"),
-        priority_max_age_s=s.get_duration("priority_max_age", d.priority_max_age_s),
+        priority_weight_time_limit=weight("priority_weight_time_limit"),
+        priority_max_age_s=duration("priority_max_age"),
+        priority_time_limit_short_s=duration("priority_time_limit_short"),
+        priority_time_limit_long_s=duration("priority_time_limit_long"),
         fairshare_half_life_s=s.get_duration("fairshare_half_life", d.fairshare_half_life_s),
         quota_period_s=s.get_duration("quota_period", d.quota_period_s),
         backfill=s.get_bool("backfill", False) if "backfill" in s.table else None,
@@ -528,9 +543,16 @@ def _scheduler(table: Mapping[str, Any] | None, where: str) -> SchedulerSettings
     s.finish()
     if settings.policy not in ("fifo", "fifo-easy", "garrison"):
         raise ConfigError(f"{where}.policy: expected fifo, fifo-easy or garrison, got {settings.policy!r}")
-    for key in ("priority_max_age_s", "fairshare_half_life_s", "quota_period_s", "backfill_window_s"):
-        if getattr(settings, key) <= 0:
+    for key in ("priority_max_age_s", "priority_time_limit_short_s", "priority_time_limit_long_s",
+                "fairshare_half_life_s", "quota_period_s", "backfill_window_s"):
+        value = getattr(settings, key)
+        if value is not None and value <= 0:
             raise ConfigError(f"{where}.{key.removesuffix('_s')}: must be positive")
+    short = settings.priority_time_limit_short_s or PRESET_TIME_LIMIT_SHORT_S
+    long = settings.priority_time_limit_long_s or PRESET_TIME_LIMIT_LONG_S
+    if short >= long:
+        raise ConfigError(f"{where}: priority_time_limit_short ({short}s) must be below priority_time_limit_long "
+                          f"({long}s)")
     return settings
 
 

@@ -247,10 +247,11 @@ def pending_detail_to_pb(line: PendingLine, now: float) -> adminpb.PendingDetail
     if factors is not None:
         msg.factors.CopyFrom(adminpb.PriorityFactors(age=factors.age, fair_share=factors.fair_share, qos=factors.qos,
                                                  job_size=factors.job_size, partition=factors.partition,
-                                                 admin=factors.admin))
+                                                 admin=factors.admin, time_limit=factors.time_limit))
     return msg
 
 
 def priority_weights_to_pb(weights: PriorityWeights) -> adminpb.PriorityWeights:
     return adminpb.PriorityWeights(age=weights.age, fair_share=weights.fair_share, qos=weights.qos,
-                               job_size=weights.job_size, partition=weights.partition)
+                               job_size=weights.job_size, partition=weights.partition,
+                               time_limit=weights.time_limit)

@@ -1,24 +1,32 @@
 """Multifactor priority, like Slurm's priority/multifactor: a weighted sum of factors in [0, 1].
 
     priority = w_age * age + w_fairshare * fairshare + w_qos * qos + w_size * size + w_partition * partition
-               + the admin's adjustment (gcontrol update JOB --priority)
+               + w_time_limit * time_limit + the admin's adjustment (gcontrol update JOB --priority)
 
 - age: time pending over ``max_age_s``, capped at 1;
 - fairshare: fairshare.py's classic factor for the job's (account, user);
 - qos: the job's QoS priority over the highest QoS priority;
 - size: the job's GPUs over the cluster's GPUs (large jobs first, so they are not starved by small ones);
-- partition: the partition's priority over the highest partition priority.
+- partition: the partition's priority over the highest partition priority;
+- time_limit: how short the job's time limit is, on a log scale: 1 at or below ``short_limit_s``, 0 at or
+  above ``long_limit_s`` (1 h and 7 days by default; a 4 h limit scores 0.73, 24 h 0.38, 72 h 0.17).
+  Slurm has no such factor; Maui and Moab weigh the requested wall time for the same reason: moving a short
+  job ahead of a long one saves the short job more than it costs the long one, so the average completion
+  time falls. Because the age factor keeps growing, a long job is overtaken only by jobs submitted within
+  ``w_time_limit / w_age * max_age_s`` after it (30 days' worth of age at most, with the garrison weights),
+  so none waits forever; and only the limit counts, which users choose, never the true run time.
 
 With every weight 0 the queue is plain arrival order (FIFO).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from garrison.controller.sched.fairshare import fair_share_factors
-from garrison.controller.sched.snapshot import PendingJob, Snapshot
+from garrison.controller.sched.snapshot import FALLBACK_TIME_LIMIT_S, PendingJob, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,17 +36,31 @@ class PriorityWeights:
     qos: int = 2000
     job_size: int = 1000
     partition: int = 1000
+    time_limit: int = 0
     max_age_s: float = 7 * 86400
+    short_limit_s: float = 3600  # a time limit this short or shorter: time-limit factor 1
+    long_limit_s: float = 7 * 86400  # this long or longer: time-limit factor 0
 
     def __post_init__(self) -> None:
-        for name in ("age", "fair_share", "qos", "job_size", "partition"):
+        for name in ("age", "fair_share", "qos", "job_size", "partition", "time_limit"):
             if getattr(self, name) < 0:
                 raise ValueError(f"priority weight {name} must not be negative")
         if self.max_age_s <= 0:
             raise ValueError("priority max age must be positive")
+        if not 0 < self.short_limit_s < self.long_limit_s:
+            raise ValueError("priority time limits must satisfy 0 < short < long")
 
 
 NO_WEIGHTS = PriorityWeights(age=0, fair_share=0, qos=0, job_size=0, partition=0)  # plain arrival order
+
+
+def time_limit_factor(limit_s: float, short_s: float, long_s: float) -> float:
+    """1 for a limit at or below ``short_s``, 0 at or above ``long_s``, log-linear in between."""
+    if limit_s <= short_s:
+        return 1.0
+    if limit_s >= long_s:
+        return 0.0
+    return math.log(long_s / limit_s) / math.log(long_s / short_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +72,7 @@ class PriorityFactors:
     partition: float
     admin: int
     total: int
+    time_limit: float = 0.0
 
 
 class PriorityOrder:
@@ -77,6 +100,8 @@ class PriorityContext:
             p.name: (p.priority / top_part if top_part > 0 else 0.0) for p in accounting.partitions
         }
         self.default_qos = accounting.default_qos
+        # A job without a time limit of its own gets its partition's default (as the cycle does).
+        self.default_limit = {p.name: p.default_time_s for p in accounting.partitions}
         self.fair_share: dict[tuple[str, str], float] = {}
         if weights.fair_share:
             associations = {(job.account_name, job.user) for job in snapshot.pending}
@@ -90,8 +115,17 @@ class PriorityContext:
         qos = self.qos_factor.get(job.qos_name or self.default_qos, 0.0)
         size = min(1.0, job.spec.total_gpus() / self.total_gpus)
         part = self.partition_factor.get(job.partition, 0.0)
-        total = round(w.age * age + w.fair_share * fair + w.qos * qos + w.job_size * size + w.partition * part)
-        return PriorityFactors(age, fair, qos, size, part, job.priority, total + job.priority)
+        short = time_limit_factor(self._limit(job), w.short_limit_s, w.long_limit_s)
+        total = round(w.age * age + w.fair_share * fair + w.qos * qos + w.job_size * size + w.partition * part
+                      + w.time_limit * short)
+        return PriorityFactors(age, fair, qos, size, part, job.priority, total + job.priority, short)
+
+    def _limit(self, job: PendingJob) -> float:
+        if job.time_limit_s is not None:
+            return job.time_limit_s
+        if job.spec.time_limit_s is not None:
+            return job.spec.time_limit_s
+        return self.default_limit.get(job.partition, FALLBACK_TIME_LIMIT_S)
 
     def priority(self, job: PendingJob) -> int:
         return self.factors(job).total
@@ -102,6 +136,7 @@ class PriorityContext:
         now, max_age = self.now, w.max_age_s
         fair_share, qos_factor, part_factor = self.fair_share, self.qos_factor, self.partition_factor
         default_qos, total_gpus = self.default_qos, self.total_gpus
+        short_s, long_s = w.short_limit_s, w.long_limit_s
         out: dict[int, int] = {}
         for job in jobs:
             waited = now - job.submit_time
@@ -117,5 +152,7 @@ class PriorityContext:
                 + w.job_size * size
                 + w.partition * part_factor.get(job.partition, 0.0)
             )
+            if w.time_limit:
+                value += w.time_limit * time_limit_factor(self._limit(job), short_s, long_s)
             out[job.job_id] = round(value) + job.priority
         return out

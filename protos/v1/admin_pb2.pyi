@@ -871,6 +871,7 @@ class PriorityFactors(_message.Message):
     JOB_SIZE_FIELD_NUMBER: _builtins.int
     PARTITION_FIELD_NUMBER: _builtins.int
     ADMIN_FIELD_NUMBER: _builtins.int
+    TIME_LIMIT_FIELD_NUMBER: _builtins.int
     age: _builtins.float
     """each factor in [0, 1]"""
     fair_share: _builtins.float
@@ -879,6 +880,8 @@ class PriorityFactors(_message.Message):
     partition: _builtins.float
     admin: _builtins.int
     """an admin's adjustment, added as is"""
+    time_limit: _builtins.float
+    """1: a time limit at or below the short bound, 0: at or above the long bound"""
     def __init__(
         self,
         *,
@@ -888,10 +891,11 @@ class PriorityFactors(_message.Message):
         job_size: _builtins.float = ...,
         partition: _builtins.float = ...,
         admin: _builtins.int = ...,
+        time_limit: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "age", b"age", "fair_share", b"fair_share", "job_size", b"job_size", "partition", b"partition", "qos", b"qos"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "age", b"age", "fair_share", b"fair_share", "job_size", b"job_size", "partition", b"partition", "qos", b"qos", "time_limit", b"time_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -906,11 +910,13 @@ class PriorityWeights(_message.Message):
     QOS_FIELD_NUMBER: _builtins.int
     JOB_SIZE_FIELD_NUMBER: _builtins.int
     PARTITION_FIELD_NUMBER: _builtins.int
+    TIME_LIMIT_FIELD_NUMBER: _builtins.int
     age: _builtins.int
     fair_share: _builtins.int
     qos: _builtins.int
     job_size: _builtins.int
     partition: _builtins.int
+    time_limit: _builtins.int
     def __init__(
         self,
         *,
@@ -919,10 +925,11 @@ class PriorityWeights(_message.Message):
         qos: _builtins.int = ...,
         job_size: _builtins.int = ...,
         partition: _builtins.int = ...,
+        time_limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["age", b"age", "fair_share", b"fair_share", "job_size", b"job_size", "partition", b"partition", "qos", b"qos"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["age", b"age", "fair_share", b"fair_share", "job_size", b"job_size", "partition", b"partition", "qos", b"qos", "time_limit", b"time_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,7 +3,8 @@ fake-NVML agent (compressed time: jobs of a fraction of a second to two seconds)
 order.
 
 Both run the daemon's default policy (gsim's ``garrison``: multifactor priority, fair share, backfill) from
-the very configuration file the local cluster was started with. The first job holds the node until every
+the very configuration file the local cluster was started with, which compresses the time-limit factor's
+bounds as the trace compresses time (tests/data/compressed_time.toml: 3 s and 60 s for 1 hour and 7 days). The first job holds the node until every
 other job has been submitted (it waits for a file the test creates), so the scheduler sees the same queue
 in both. The cluster is one 8-GPU node, so a job's GPUs come free at one moment in both (the daemon frees a
 multi-node gang node by node, as each node reports). Durations are chosen so that the jobs' ends are at
@@ -37,18 +38,20 @@ TRACE = [
     (4, 1.8, 6),
     (2, 2.2, 6),
 ]
-# What gsim makes of TRACE under each policy (job numbers in start order), for the record: the daemon's
-# default puts large jobs first (job size factor), FIFO+EASY backfills around the 8-GPU job 3.
+# What gsim makes of TRACE under each policy (job numbers in start order), for the record: FIFO+EASY
+# backfills around the 8-GPU job 3; the daemon's default puts the shortest time limits first (job 3, then
+# jobs 4 and 6 with job 2 beside them), so job 5, with the longest limit, starts last.
 ORDERS = {
     "fifo": [1, 2, 3, 4, 5, 6, 7, 8],
     "fifo-easy": [1, 2, 4, 5, 6, 8, 7, 3],
-    "garrison": [1, 3, 2, 7, 4, 5, 8, 6],
+    "garrison": [1, 3, 2, 4, 6, 7, 8, 5],
 }
+COMPRESSED_TIME = Path(__file__).resolve().parents[1] / "data" / "compressed_time.toml"
 
 
 @pytest.fixture(scope="module")
 def one_node() -> Iterator[Cluster]:
-    cluster = start_cluster(["dgx-a100"], ["--agents", "1"])
+    cluster = start_cluster(["dgx-a100"], ["--agents", "1", "--extra-config", str(COMPRESSED_TIME)])
     try:
         yield cluster
     finally:

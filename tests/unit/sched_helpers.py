@@ -54,7 +54,7 @@ def node(name: str, gpus: int = 8, free: set[int] | None = None, gpu_name: str =
 
 
 def pending(job_id: int, *, submit: float | None = None, account: str = "default", user: str = "u",
-            qos: str = "", limit: int = 3600, partition: str = "main", priority: int = 0, held: bool = False,
+            qos: str = "", limit: int | None = 3600, partition: str = "main", priority: int = 0, held: bool = False,
             array_job_id: int | None = None, **spec: object) -> PendingJob:
     return PendingJob(
         job_id=job_id,

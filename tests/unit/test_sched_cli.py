@@ -55,17 +55,19 @@ def test_usage_rows_are_gpu_hours() -> None:
 def test_queue_views_show_positions_estimates_and_weighted_factors() -> None:
     job = Job(job_id=7, spec=JobSpec(name="train", command=("x",), gpus=8), user="ann", uid=1, gid=1,
               account="team", partition="main", time_limit_s=60, submit_time=0.0, reason="Resources")
-    factors = PriorityFactors(age=0.5, fair_share=0.25, qos=1.0, job_size=0.1, partition=0.0, admin=3, total=0)
+    factors = PriorityFactors(age=0.5, fair_share=0.25, qos=1.0, job_size=0.1, partition=0.0, admin=3, total=0,
+                              time_limit=0.25)
     detail = convert_admin.pending_detail_to_pb(PendingLine(job, 2, 1000.0, 4103, factors), now=10.0)
     unknown = convert_admin.pending_detail_to_pb(PendingLine(job, 0, None, None, None), now=10.0)
     response = adminpb.QueueDetailsResponse(
         jobs=[detail, unknown], now=10.0,
         weights=convert_admin.priority_weights_to_pb(PriorityWeights(age=1000, fair_share=10000, qos=2000,
-                                                                job_size=1000, partition=1000)))
+                                                                job_size=1000, partition=1000, time_limit=4000)))
     rows = start_rows(response)
     assert rows[0][5] == "2" and rows[0][6] != "N/A" and rows[0][7] == "(Resources)"
     assert rows[1][5:7] == ("-", "N/A")
-    assert priority_rows(response)[0] == ("7", "ann", "team", "4103", "500", "2500", "2000", "100", "0", "3")
+    assert priority_rows(response)[0] == ("7", "ann", "team", "4103", "500", "2500", "2000", "100", "0", "1000", "3")
+    assert '"time_limit": 0.25' in details_json(response) and '"time_limit": 4000' in details_json(response)
     assert '"position": 2' in details_json(response) and '"estimated_start": null' in details_json(response)
 
 

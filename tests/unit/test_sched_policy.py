@@ -7,11 +7,12 @@ from dataclasses import replace
 import pytest
 from sched_helpers import NOW, busy, node, pending, running
 
+from garrison.config import PRESET_TIME_LIMIT_LONG_S, PRESET_TIME_LIMIT_SHORT_S
 from garrison.controller.accounts import Account, Accounting, Limits, PartitionDef, Qos, User
 from garrison.controller.sched.cycle import Reason, SchedulerConfig, schedule
 from garrison.controller.sched.fairshare import accrued, decay, fair_share_factors, normalised_shares
 from garrison.controller.sched.presets import policy_presets, preset
-from garrison.controller.sched.priority import PriorityWeights
+from garrison.controller.sched.priority import PriorityContext, PriorityWeights, time_limit_factor
 from garrison.controller.sched.snapshot import Snapshot, UsageView
 
 GARRISON = preset("garrison")
@@ -94,6 +95,53 @@ def test_qos_partition_size_and_age_raise_priority() -> None:
     plan = schedule(snap(nodes, jobs, acct=acct), NOW, config)
     assert plan.priorities[1] == 500 + 1000 + 1000 // 1  # age + normal QoS + size (1 of 1 GPU)
     assert plan.order == (4, 2, 3, 1)
+
+
+def test_time_limit_factor_is_log_linear_between_the_bounds() -> None:
+    short, long = 3600.0, 7 * 86400.0
+    assert time_limit_factor(60, short, long) == 1.0 and time_limit_factor(short, short, long) == 1.0
+    assert time_limit_factor(long, short, long) == 0.0 and time_limit_factor(30 * 86400, short, long) == 0.0
+    assert time_limit_factor(4 * 3600, short, long) == pytest.approx(0.7295, abs=1e-4)
+    assert time_limit_factor(24 * 3600, short, long) == pytest.approx(0.3798, abs=1e-4)
+    # The geometric midpoint of the bounds scores one half.
+    assert time_limit_factor((short * long) ** 0.5, short, long) == pytest.approx(0.5)
+
+
+def test_a_shorter_time_limit_goes_first_until_the_longer_job_has_aged_past_its_head_start() -> None:
+    weights = PriorityWeights(age=30_000, max_age_s=30 * 86400, fair_share=0, qos=0, job_size=0, partition=0,
+                              time_limit=30_000)  # age: 1,000 a day; a 1 h limit: 30,000 over a 7-day one
+    config = replace(GARRISON, weights=weights)
+    nodes = [busy(node("a", gpus=1), running(9, {"a": (0,)}))]
+    week, hour = 7 * 86400, 3600
+    jobs = [pending(1, submit=NOW - 10 * 86400, limit=week, gpus=1), pending(2, submit=NOW, limit=hour, gpus=1),
+            pending(3, submit=NOW - 86400, limit=24 * hour, gpus=1)]
+    plan = schedule(snap(nodes, jobs, [running(9, {"a": (0,)})]), NOW, config)
+    # job 1: 10 days of age, no bonus; job 2: the full bonus, no age; job 3: 1 day + 0.38 of the bonus.
+    assert plan.priorities == {1: 10_000, 2: 30_000, 3: 1_000 + round(30_000 * time_limit_factor(86400, hour, week))}
+    assert plan.order == (2, 3, 1)
+    # A job is overtaken only by jobs submitted less than 30 days after it (the head start, in days of age).
+    for hours_after, order in ((30 * 24 - 1, (2, 1)), (30 * 24, (1, 2))):
+        later = [pending(1, submit=NOW - hours_after * hour, limit=week, gpus=1),
+                 pending(2, submit=NOW, limit=hour, gpus=1)]
+        assert schedule(snap(nodes, later, [running(9, {"a": (0,)})]), NOW, config).order == order
+
+
+def test_priority_factors_match_the_fast_path_and_use_the_partition_default_limit() -> None:
+    acct = accounting(partitions=(PartitionDef("main", default=True, default_time_s=4 * 3600),))
+    jobs = [pending(1, limit=None, gpus=1), pending(2, limit=3600, gpus=2), pending(3, limit=10 * 86400, gpus=1)]
+    snapshot = snap([node("a")], jobs, acct=acct)
+    pricing = PriorityContext(snapshot, NOW, GARRISON.weights)
+    assert pricing.factors(jobs[0]).time_limit == pytest.approx(time_limit_factor(4 * 3600, 3600, 7 * 86400))
+    assert [pricing.factors(j).time_limit for j in jobs[1:]] == [1.0, 0.0]
+    assert pricing.priorities(jobs) == {j.job_id: pricing.factors(j).total for j in jobs}
+
+
+def test_config_reads_the_time_limit_bounds_as_the_presets_define_them() -> None:
+    for config in policy_presets().values():
+        assert (config.weights.short_limit_s, config.weights.long_limit_s) == (
+            PRESET_TIME_LIMIT_SHORT_S, PRESET_TIME_LIMIT_LONG_S)
+    with pytest.raises(ValueError, match="short < long"):
+        PriorityWeights(short_limit_s=86400, long_limit_s=3600)
 
 
 # -- quotas -----------------------------------------------------------------------------------------------------
