@@ -10,11 +10,12 @@
 - partition: the partition's priority over the highest partition priority;
 - time_limit: how short the job's time limit is, on a log scale: 1 at or below ``short_limit_s``, 0 at or
   above ``long_limit_s`` (1 h and 7 days by default; a 4 h limit scores 0.73, 24 h 0.38, 72 h 0.17).
-  Slurm has no such factor; Maui and Moab weigh the requested wall time for the same reason: moving a short
-  job ahead of a long one saves the short job more than it costs the long one, so the average completion
-  time falls. Because the age factor keeps growing, a long job is overtaken only by jobs submitted within
-  ``w_time_limit / w_age * max_age_s`` after it (30 days' worth of age at most, with the garrison weights),
-  so none waits forever; and only the limit counts, which users choose, never the true run time.
+  Slurm has no such factor; Maui and Moab favour short wall-time requests (their expansion factor) for the
+  same reason: moving a short job ahead of a long one saves the short job more than it costs the long one,
+  so the average completion time falls. The age factor bounds the cost: a long job is overtaken only by
+  jobs submitted less than ``w_time_limit / w_age * max_age_s`` after it (30 days with the garrison
+  weights), plus what fair share and QoS add to theirs, as with any multifactor priority. Only the limit
+  counts, which users choose, never the true run time.
 
 With every weight 0 the queue is plain arrival order (FIFO).
 """
