@@ -9,6 +9,7 @@ from typing import Any
 
 JOB_COLUMNS = ("JOBID", "NAME", "USER", "ACCOUNT", "STATE", "TIME", "GPUS", "NODES(REASON)")
 NODE_COLUMNS = ("NODE", "STATE", "GPUS(A/T)", "MODEL", "GPU", "REASON")
+LIVE_STATES = ("CONFIGURING", "RUNNING", "COMPLETING")  # a job holding GPUs
 
 
 def format_duration(seconds: float) -> str:
@@ -121,11 +122,15 @@ def job_detail(job: Any) -> str:
         f"   Command={' '.join(spec.command) if spec.command else '(script)'}",
         f"   StdOut={spec.output or '(default)'} StdErr={spec.error or '(stdout)'}",
     ]
+    last = max((att.attempt for att in job.attempts), default=None)
     for att in job.attempts:
         where = " ".join(f"{a.node}:gpus={','.join(str(g) for g in a.gpus) or '-'}" for a in att.allocation)
         code = att.exit_code if att.HasField("exit_code") else "-"
+        # An attempt's record is written when it starts and when it ends; while it runs, the job's state
+        # (CONFIGURING, RUNNING, COMPLETING) is the attempt's.
+        state = job.state if att.attempt == last and not att.end_time and job.state in LIVE_STATES else att.state
         lines.append(
-            f"   Attempt {att.attempt}: {att.state} start={_ts(att.start_time)} end={_ts(att.end_time)} "
+            f"   Attempt {att.attempt}: {state} start={_ts(att.start_time)} end={_ts(att.end_time)} "
             f"exit={code} {where}" + (f" reason={att.reason}" if att.reason else "")
         )
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -384,6 +385,9 @@ class Engine:
             [convert.result_from_pb(r) for r in register.finished],
             now,
         )
+        # Checkpoint marks of the running attempts, before any cycle could choose a preemption victim.
+        for ref in register.running:
+            self._checkpointed(ref.job_id, ref.attempt, ref.checkpoint_time, now)
         log.info(
             "node %s registered: %d GPUs, %d running, %d finished results",
             session.node,
@@ -393,6 +397,12 @@ class Engine:
         )
         self.execute(instructions)
         self.request_schedule()
+
+    def _checkpointed(self, job_id: int, attempt: int, when: float, now: float) -> None:
+        """An agent's report of a checkpoint mark: a time that is not a positive finite number is ignored,
+        one in the future (a node clock ahead of ours) counts as now."""
+        if math.isfinite(when) and when > 0:
+            self.state.checkpointed(job_id, attempt, min(when, now))
 
     def agent_message(self, session: AgentSession, message: pb.AgentMessage) -> None:
         if self.sessions.get(session.node) is not session:
@@ -404,7 +414,7 @@ class Engine:
             self.execute(self.state.node_started(session.node, message.started.job_id, message.started.attempt))
         elif kind == "checkpointed":
             c = message.checkpointed
-            self.state.checkpointed(c.job_id, c.attempt, c.time)
+            self._checkpointed(c.job_id, c.attempt, c.time, now)
         elif kind == "finished":
             result: NodeResult = convert.result_from_pb(message.finished)
             self.execute(self.state.node_finished(session.node, result, now))

@@ -162,6 +162,10 @@ class Agent:
                 self._check_attempt(key)
                 self._check_checkpoint(key)
 
+    def _checkpoint_marks(self, running: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+        marks = {key: self.jobs.checkpoint_time(*key) for key in running}
+        return {key: when for key, when in marks.items() if when is not None}
+
     def _check_checkpoint(self, key: tuple[int, int]) -> None:
         when = self.jobs.checkpoint_time(*key)
         if when is not None and when > self.checkpoints.get(key, 0.0):
@@ -207,13 +211,17 @@ class Agent:
         credential = None if cfg.tls_cert else await loop.run_in_executor(self._pool, self._credential)
         running, finished = await loop.run_in_executor(self._pool, self.jobs.scan)
         self.active = set(running)
+        # The controller may have restarted and forgotten the checkpoint marks: they go with the registration.
+        marks = await loop.run_in_executor(self._pool, self._checkpoint_marks, running)
+        self.checkpoints = dict(marks)
         outbox: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
         outbox.put_nowait(
             pb.AgentMessage(
                 register=pb.Register(
                     node_name=self.node_name,
                     inventory=convert.inventory_to_pb(self.inventory),
-                    running=[pb.JobRef(job_id=j, attempt=a) for j, a in running],
+                    running=[pb.JobRef(job_id=j, attempt=a, checkpoint_time=marks.get((j, a), 0.0))
+                             for j, a in running],
                     finished=[result_to_pb(r) for r in finished],
                     agent_version="0.1.0",
                     address=self.config.address or self.node_name,

@@ -763,17 +763,23 @@ class JobRef(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_TIME_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     attempt: _builtins.int
+    checkpoint_time: _builtins.float
+    """In Register.running: when the attempt last marked a checkpoint (gcheckpoint), Unix seconds; 0: never.
+    Sent with the registration so a restarted controller knows it before its first scheduling cycle.
+    """
     def __init__(
         self,
         *,
         job_id: _builtins.int = ...,
         attempt: _builtins.int = ...,
+        checkpoint_time: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "checkpoint_time", b"checkpoint_time", "job_id", b"job_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
