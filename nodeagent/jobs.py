@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import shutil
 import socket
 from dataclasses import dataclass
@@ -108,6 +109,8 @@ class JobManager:
             return
         if req.uid == 0 and not self.allow_root_jobs:
             raise RefusedLaunch("root jobs are not allowed on this node")
+        if req.uid != os.getuid():
+            _check_same_identity(req.user, req.uid)
         staging = job_dir.with_name(job_dir.name + ".new")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(mode=0o711)
@@ -275,6 +278,21 @@ def _error_file_message(user_dir: Path, rank: int) -> str:
     if isinstance(message, dict):
         message = message.get("message", message)
     return str(message).strip().splitlines()[-1][:500] if str(message).strip() else ""
+
+
+def _check_same_identity(user: str, uid: int) -> None:
+    """The controller took the uid from the submitting process and the name from the submit host's user
+    database. If this node maps the name to another uid (or does not know it), the job would run as a
+    different person here, or without that person's groups: refuse, and say why."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise RefusedLaunch(f"user {user} (uid {uid}) does not exist on this node") from None
+    if entry.pw_uid != uid:
+        raise RefusedLaunch(
+            f"user {user} is uid {entry.pw_uid} on this node but submitted as uid {uid}: "
+            "user ids must be the same on every node"
+        )
 
 
 def _groups_of(user: str, gid: int) -> list[int]:

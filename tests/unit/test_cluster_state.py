@@ -117,6 +117,20 @@ def test_one_failing_rank_stops_the_gang(db: str) -> None:
     assert job.state == JobState.FAILED and job.exit_code == 3 and "rank 1 exited with 3" in job.reason
 
 
+def test_a_launch_refused_by_a_node_fails_the_job_with_the_nodes_reason(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1", "n2")
+    submit(state, 1, nodes=2, gpus_per_node=2)  # requeue on (the default): a refusal is not worth a retry
+    state.start_attempts([(1, two_node_alloc())], now=1.0)
+    why = "user alice is uid 1001 on this node but submitted as uid 1000: user ids must be the same on every node"
+    out = state.node_finished("n2", NodeResult(1, 0, (), error=why), now=2.0)
+    assert SignalAttempt("n1", 1, 0, "terminate") in out
+    state.node_finished("n1", NodeResult(1, 0, (RankOutcome(0, 143), RankOutcome(1, 143))), now=3.0)
+    job = state.jobs[1]
+    assert job.state == JobState.FAILED and why in job.reason
+    assert len(job.attempts) == 1
+
+
 def test_cancel_pending_and_running(db: str) -> None:
     state = new_state(db)
     connect(state, "n1", "n2")
