@@ -44,7 +44,7 @@ async def serve(config: GarrisonConfig) -> None:
     from garrison.controller.clock import SystemClock
     from garrison.controller.engine import Engine
     from garrison.controller.events import log_job_change
-    from garrison.controller.ratelimit import RateLimiter
+    from garrison.controller.ratelimit import AuthFailureLimiter, RateLimiter
     from garrison.controller.rpc.accounting import AccountingService
     from garrison.controller.rpc.admin import AdminService
     from garrison.controller.rpc.local import LocalServer
@@ -76,7 +76,8 @@ async def serve(config: GarrisonConfig) -> None:
     engine = Engine(cfg, state, clock)
     tokens = open_token_registry(cfg, clock.now, config.path)
     limiter = RateLimiter(cfg.request_rate_per_s, cfg.request_burst)
-    auth = Authenticator(key, clock.now, tokens=tokens, limiter=limiter)
+    failures = AuthFailureLimiter(cfg.auth_failure_rate_per_s, cfg.auth_failure_burst, warn=log.warning)
+    auth = Authenticator(key, clock.now, tokens=tokens, limiter=limiter, failures=failures)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[RequestDecodeGuard()])
     client_service = ControllerService(engine, auth, cfg.credential_socket, cfg.local_socket)
     pb_grpc.add_ControllerServicer_to_server(client_service, server)

@@ -159,6 +159,8 @@ class ControllerConfig:
     token_max_lifetime_s: int = 365 * 86400
     request_rate_per_s: float = 50.0  # per user, sustained; 0: unlimited
     request_burst: int = 200  # per user, at once
+    auth_failure_rate_per_s: float = 5.0  # failed authentications per peer host, sustained; 0: unlimited
+    auth_failure_burst: int = 50  # per peer host, at once
     partitions: tuple[PartitionConfig, ...] = (PartitionConfig(name="main", default=True),)
     # Scheduling policy (docs/admin.md, "Scheduling policy"); accounts above lists every account's name.
     admins: tuple[str, ...] = ()  # users who may run gadmin (besides root and the controller's own user)
@@ -367,6 +369,8 @@ def _controller(table: Mapping[str, Any], where: str) -> ControllerConfig:
         token_max_lifetime_s=s.get_duration("token_max_lifetime", d.token_max_lifetime_s),
         request_rate_per_s=s.get_number("request_rate_per_s", d.request_rate_per_s),
         request_burst=s.get_int("request_burst", d.request_burst, 1),
+        auth_failure_rate_per_s=s.get_number("auth_failure_rate_per_s", d.auth_failure_rate_per_s),
+        auth_failure_burst=s.get_int("auth_failure_burst", d.auth_failure_burst, 1),
         partitions=partitions,
         account_settings=account_settings,
         **_policy(s, where, d),

@@ -14,7 +14,7 @@ from garrison.auth import AuthError, verify_credential
 from garrison.controller.domain import Principal
 from garrison.controller.engine import AgentSession, Engine, NotFound, PermissionDenied
 from garrison.controller.limits import MAX_JOB_REF_CHARS, MAX_STATE_CHARS, check_list, validate_registration
-from garrison.controller.ratelimit import RateLimited, RateLimiter
+from garrison.controller.ratelimit import AuthFailureLimiter, RateLimited, RateLimiter, peer_host
 from garrison.controller.rpc import convert
 from garrison.controller.validate import ValidationError
 from garrison.protos.v1 import garrison_pb2 as pb
@@ -72,7 +72,7 @@ def mapped_errors(handler: Callable[..., Awaitable[R]]) -> Callable[..., Awaitab
                 log.exception("internal error in %s", handler.__name__)
                 await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
                 raise
-            if code in LOGGED_REFUSALS:
+            if code in LOGGED_REFUSALS and not getattr(exc, "quiet", False):
                 log.warning("refused %s from %s (%s): %s", handler.__name__, context.peer(), code.name, _one_line(exc))
             await context.abort(code, _one_line(exc))
             raise
@@ -98,11 +98,13 @@ class Authenticator:
         clock: Callable[[], float],
         tokens: TokenRegistry | None = None,
         limiter: RateLimiter | None = None,
+        failures: AuthFailureLimiter | None = None,
     ) -> None:
         self.key = key
         self.clock = clock
         self.tokens = tokens
         self.limiter = limiter
+        self.failures = failures
 
     def identify(self, context: grpc.aio.ServicerContext) -> tuple[Principal, str]:
         """(principal, how it was proven), or AuthError saying why the caller is not believed."""
@@ -110,6 +112,17 @@ class Authenticator:
         proven: Principal | None = getattr(context, "peer_principal", None)
         if proven is not None:
             return proven, "local socket"
+        if self.failures is None:
+            return self._verify(context)
+        host = peer_host(context.peer() or "")
+        self.failures.admit(host)
+        try:
+            return self._verify(context)
+        except AuthError:
+            self.failures.failed(host)
+            raise
+
+    def _verify(self, context: grpc.aio.ServicerContext) -> tuple[Principal, str]:
         credential = token = None
         for item in context.invocation_metadata() or ():
             if item.key in (CREDENTIAL_METADATA, TOKEN_METADATA_KEY):

@@ -242,8 +242,9 @@ class Fuzzed:
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
     root = tmp_path_factory.mktemp("fuzz")
-    # No rate limit: the fuzzer is one user sending thousands of requests on purpose.
-    with running_controller(root, extra="request_rate_per_s = 0\n") as controller:
+    # No rate limits: the fuzzer is one user (and one host) sending thousands of requests, most of them
+    # forged, on purpose.
+    with running_controller(root, extra="request_rate_per_s = 0\nauth_failure_rate_per_s = 0\n") as controller:
         admin = (("x-garrison-credential", controller.credential()),)
         with controller.client_channel() as channel:
             issued = spb_grpc.SecurityStub(channel).IssueToken(

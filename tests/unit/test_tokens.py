@@ -19,7 +19,13 @@ from security_helpers import running_controller
 
 from garrison.auth import AuthError, issue_credential, verify_credential
 from garrison.controller.domain import Principal
-from garrison.controller.ratelimit import RateLimited, RateLimiter
+from garrison.controller.ratelimit import (
+    AuthFailureLimiter,
+    AuthFailuresLimited,
+    RateLimited,
+    RateLimiter,
+    peer_host,
+)
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 from garrison.protos.v1 import security_pb2 as spb
@@ -242,6 +248,50 @@ def test_rate_limit_allows_a_burst_then_the_sustained_rate() -> None:
     with pytest.raises(RateLimited):
         limiter.check(alice)
     RateLimiter(0, 1, clock=clock).check(alice)  # 0: unlimited
+
+
+def test_failed_authentications_are_limited_per_host_and_logged_once_per_period() -> None:
+    clock = Clock(0.0)
+    warnings: list[str] = []
+    limiter = AuthFailureLimiter(rate_per_s=1.0, burst=3, clock=clock, warn=warnings.append)
+    for _ in range(3):
+        limiter.admit("10.0.0.5")
+        limiter.failed("10.0.0.5")
+    for _ in range(5):
+        with pytest.raises(AuthFailuresLimited, match="too many failed authentications from 10.0.0.5: the limit "
+                                                      "is 1/s \\(bursts of 3\\); retry in 1.0s"):
+            limiter.admit("10.0.0.5")
+    assert warnings == ["refusing requests from 10.0.0.5 for a while: more than 3 failed authentications at "
+                        "over 1/s"]
+    limiter.admit("10.0.0.6")  # per host: another host is not held back
+    clock.now += 1.0  # one failure's worth of refill
+    limiter.admit("10.0.0.5")
+    AuthFailureLimiter(0, 1, clock=clock).admit("10.0.0.5")  # 0: unlimited
+    assert [peer_host(p) for p in ("ipv4:10.0.0.5:51234", "ipv6:[::1]:5", "unix:/run/g.sock")] == [
+        "10.0.0.5", "::1", "unix:/run/g.sock"]
+
+
+def test_a_host_that_keeps_failing_authentication_is_refused_before_the_check(tmp_path: Path) -> None:
+    extra = "request_rate_per_s = 0\nauth_failure_rate_per_s = 0.01\nauth_failure_burst = 3\n"
+    with running_controller(tmp_path, extra=extra) as controller:
+        forged = (("x-garrison-token", "gt1.forged.token"),)
+        valid = (("x-garrison-credential", controller.credential()),)
+        with controller.client_channel() as channel:
+            security = _security(channel)
+            assert security.WhoAmI(spb.WhoAmIRequest(), metadata=valid).user == ROOT  # successes cost nothing
+            codes = []
+            for _ in range(5):
+                with pytest.raises(grpc.RpcError) as refused:
+                    security.WhoAmI(spb.WhoAmIRequest(), metadata=forged)
+                codes.append(refused.value.code())
+            assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 3 + [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
+            # Refused before it is checked: even a valid credential from that host waits its turn.
+            with pytest.raises(grpc.RpcError) as refused:
+                security.WhoAmI(spb.WhoAmIRequest(), metadata=valid)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert refused.value.details().startswith("too many failed authentications from 127.0.0.1")
+        log = controller.log_text()
+        assert log.count("refusing requests from 127.0.0.1") == 1 and log.count("refused WhoAmI") == 3
 
 
 # ---------------------------------------------------------------- the Security service, for real
