@@ -231,6 +231,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             except AuthError as exc:
                 await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, str(exc))
                 return
+            except RateLimited as exc:  # this host failed authentication too often: not even checked
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+                return
             if principal.uid not in self.agent_uids:
                 await self._refuse(
                     context, grpc.StatusCode.PERMISSION_DENIED, f"uid {principal.uid} may not act as an agent"
@@ -259,8 +262,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 f"the certificate of node {certificate_node!r} may not register as {register.node_name!r}",
             )
             return
-        peer_host = _peer_host(context.peer())
-        session = AgentSession(node=register.node_name, address=register.address or peer_host)
+        address = register.address or peer_host(context.peer() or "") or "127.0.0.1"
+        session = AgentSession(node=register.node_name, address=address)
         self.engine.agent_connected(session, register)
 
         async def read() -> None:
@@ -290,8 +293,3 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, session.refusal)
 
 
-def _peer_host(peer: str) -> str:
-    # "ipv4:127.0.0.1:5555" / "ipv6:[::1]:5555"
-    _, _, rest = peer.partition(":")
-    host, _, _ = rest.rpartition(":")
-    return host.strip("[]") or "127.0.0.1"
