@@ -8,6 +8,8 @@ controller host, as root); they never talk to the controller.
 from __future__ import annotations
 
 import datetime
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +219,32 @@ def cert_issue_controller(ca_dir: str | None, names: tuple[str, ...], days: int)
         fail("gadmin", CliError(str(exc)))
     for path in written:
         click.echo(f"wrote {path}")
+
+
+@cert_group.command("revoke")
+@click.argument("certificate")
+@_ca_dir_option
+def cert_revoke(certificate: str, ca_dir: str | None) -> None:
+    """Revoke an agent certificate: CERTIFICATE is its file or its serial (hexadecimal, as `show` prints).
+
+    The serial goes into DIR/revoked, which the controller reads (tls_revoked_agents) whenever an agent
+    connects: the node's agent is refused from its next connection on. Restart the controller to cut a link
+    that is up now; issue the node a new certificate with issue-agent --force."""
+    from garrison.tls import TlsError, describe, read_pem, revoke_serial
+
+    try:
+        if os.path.exists(certificate):
+            info = describe(read_pem(certificate, "certificate"))
+            serial, note = info.serial, f"{info.common_name}, revoked {_when(time.time())}"
+        else:
+            try:
+                serial, note = int(certificate, 16), f"revoked {_when(time.time())}"
+            except ValueError:
+                raise TlsError(f"{certificate!r} is neither a certificate file nor a hexadecimal serial") from None
+        path = revoke_serial(ca_dir or _default_ca_dir(), serial, note)
+    except TlsError as exc:
+        fail("gadmin", CliError(str(exc)))
+    click.echo(f"revoked serial {serial:x} in {path}")
 
 
 @cert_group.command("show")

@@ -81,7 +81,8 @@ async def serve(config: GarrisonConfig) -> None:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[RequestDecodeGuard()])
     client_service = ControllerService(engine, auth, cfg.credential_socket, cfg.local_socket)
     pb_grpc.add_ControllerServicer_to_server(client_service, server)
-    agent_link = AgentLinkService(engine, auth, set(cfg.agent_uids), require_certificate=bool(cfg.tls_cert))
+    agent_link = AgentLinkService(engine, auth, set(cfg.agent_uids), require_certificate=bool(cfg.tls_cert),
+                                  revoked_file=cfg.tls_revoked_agents)
     pb_grpc.add_AgentLinkServicer_to_server(agent_link, server)
     spb_grpc.add_SecurityServicer_to_server(SecurityService(engine, auth, tokens), server)
     admin_grpc.add_AdminServicer_to_server(AdminService(engine, auth), server)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,8 @@ class ControllerConfig:
     tls_key: str = ""
     tls_ca: str = ""
     agent_address: str = ""  # HOST:PORT where agents connect with their node certificates (TLS only)
+    # Revoked agent certificates (gadmin cert revoke); empty: the file "revoked" next to tls_ca.
+    tls_revoked_agents: str = ""
     token_key_file: str = ""  # empty: state_dir/token.key (created 0600 on first start)
     token_max_lifetime_s: int = 365 * 86400
     request_rate_per_s: float = 50.0  # per user, sustained; 0: unlimited
@@ -365,6 +367,7 @@ def _controller(table: Mapping[str, Any], where: str) -> ControllerConfig:
         tls_key=s.get_str("tls_key", d.tls_key),
         tls_ca=s.get_str("tls_ca", d.tls_ca),
         agent_address=s.get_str("agent_address", d.agent_address),
+        tls_revoked_agents=s.get_str("tls_revoked_agents", d.tls_revoked_agents),
         token_key_file=s.get_str("token_key_file", d.token_key_file),
         token_max_lifetime_s=s.get_duration("token_max_lifetime", d.token_max_lifetime_s),
         request_rate_per_s=s.get_number("request_rate_per_s", d.request_rate_per_s),
@@ -395,6 +398,8 @@ def _controller(table: Mapping[str, Any], where: str) -> ControllerConfig:
         raise ConfigError(f"{where}.token_max_lifetime: must be positive")
     if cfg.metrics_address:
         _check_address(cfg.metrics_address, f"{where}.metrics_address")
+    if cfg.tls_ca and not cfg.tls_revoked_agents:
+        cfg = replace(cfg, tls_revoked_agents=os.path.join(os.path.dirname(cfg.tls_ca), "revoked"))
     return cfg
 
 

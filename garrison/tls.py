@@ -426,6 +426,49 @@ def agent_node_from_auth_context(auth_context: Mapping[str, Sequence[bytes]]) ->
     return info.common_name
 
 
+REVOKED_FILE = "revoked"  # in the CA directory, next to ca.crt: serials of agent certificates no longer valid
+
+
+def read_revoked(path: str | os.PathLike[str]) -> frozenset[int]:
+    """The serials listed in a revocation file: one hexadecimal serial per line (as ``gadmin cert show``
+    prints it), ``#`` starts a comment. A missing file revokes nothing; an unreadable or malformed one is a
+    TlsError, so the controller refuses agents rather than let a revoked one in."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return frozenset()
+    except OSError as exc:
+        raise TlsError(f"cannot read the revocation list {path}: {exc.strerror}") from None
+    serials = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        try:
+            serials.add(int(entry, 16))
+        except ValueError:
+            raise TlsError(f"{path}, line {number}: {entry!r} is not a hexadecimal certificate serial") from None
+    return frozenset(serials)
+
+
+def revoke_serial(ca_dir: str | os.PathLike[str], serial: int, note: str) -> Path:
+    """Add ``serial`` to the CA directory's revocation list (readable by all: serials are not secret)."""
+    path = Path(ca_dir) / REVOKED_FILE
+    if not (Path(ca_dir) / "ca.crt").exists():
+        raise TlsError(f"{ca_dir} holds no cluster CA (ca.crt); gadmin cert init creates one")
+    if serial in read_revoked(path):
+        return path
+    with open(path, "a") as handle:
+        handle.write(f"{serial:x}  # {note}\n")
+    os.chmod(path, 0o644)
+    return path
+
+
+def peer_certificate_serial(auth_context: Mapping[str, Sequence[bytes]]) -> int | None:
+    pem = auth_context.get("x509_pem_cert")
+    return describe(pem[0]).serial if pem else None
+
+
 def certificate_names_node(auth_context: Mapping[str, Sequence[bytes]], node: str) -> bool:
     """Whether the verified peer certificate was issued for ``node`` (its common name or a DNS SAN)."""
     try:

@@ -19,7 +19,13 @@ from garrison.controller.rpc import convert
 from garrison.controller.validate import ValidationError
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
-from garrison.tls import TlsError, agent_node_from_auth_context, certificate_names_node
+from garrison.tls import (
+    TlsError,
+    agent_node_from_auth_context,
+    certificate_names_node,
+    peer_certificate_serial,
+    read_revoked,
+)
 from garrison.tokens import TOKEN_METADATA_KEY, TokenRegistry
 
 log = logging.getLogger("garrison.controller.rpc")
@@ -203,7 +209,8 @@ class ControllerService(pb_grpc.ControllerServicer):
 
 class AgentLinkService(pb_grpc.AgentLinkServicer):
     def __init__(
-        self, engine: Engine, auth: Authenticator, agent_uids: set[int], *, require_certificate: bool = False
+        self, engine: Engine, auth: Authenticator, agent_uids: set[int], *, require_certificate: bool = False,
+        revoked_file: str = "",
     ) -> None:
         self.engine = engine
         self.auth = auth
@@ -211,6 +218,16 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         # With TLS an agent proves which node it is with its certificate (mutual TLS on agent_address);
         # without (loopback only) it proves its uid with a local credential.
         self.require_certificate = require_certificate
+        # Serials of agent certificates revoked by an admin (gadmin cert revoke), read at every connection so
+        # a revocation needs no restart.
+        self.revoked_file = revoked_file
+
+    def _check_not_revoked(self, context: grpc.aio.ServicerContext, node: str) -> None:
+        if not self.revoked_file:
+            return
+        serial = peer_certificate_serial(context.auth_context())
+        if serial is not None and serial in read_revoked(self.revoked_file):
+            raise TlsError(f"the certificate of node {node!r} (serial {serial:x}) was revoked")
 
     async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str) -> None:
         log.warning("refused agent connection from %s (%s): %s", context.peer(), code.name, reason)
@@ -222,6 +239,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         if self.require_certificate:
             try:
                 certificate_node = agent_node_from_auth_context(context.auth_context())
+                self._check_not_revoked(context, certificate_node)
             except TlsError as exc:
                 await self._refuse(context, grpc.StatusCode.PERMISSION_DENIED, str(exc))
                 return

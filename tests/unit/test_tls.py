@@ -32,6 +32,7 @@ from garrison.tls import (
     is_loopback,
     issue_agent,
     read_pem,
+    read_revoked,
     server_credentials,
 )
 
@@ -220,6 +221,41 @@ def test_agent_with_its_own_certificate_registers(tls_controller) -> None:  # ty
                         ca / "agents" / "node1.key") as channel:
         first = _register(channel, "node1")
     assert first.WhichOneof("kind") == "registered"
+
+
+def test_the_revocation_list_reads_hex_serials_and_fails_closed(tmp_path: Path) -> None:
+    path = tmp_path / "revoked"
+    assert read_revoked(path) == frozenset()  # none yet: nothing revoked
+    path.write_text("# revoked agent certificates\n1a2b  # node7, lost\n\nFF\n")
+    assert read_revoked(path) == {0x1A2B, 0xFF}
+    path.write_text("1a2b\nnode7\n")
+    with pytest.raises(TlsError, match="revoked, line 2: 'node7' is not a hexadecimal certificate serial"):
+        read_revoked(path)
+
+
+def test_a_revoked_agent_certificate_is_refused_from_its_next_connection(tls_controller, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ca = tls_controller.ca_dir
+    spare_cert, spare_key = issue_agent(ca, "node1", out_dir=tmp_path)  # a second certificate for node1
+    with _agent_channel(tls_controller.agent_address, ca / "ca.crt", spare_cert, spare_key) as channel:
+        assert _register(channel, "node1").WhichOneof("kind") == "registered"
+    gadmin = Path(sys.executable).parent / "gadmin"
+    revoked = subprocess.run([str(gadmin), "cert", "revoke", str(spare_cert), "--dir", str(ca)],
+                             capture_output=True, text=True, timeout=60)
+    serial = describe(read_pem(spare_cert, "certificate")).serial
+    assert revoked.returncode == 0 and revoked.stdout.strip() == f"revoked serial {serial:x} in {ca / 'revoked'}"
+    with _agent_channel(tls_controller.agent_address, ca / "ca.crt", spare_cert, spare_key) as channel, \
+            pytest.raises(grpc.RpcError) as refused:
+        _register(channel, "node1")
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert refused.value.details() == f"the certificate of node 'node1' (serial {serial:x}) was revoked"
+    # The node's other certificate is still good; a malformed serial is refused with one line.
+    with _agent_channel(tls_controller.agent_address, ca / "ca.crt", ca / "agents" / "node1.crt",
+                        ca / "agents" / "node1.key") as channel:
+        assert _register(channel, "node1").WhichOneof("kind") == "registered"
+    bad = subprocess.run([str(gadmin), "cert", "revoke", "not-a-serial", "--dir", str(ca)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and bad.stderr.strip() == (
+        "gadmin: error: 'not-a-serial' is neither a certificate file nor a hexadecimal serial")
 
 
 def test_agent_presenting_another_nodes_certificate_is_refused(tls_controller) -> None:  # type: ignore[no-untyped-def]
