@@ -20,6 +20,7 @@ from pathlib import Path
 from garrison.controller.domain import Allocation, JobSpec
 from garrison.nodeagent.launch.env import LaunchContext, checkpoint_dir_for, plan_ranks
 from garrison.nodeagent.supervisor import client as supervisor
+from garrison.nodeagent.supervisor import core as supervisor_core
 from garrison.nodeagent.supervisor.spec import LaunchSpec, RankSpec
 
 log = logging.getLogger("garrison.agent.jobs")
@@ -202,6 +203,12 @@ class JobManager:
                 return AttemptResult(job_id, attempt, ())
             return None
         status = supervisor.read_status(job_dir)
+        if status is None or status.state != "finished":
+            if supervisor.is_alive(job_dir):
+                return None
+            # Not alive now: it may have written its final status and exited between our two looks (a
+            # trivial job ends within milliseconds), so look again before calling it dead.
+            status = supervisor.read_status(job_dir)
         if status is not None and status.state == "finished":
             ranks = tuple(
                 RankResult(
@@ -212,13 +219,13 @@ class JobManager:
                 for r in status.ranks
             )
             return AttemptResult(job_id, attempt, ranks, finished_at=status.finished_at or 0.0)
-        if supervisor.is_alive(job_dir):
-            return None
         if status is None and not (job_dir / "launch.json").exists():
             return AttemptResult(job_id, attempt, (), error="launch did not complete")
-        # The supervisor died without a final status: kill what it left and report the attempt as failed.
+        # The supervisor died without a final status: kill what it left and report the attempt as failed,
+        # with the last thing it wrote (its log goes with the job dir once the result is acknowledged).
         supervisor.kill_orphans(job_dir)
-        return AttemptResult(job_id, attempt, (), error="supervisor died")
+        last = _last_log_line(job_dir / supervisor_core.LOG_FILE)
+        return AttemptResult(job_id, attempt, (), error=f"supervisor died: {last}" if last else "supervisor died")
 
     def checkpoint_time(self, job_id: int, attempt: int) -> float | None:
         """When the job last touched its checkpoint mark (GARRISON_CHECKPOINT_MARK), if ever."""
@@ -278,6 +285,17 @@ def _error_file_message(user_dir: Path, rank: int) -> str:
     if isinstance(message, dict):
         message = message.get("message", message)
     return str(message).strip().splitlines()[-1][:500] if str(message).strip() else ""
+
+
+def _last_log_line(path: Path, limit: int = 300) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 4096))
+            lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:limit] if lines else ""
 
 
 def _check_same_identity(user: str, uid: int) -> None:

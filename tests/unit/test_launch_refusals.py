@@ -1,0 +1,81 @@
+"""What a node says when it will not or cannot run an attempt: a user name that maps to another uid there
+(or is unknown there), and a supervisor that died under its job."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from garrison.controller.domain import Allocation, JobSpec, NodeAllocation
+from garrison.nodeagent.jobs import JobManager, LaunchRequest, RefusedLaunch
+
+
+def request(user: str, uid: int) -> LaunchRequest:
+    return LaunchRequest(
+        job_id=1, attempt=0, user=user, uid=uid, gid=os.getgid(),
+        spec=JobSpec(name="who", command=("true",), gpus_per_node=1, workdir="/tmp"),
+        allocation=Allocation((NodeAllocation("n", (0,)),)), node_rank=0, master_addr="127.0.0.1",
+        master_port=29500, restart_count=0, kill_wait_s=1.0, time_limit_s=60,
+    )
+
+
+def unused_uid() -> int:
+    uid = 4242
+    while True:
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+        uid += 1
+
+
+def test_a_user_name_with_another_uid_here_is_refused(tmp_path: Path) -> None:
+    manager = JobManager(tmp_path / "agent", str(tmp_path / "notify.sock"), allow_root_jobs=True)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    other = unused_uid()
+    with pytest.raises(RefusedLaunch, match=f"user {me} is uid {os.getuid()} on this node but submitted as uid "
+                                            f"{other}: user ids must be the same on every node"):
+        manager.launch(request(me, other))
+    with pytest.raises(RefusedLaunch, match=f"user no-such-user-gtest \\(uid {other}\\) does not exist on this node"):
+        manager.launch(request("no-such-user-gtest", other))
+    assert not any((tmp_path / "agent").rglob("*.new")), "a refused launch leaves nothing behind"
+
+
+def test_a_supervisor_killed_under_its_job_is_reported_with_its_last_words(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    from garrison.nodeagent.supervisor import client as supervisor
+
+    manager = JobManager(tmp_path / "agent", str(tmp_path / "notify.sock"), allow_root_jobs=True)
+    me = pwd.getpwuid(os.getuid())
+    sleeper = JobSpec(name="s", command=("sleep", "60"), gpus_per_node=1, workdir="/tmp")
+    manager.launch(replace(request(me.pw_name, me.pw_uid), spec=sleeper))
+    job_dir = manager.job_dir(1, 0)
+    deadline = time.monotonic() + 20
+    while (status := supervisor.read_status(job_dir)) is None or not status.ranks or status.ranks[0].pgid is None:
+        assert time.monotonic() < deadline, "the supervisor never reported its rank's process group"
+        time.sleep(0.01)  # polling the supervisor's status file, bounded
+    with open(job_dir / "supervisor.log", "a") as log:
+        log.write("RuntimeError: the last thing it said\n")  # what a crashing supervisor leaves behind
+    pid = supervisor.supervisor_pid(job_dir)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    while supervisor.is_alive(job_dir):
+        assert time.monotonic() < deadline, "the supervisor did not die"
+        time.sleep(0.01)
+    result = manager.result(1, 0)
+    assert result is not None and result.error == "supervisor died: RuntimeError: the last thing it said"
+    # What it left running was killed (the rank's process group is gone once init has reaped it).
+    pgid = status.ranks[0].pgid
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, f"the rank's process group {pgid} is still there"
+        time.sleep(0.01)  # waiting for init to reap the killed rank, bounded
