@@ -11,6 +11,9 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	# Bytecode, as a wheel install writes it: where PYTHONDONTWRITEBYTECODE is set, every CLI call would
+	# otherwise compile the modules it imports again (~15 ms of a ~90 ms gsub).
+	$(PY) -m compileall -q garrison cli controller nodeagent protos > /dev/null
 	touch $(STAMP)
 
 demo: venv

@@ -11,7 +11,7 @@ from garrison.cli.submission import HelpRequested, Submission, parse_submission
 
 
 def build_request(submission: Submission):  # type: ignore[no-untyped-def]
-    from garrison.controller.rpc.convert import spec_to_pb
+    from garrison.controller.rpc.convert_spec import spec_to_pb
     from garrison.protos.v1 import garrison_pb2 as pb
 
     request = pb.SubmitJobRequest(spec=spec_to_pb(submission.spec))

@@ -17,7 +17,7 @@ from typing import TypeVar
 import click
 from click.core import ParameterSource
 
-from garrison.controller.domain import JobSpec, LaunchMode
+from garrison.controller.jobspec import JobSpec, LaunchMode
 
 from .parsing import (
     ArraySpec,

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+
+# What a user asks for lives in its own module, so the CLI can import it without the rest of these types.
+from garrison.controller.jobspec import JobSpec as JobSpec
+from garrison.controller.jobspec import LaunchMode as LaunchMode
 
 
 class JobState(enum.StrEnum):
@@ -97,55 +101,10 @@ def check_transition(current: JobState, new: JobState) -> None:
         raise IllegalTransition(f"illegal job state change {current} -> {new}")
 
 
-class LaunchMode(enum.StrEnum):
-    RANK = "rank"  # one process per allocated GPU (or --ntasks-per-node)
-    NODE = "node"  # one process per node
-    SINGLE = "single"  # once, on the first node, like an sbatch script
-
-
 class NodeState(enum.StrEnum):
     UP = "UP"
     DOWN = "DOWN"  # not heard from within the heartbeat timeout
     DRAIN = "DRAIN"  # admin said: no new work
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """What the user asked for, validated by the controller (never trusted from the CLI)."""
-
-    name: str
-    command: tuple[str, ...]  # argv of each rank; a script is written to disk and run by path
-    script: str | None = None  # batch script text, when submitted as a script
-    nodes: int | None = None  # -N; None lets the scheduler choose the spread
-    gpus: int | None = None  # -G total
-    gpus_per_node: int | None = None
-    gpu_type: str | None = None  # "a100" from --gpus a100:2, matched against the GPU name
-    gpu_mem_mb: int = 0  # --gpu-mem: the least memory (MiB) each allocated GPU must have
-    cpus_per_gpu: int = 0
-    mem_mb: int = 0
-    time_limit_s: int | None = None  # None: the partition default
-    account: str | None = None
-    partition: str | None = None
-    workdir: str = "/"
-    env: Mapping[str, str] = field(default_factory=dict)
-    output: str | None = None  # pattern, %j %t %n %A %a expanded by the agent
-    error: str | None = None
-    launch: LaunchMode = LaunchMode.RANK
-    ntasks_per_node: int | None = None
-    requeue: bool = True
-    max_restarts: int = 0
-    qos: str | None = None
-    signal: str | None = None  # --signal [R:]SIG@SECS, validated by controller/signals.py
-    umask: int | None = None  # the submitter's umask, applied to the ranks
-    array_max_running: int | None = None  # %N of --array: tasks of this array running at once
-
-    def total_gpus(self) -> int:
-        """Total GPUs this job needs (0 for a CPU-only job)."""
-        if self.gpus is not None:
-            return self.gpus
-        if self.gpus_per_node is not None:
-            return self.gpus_per_node * (self.nodes or 1)
-        return 0
 
 
 @dataclass(frozen=True, slots=True)

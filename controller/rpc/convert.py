@@ -15,6 +15,7 @@ from garrison.controller.domain import (
     NodeResult,
     RankOutcome,
 )
+from garrison.controller.rpc.convert_spec import spec_to_pb as spec_to_pb
 from garrison.protos.v1 import garrison_pb2 as pb
 
 
@@ -64,43 +65,6 @@ def inventory_from_pb(msg: pb.NodeInventory) -> NodeInventory:
         memory_mb=msg.memory_mb,
         model=msg.model,
     )
-
-
-def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
-    msg = pb.JobSpec(
-        name=spec.name,
-        command=list(spec.command),
-        gpu_type=spec.gpu_type or "",
-        cpus_per_gpu=spec.cpus_per_gpu,
-        mem_mb=spec.mem_mb,
-        account=spec.account or "",
-        partition=spec.partition or "",
-        workdir=spec.workdir,
-        env=dict(spec.env),
-        output=spec.output or "",
-        error=spec.error or "",
-        launch=spec.launch.value,
-        no_requeue=not spec.requeue,
-        max_restarts=spec.max_restarts,
-        qos=spec.qos or "",
-        signal=spec.signal or "",
-        gpu_mem_mb=spec.gpu_mem_mb,
-    )
-    if spec.script is not None:
-        msg.script = spec.script
-    if spec.nodes is not None:
-        msg.nodes = spec.nodes
-    if spec.gpus is not None:
-        msg.gpus = spec.gpus
-    if spec.gpus_per_node is not None:
-        msg.gpus_per_node = spec.gpus_per_node
-    if spec.time_limit_s is not None:
-        msg.time_limit_s = spec.time_limit_s
-    if spec.ntasks_per_node is not None:
-        msg.ntasks_per_node = spec.ntasks_per_node
-    if spec.umask is not None:
-        msg.umask = spec.umask
-    return msg
 
 
 class InvalidRequest(ValueError):

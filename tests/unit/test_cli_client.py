@@ -1,0 +1,115 @@
+"""The CLI client's per-address cache of the controller's endpoints (cli/client.py), against a real controller:
+a warm call reads the cache instead of asking Hello; a cache written for another address, or a stale local
+socket path, is never believed; the call still succeeds and the cache is rewritten."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from security_helpers import running_controller
+
+from garrison.cli.client import CACHE_FORMAT, Client, CliError
+from garrison.protos.v1 import garrison_pb2 as pb
+
+HEADER = struct.Struct("!I")
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    root = tmp_path_factory.mktemp("cliclient")
+    with running_controller(root, extra="request_rate_per_s = 0\n", local_socket=True) as process:
+        yield process
+
+
+def cache_files(cache_home: Path) -> list[Path]:
+    return sorted((cache_home / "garrison").glob("controller-*"))
+
+
+def list_jobs(address: str) -> None:
+    with Client(address) as client:
+        response = client.call("ListJobs", pb.ListJobsRequest())
+    assert isinstance(response, pb.ListJobsResponse)
+
+
+def test_first_call_caches_the_endpoints_for_its_address(controller, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    list_jobs(controller.address)
+    (cache,) = cache_files(tmp_path)
+    lines = cache.read_text().split("\n")
+    assert lines[0] == CACHE_FORMAT
+    assert lines[1] == controller.address
+    assert lines[3] == str(controller.root / "controller.sock")
+
+
+@pytest.fixture
+def impostor(tmp_path: Path) -> Iterator[Path]:
+    """A Unix socket that answers every request with NOT_FOUND "impostor": a call that reaches it fails."""
+    path = tmp_path / "impostor.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                answer = bytes([5]) + b"impostor"
+                conn.sendall(HEADER.pack(len(answer)) + answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield path
+    server.close()
+
+
+def test_a_cache_for_another_address_is_not_believed(controller, impostor, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    list_jobs(controller.address)
+    (cache,) = cache_files(tmp_path)
+    # The file this address reads, written for another address (two addresses whose safe names coincide)
+    # whose local socket is the impostor: believing it would send the request there.
+    cache.write_text("\n".join((CACHE_FORMAT, controller.address + "0", "", str(impostor))))
+    list_jobs(controller.address)
+    lines = cache.read_text().split("\n")
+    assert lines[1] == controller.address
+    assert lines[3] == str(controller.root / "controller.sock")
+
+
+def test_the_cache_is_what_a_warm_call_uses(controller, impostor, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The other side of the test above: the same planted socket under the right address is used (so that
+    test would fail if the address were not checked)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    list_jobs(controller.address)
+    (cache,) = cache_files(tmp_path)
+    cache.write_text("\n".join((CACHE_FORMAT, controller.address, "", str(impostor))))
+    with pytest.raises(CliError, match="impostor"):
+        list_jobs(controller.address)
+
+
+def test_a_stale_local_socket_path_is_refreshed(controller, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    list_jobs(controller.address)
+    (cache,) = cache_files(tmp_path)
+    lines = cache.read_text().split("\n")
+    cache.write_text("\n".join((*lines[:3], str(tmp_path / "gone.sock"))))
+    list_jobs(controller.address)
+    assert cache.read_text().split("\n")[3] == str(controller.root / "controller.sock")
+
+
+@pytest.mark.parametrize("content", ["", "garbage", "garrison-controller-endpoints 0\na\nb\nc", "\n\n\n\n\n"])
+def test_a_malformed_cache_is_ignored(controller, tmp_path, monkeypatch, content: str) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    list_jobs(controller.address)
+    (cache,) = cache_files(tmp_path)
+    cache.write_text(content)
+    list_jobs(controller.address)
+    assert cache.read_text().split("\n")[:2] == [CACHE_FORMAT, controller.address]
