@@ -12,7 +12,10 @@ placement, which is bounded in attempts; the sweep stops at the window's end. Th
 bf_resolution, bf_window and (for the number of jobs tested, in cycle.py) bf_max_job_test, as named and
 validated settings rather than file-level globals.
 
-CPUs and host memory are assumed free by a reservation's start: reservations hold GPUs only.
+CPUs and host memory are tracked the same way: a running job's CPUs and memory come free at its end, a
+reservation's are held until its end, and the sweep also stops where only CPUs or memory come free (a
+CPU-only job ending). Memory is a quantity: a node's memory at a time is its total less the holds still
+running then (and less what the snapshot cannot explain, held for good).
 """
 
 from __future__ import annotations
@@ -48,10 +51,21 @@ class Timeline:
         # node index -> busy GPU -> when it comes free (INFINITY: unknown)
         self.free_at: list[dict[int, float]] = [{} for _ in capacity.views]
         self.events: list[tuple[float, int, tuple[int, ...]]] = []
+        # node index -> busy CPU -> when it comes free; memory: holds (until, MB), and MB busy for good
+        self.cpu_free_at: list[dict[int, float]] = []
+        self.memory_holds: list[list[tuple[float, int]]] = [[] for _ in capacity.views]
+        self.memory_unexplained: list[int] = []
+        self._all_cpus: dict[int, frozenset[int]] = {}
         for index, free in enumerate(capacity.free):
-            busy = set(range(capacity.views[index].gpu_count)) - free
+            view = capacity.views[index]
+            busy = set(range(view.gpu_count)) - free
             for gpu in busy:
                 self.free_at[index][gpu] = INFINITY
+            cpus_free = capacity.free_cpus[index]
+            self.cpu_free_at.append(
+                {c: INFINITY for c in range(view.cpus) if c not in cpus_free} if len(cpus_free) < view.cpus else {}
+            )
+            self.memory_unexplained.append(max(0, view.memory_mb - capacity.free_memory[index]))
         by_time: dict[tuple[float, int], list[int]] = defaultdict(list)
         for job in running:
             end = now if job.stopping else max(now, job.expected_end)
@@ -59,13 +73,27 @@ class Timeline:
                 found = capacity.index_of.get(node_alloc.node)
                 if found is None:
                     continue
+                releases = by_time[(end, found)]  # an event even when only CPUs or memory come free
                 for gpu in node_alloc.gpus:
                     if self.free_at[found].get(gpu) == INFINITY:
                         self.free_at[found][gpu] = end
-                        by_time[(end, found)].append(gpu)
+                        releases.append(gpu)
+                self._explain(found, node_alloc.cpus, node_alloc.mem_mb, end)
         self.events = sorted((t, i, tuple(sorted(g))) for (t, i), g in by_time.items())
         # GPUs usable from now on, per node (free now and not held by a start or reservation)
         self.usable_now = [len(self._usable_at(i, now)) for i in range(len(capacity.views))]
+
+    def _explain(self, index: int, cpus: tuple[int, ...], mem_mb: int, until: float) -> None:
+        """CPUs and memory taken for busy with no known end belong to a job that ends at ``until``."""
+        cpu_free_at = self.cpu_free_at[index]
+        for cpu in cpus:
+            if cpu_free_at.get(cpu) == INFINITY:
+                cpu_free_at[cpu] = until
+        if mem_mb:
+            explained = min(mem_mb, self.memory_unexplained[index])
+            self.memory_unexplained[index] -= explained
+            if explained:
+                self.memory_holds[index].append((until, explained))
 
     def started(self, allocation: Allocation, until: float) -> None:
         """A job of this cycle started on ``allocation`` now (its GPUs are already out of the capacity's free
@@ -74,6 +102,7 @@ class Timeline:
             index = self.capacity.index_of[node_alloc.node]
             for gpu in node_alloc.gpus:
                 self.free_at[index][gpu] = until
+            self._explain(index, node_alloc.cpus, node_alloc.mem_mb, until)
             bisect.insort(self.events, (until, index, tuple(node_alloc.gpus)))
 
     def hold(self, allocation: Allocation, until: float) -> None:
@@ -86,7 +115,32 @@ class Timeline:
                 if before <= self.now < until:
                     self.usable_now[index] -= 1
                 busy[gpu] = max(before, until)
+            cpu_free_at = self.cpu_free_at[index]
+            for cpu in node_alloc.cpus:
+                cpu_free_at[cpu] = max(cpu_free_at.get(cpu, self.now), until)
+            if node_alloc.mem_mb:
+                self.memory_holds[index].append((until, node_alloc.mem_mb))
             bisect.insort(self.events, (until, index, tuple(node_alloc.gpus)))
+
+    def cpus_at(self, index: int, when: float) -> frozenset[int]:
+        """The node's CPUs free from ``when`` on (as far as the timeline knows)."""
+        busy = self.cpu_free_at[index]
+        if not busy:
+            return self._every_cpu(index)
+        return frozenset(c for c in range(self.capacity.views[index].cpus) if busy.get(c, self.now) <= when)
+
+    def memory_at(self, index: int, when: float) -> int:
+        """The node's host memory (MB) free at ``when``."""
+        held = self.memory_unexplained[index] + sum(mb for until, mb in self.memory_holds[index] if until > when)
+        return max(0, self.capacity.views[index].memory_mb - held)
+
+    def memory_room(self, allocation: Allocation, start: float) -> dict[str, int]:
+        """For a reservation about to be held on ``allocation`` from ``start``: per node where it asks for
+        memory, what is still free beside it then (Capacity.reserve's ``memory_room``)."""
+        return {
+            n.node: self.memory_at(self.capacity.index_of[n.node], start) - n.mem_mb
+            for n in allocation.nodes if n.mem_mb
+        }
 
     def _usable_at(self, index: int, when: float) -> set[int]:
         busy = self.free_at[index]
@@ -100,14 +154,21 @@ class Timeline:
                 continue
             match = capacity.matching(index, request.gpu_type, request.gpu_mem_mib)
             usable = self._usable_at(index, when) & match
+            wants_cpus = request.cpus_per_gpu or request.cpus_per_node
             yield Candidate(
                 index=index,
                 view=view,
                 usable=sorted(usable),
                 capable=len(match),
-                free_cpus=frozenset(range(view.cpus)),
-                free_memory_mb=view.memory_mb,
+                free_cpus=self.cpus_at(index, when) if wants_cpus else self._every_cpu(index),
+                free_memory_mb=self.memory_at(index, when) if request.mem_mb else view.memory_mb,
             )
+
+    def _every_cpu(self, index: int) -> frozenset[int]:
+        found = self._all_cpus.get(index)
+        if found is None:
+            found = self._all_cpus[index] = frozenset(range(self.capacity.views[index].cpus))
+        return found
 
     def earliest_start(
         self, request: Request, placer: Placer, resolution_s: float, window_s: float

@@ -1,7 +1,9 @@
 """The cluster's free resources during one cycle, indexed so that a 1,000-node cluster costs little per job.
 
 Built once per cycle from the snapshot's node views, then changed as the cycle decides: ``take`` removes
-what a start uses, ``reserve`` marks GPUs a blocked job will get at a future time. For every partition the
+what a start uses, ``reserve`` marks what a blocked job will get at a future time: its GPUs and CPUs, and
+the host memory the node can still lend past that time (memory is a quantity, not named units, so what is
+protected is the room left beside the reservation, not particular megabytes). For every partition the
 ready nodes are bucketed by their number of free GPUs, which gives two things cheaply:
 
 - ``might_fit``: a necessary condition (enough nodes with enough free GPUs, enough free GPUs in all) that
@@ -32,6 +34,10 @@ class Capacity:
         self.ready: list[bool] = [v.schedulable and not v.drained for v in self.views]
         # node index -> GPU -> (start, job id) of the earliest reservation that holds it
         self.reserved: dict[int, dict[int, tuple[float, int]]] = {}
+        # node index -> CPU -> (start, job id) of the earliest reservation that holds it
+        self.reserved_cpus: dict[int, dict[int, tuple[float, int]]] = {}
+        # node index -> (reservation start, host memory MB the node can lend to jobs still running then, job id)
+        self.memory_room: dict[int, list[tuple[float, int, int]]] = {}
         self.max_gpus = max((v.gpu_count for v in self.views), default=0)
         self.buckets: dict[str, list[set[int]]] = {}
         for i, view in enumerate(self.views):
@@ -81,13 +87,21 @@ class Capacity:
         reserved = self.reserved.get(index)
         if reserved:
             usable = {g for g in usable if g not in reserved or reserved[g][0] >= end_time}
+        free_cpus = self.free_cpus[index]
+        reserved_cpus = self.reserved_cpus.get(index)
+        if reserved_cpus:
+            free_cpus = frozenset(c for c in free_cpus if c not in reserved_cpus or reserved_cpus[c][0] >= end_time)
+        free_memory = self.free_memory[index]
+        for start, room, _ in self.memory_room.get(index, ()):
+            if start < end_time:
+                free_memory = min(free_memory, room)
         return Candidate(
             index=index,
             view=view,
             usable=sorted(usable),
             capable=len(match),
-            free_cpus=self.free_cpus[index],
-            free_memory_mb=self.free_memory[index],
+            free_cpus=free_cpus,
+            free_memory_mb=free_memory,
         )
 
     def stream(self, request: Request, end_time: float) -> Iterator[Candidate]:
@@ -101,7 +115,8 @@ class Capacity:
 
     # -- changes --------------------------------------------------------------------------------------
 
-    def take(self, allocation: Allocation) -> None:
+    def take(self, allocation: Allocation, end_time: float = INFINITY) -> None:
+        """A job starts now on ``allocation`` and may run until ``end_time``."""
         self.version += 1
         for node_alloc in allocation.nodes:
             index = self.index_of[node_alloc.node]
@@ -110,6 +125,13 @@ class Capacity:
             if node_alloc.cpus:
                 self.free_cpus[index] = self.free_cpus[index] - set(node_alloc.cpus)
             self.free_memory[index] -= node_alloc.mem_mb
+            rooms = self.memory_room.get(index)
+            if rooms and node_alloc.mem_mb:
+                # Still running when a reservation starts: it uses that reservation's room.
+                self.memory_room[index] = [
+                    (start, room - node_alloc.mem_mb if start < end_time else room, job)
+                    for start, room, job in rooms
+                ]
             after = len(self.free[index])
             if self.ready[index] and after != before:
                 for part in self.views[index].partitions:
@@ -117,25 +139,38 @@ class Capacity:
                     bucket[before].discard(index)
                     bucket[after].add(index)
 
-    def reserve(self, allocation: Allocation, start: float, job_id: int) -> None:
-        """From ``start`` on, the GPUs of ``allocation`` belong to job ``job_id``: a job started now may
-        use them only if it ends by then."""
+    def reserve(
+        self, allocation: Allocation, start: float, job_id: int, memory_room: dict[str, int] | None = None
+    ) -> None:
+        """From ``start`` on, the GPUs and CPUs of ``allocation`` belong to job ``job_id``: a job started
+        now may use them only if it ends by then. ``memory_room``: per node, the host memory still free at
+        ``start`` beside the reservation's own (backfill.Timeline.memory_room); a job started now that runs
+        past ``start`` may use no more than that."""
         self.version += 1
         for node_alloc in allocation.nodes:
-            held = self.reserved.setdefault(self.index_of[node_alloc.node], {})
+            index = self.index_of[node_alloc.node]
+            held = self.reserved.setdefault(index, {})
             for gpu in node_alloc.gpus:
                 if gpu not in held or start < held[gpu][0]:
                     held[gpu] = (start, job_id)
+            if node_alloc.cpus:
+                held_cpus = self.reserved_cpus.setdefault(index, {})
+                for cpu in node_alloc.cpus:
+                    if cpu not in held_cpus or start < held_cpus[cpu][0]:
+                        held_cpus[cpu] = (start, job_id)
+            if memory_room is not None and node_alloc.node in memory_room:
+                self.memory_room.setdefault(index, []).append((start, memory_room[node_alloc.node], job_id))
 
     def reservation_on(self, allocation: Allocation) -> tuple[float, int] | None:
-        """(start, job id) of the earliest reservation on any GPU of ``allocation``; None if none."""
-        earliest: tuple[float, int] | None = None
+        """(start, job id) of the earliest reservation on any GPU or CPU of ``allocation``, or on the memory
+        of a node where it asks for some; None if none."""
+        found: list[tuple[float, int]] = []
         for node_alloc in allocation.nodes:
-            held = self.reserved.get(self.index_of[node_alloc.node])
-            if not held:
-                continue
-            for gpu in node_alloc.gpus:
-                found = held.get(gpu)
-                if found is not None and (earliest is None or found < earliest):
-                    earliest = found
-        return earliest
+            index = self.index_of[node_alloc.node]
+            held = self.reserved.get(index, {})
+            found.extend(held[gpu] for gpu in node_alloc.gpus if gpu in held)
+            held_cpus = self.reserved_cpus.get(index, {})
+            found.extend(held_cpus[cpu] for cpu in node_alloc.cpus if cpu in held_cpus)
+            if node_alloc.mem_mb:
+                found.extend((start, job) for start, _, job in self.memory_room.get(index, ()))
+        return min(found, default=None)

@@ -301,7 +301,7 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
         if allocation is not None:
             starts.append(Start(job.job_id, allocation))
             estimated[job.job_id] = now
-            capacity.take(allocation)
+            capacity.take(allocation, end)
             quotas.started(job, gpus, limit)
             if job.array_job_id is not None:
                 array_running[job.array_job_id] += 1
@@ -355,7 +355,7 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
             if found is not None:
                 begin, reserved = found
                 reservations.append(Reservation(job.job_id, begin, begin + limit, reserved))
-                capacity.reserve(reserved, begin, job.job_id)
+                capacity.reserve(reserved, begin, job.job_id, timeline.memory_room(reserved, begin))
                 timeline.hold(reserved, begin + limit)
                 estimated[job.job_id] = begin
             waiting[job.job_id] = Reason.RESOURCES

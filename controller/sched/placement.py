@@ -98,6 +98,15 @@ def _choose_cpus(request: Request, candidate: Candidate, gpus: tuple[int, ...]) 
     return tuple(sorted(local + rest[: need - len(local)]))
 
 
+def hostable(request: Request, candidate: Candidate) -> int:
+    """How many of the request's GPUs the node can take: its usable GPUs, fewer if its free CPUs cannot
+    give each of them ``cpus_per_gpu`` (the filters only check the smallest share a node may get)."""
+    usable = len(candidate.usable)
+    if request.cpus_per_gpu:
+        return min(usable, len(candidate.free_cpus) // request.cpus_per_gpu)
+    return usable
+
+
 def _node_allocation(request: Request, candidate: Candidate, count: int) -> NodeAllocation:
     view = candidate.view
     gpus = pick_connected_gpus(candidate.usable, count, gpu_affinity(view.nvlink, view.topo))
@@ -142,7 +151,7 @@ class Placer:
         best: tuple[int, int, NodeAllocation] | None = None
         scored = 0
         for candidate in source(request):
-            if len(candidate.usable) < count or not self.pipeline.check(request, candidate).ok:
+            if hostable(request, candidate) < count or not self.pipeline.check(request, candidate).ok:
                 continue
             allocation = _node_allocation(request, candidate, count)
             score = self.pipeline.score(request, candidate, allocation.gpus)
@@ -165,7 +174,7 @@ class Placer:
             chosen: list[tuple[Candidate, int]] = []
             taken: set[int] = set()
             for need in needs:
-                found = next((c for c in ranked if c.index not in taken and len(c.usable) >= need), None)
+                found = next((c for c in ranked if c.index not in taken and hostable(request, c) >= need), None)
                 if found is None:
                     return None
                 taken.add(found.index)
@@ -182,11 +191,14 @@ class Placer:
     def _spread(self, request: Request, passing: list[Candidate]) -> Allocation | None:
         """A total GPU count over as few nodes as possible, inside the tightest group that has them."""
         total = request.shape.total_gpus
-        for group in _groups_tightest_first(passing, lambda g: sum(len(c.usable) for c in g) >= total):
+        room = {c.index: hostable(request, c) for c in passing}
+        for group in _groups_tightest_first(passing, lambda g: sum(room[c.index] for c in g) >= total):
             remaining = total
             chosen: list[tuple[Candidate, int]] = []
-            for candidate in sorted(group, key=lambda c: (-len(c.usable), c.index)):
-                take = min(len(candidate.usable), remaining)
+            for candidate in sorted(group, key=lambda c: (-room[c.index], c.index)):
+                take = min(room[candidate.index], remaining)
+                if take == 0:
+                    break
                 chosen.append((candidate, take))
                 remaining -= take
                 if remaining == 0:

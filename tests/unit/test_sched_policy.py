@@ -9,11 +9,12 @@ from sched_helpers import NOW, busy, node, pending, running
 
 from garrison.config import PRESET_TIME_LIMIT_LONG_S, PRESET_TIME_LIMIT_SHORT_S
 from garrison.controller.accounts import Account, Accounting, Limits, PartitionDef, Qos, User
+from garrison.controller.domain import Allocation, NodeAllocation
 from garrison.controller.sched.cycle import Reason, SchedulerConfig, schedule
 from garrison.controller.sched.fairshare import accrued, decay, fair_share_factors, normalised_shares
 from garrison.controller.sched.presets import policy_presets, preset
 from garrison.controller.sched.priority import PriorityContext, PriorityWeights, time_limit_factor
-from garrison.controller.sched.snapshot import Snapshot, UsageView
+from garrison.controller.sched.snapshot import NodeView, RunningJob, Snapshot, UsageView
 
 GARRISON = preset("garrison")
 
@@ -242,6 +243,99 @@ def test_gpus_of_a_job_being_stopped_are_reserved_from_now() -> None:
     plan = schedule(snap(nodes, jobs, [stopping]), NOW, GARRISON)
     assert [(r.job_id, r.start) for r in plan.reservations][0] == (1, NOW)
     assert plan.starts == ()
+
+
+# -- reservations hold CPUs and memory too ----------------------------------------------------------------
+
+
+def holding(job_id: int, node_name: str, gpus: tuple[int, ...], *, cpus: tuple[int, ...] = (), mem_mb: int = 0,
+            limit: int = 1000) -> RunningJob:
+    """A job started at NOW on ``node_name`` holding these GPUs, CPUs and host memory for ``limit`` s."""
+    allocation = Allocation((NodeAllocation(node_name, gpus, cpus, mem_mb),))
+    return RunningJob(job_id=job_id, attempt=0, allocation=allocation, start_time=NOW, time_limit_s=limit)
+
+
+def on_node(view: NodeView, *jobs: RunningJob) -> NodeView:
+    """``view`` with the GPUs, CPUs and memory of ``jobs`` taken."""
+    allocs = [n for job in jobs for n in job.allocation.nodes if n.node == view.name]
+    return replace(view, free_gpus=view.free_gpus - {g for n in allocs for g in n.gpus},
+                   free_cpus=view.free_cpus - {c for n in allocs for c in n.cpus},
+                   free_memory_mb=view.free_memory_mb - sum(n.mem_mb for n in allocs))
+
+
+def test_backfill_does_not_take_cpus_a_reservation_needs() -> None:
+    # 32 CPUs. Job 9 holds GPUs 0-3 and CPUs 0-15 until NOW+1000. Job 1 needs 4 GPUs x 8 CPUs = all 32
+    # CPUs: reserved at NOW+1020. Job 2 (8 CPUs, runs long) would leave it 24 at that time; job 3 (8 CPUs,
+    # ends before the reservation) may run.
+    run = holding(9, "a", (0, 1, 2, 3), cpus=tuple(range(16)))
+    nodes = [on_node(node("a", cpus=32), run)]
+    jobs = [pending(1, gpus=4, cpus_per_gpu=8), pending(2, gpus=1, cpus_per_gpu=8, limit=50_000),
+            pending(3, gpus=1, cpus_per_gpu=8, limit=600)]
+    plan = schedule(snap(nodes, jobs, [run]), NOW, replace(preset("fifo-easy"), resolution_s=60))
+    assert [(r.job_id, r.start) for r in plan.reservations] == [(1, NOW + 1020)]
+    assert len(plan.reservations[0].allocation.nodes[0].cpus) == 32
+    assert [s.job_id for s in plan.starts] == [3]
+    assert plan.waiting[2] == Reason.reserved_for(1)
+
+
+def test_a_job_never_starts_with_fewer_cpus_than_it_asked_for() -> None:
+    # 4 GPUs x 8 CPUs on a node with 4 GPUs but 16 CPUs free: not now (it used to start with 16 CPUs).
+    run = holding(9, "a", (0, 1, 2, 3), cpus=tuple(range(16)))
+    nodes = [on_node(node("a", cpus=32), run)]
+    plan = schedule(snap(nodes, [pending(1, gpus=4, cpus_per_gpu=8)], [run]), NOW, preset("fifo"))
+    assert plan.starts == ()
+    # Spread over nodes, each node gets only as many GPUs as its free CPUs can feed.
+    nodes = [on_node(node("a", cpus=32), run), node("b", gpus=8, cpus=64)]
+    plan = schedule(snap(nodes, [pending(1, gpus=10, cpus_per_gpu=8)], [run]), NOW, preset("fifo"))
+    (start,) = plan.starts
+    for node_alloc in start.allocation.nodes:
+        assert len(node_alloc.cpus) == 8 * len(node_alloc.gpus)
+    assert {n.node: len(n.gpus) for n in start.allocation.nodes} == {"a": 2, "b": 8}
+
+
+def test_a_reservation_waits_for_the_cpus_as_well_as_the_gpus() -> None:
+    # Job 8 holds one GPU and 28 of the 32 CPUs until NOW+5000; job 9 the other 7 GPUs until NOW+1000. Job 1
+    # (4 GPUs x 2 CPUs) has its GPUs at NOW+1000 but its CPUs only at NOW+5000.
+    cpu_heavy = holding(8, "a", (0,), cpus=tuple(range(28)), limit=5000)
+    gpu_heavy = holding(9, "a", (1, 2, 3, 4, 5, 6, 7), cpus=(28, 29, 30, 31), limit=1000)
+    nodes = [on_node(node("a", cpus=32), cpu_heavy, gpu_heavy)]
+    plan = schedule(snap(nodes, [pending(1, gpus=4, cpus_per_gpu=2)], [cpu_heavy, gpu_heavy]), NOW,
+                    replace(preset("fifo-easy"), resolution_s=60))
+    assert [(r.job_id, r.start) for r in plan.reservations] == [(1, NOW + 5040)]
+
+
+def test_a_reservation_starts_when_a_cpu_only_job_ends() -> None:
+    # No GPU comes free at NOW+3000, only CPUs: the sweep must still look there.
+    cpu_only = holding(8, "a", (), cpus=tuple(range(30)), limit=3000)
+    gpus_late = holding(9, "a", (0, 1, 2, 3), cpus=(30,), limit=9000)
+    nodes = [on_node(node("a", cpus=32), cpu_only, gpus_late)]
+    plan = schedule(snap(nodes, [pending(1, gpus=4, cpus_per_gpu=4)], [cpu_only, gpus_late]), NOW,
+                    replace(preset("fifo-easy"), resolution_s=60))
+    assert [(r.job_id, r.start) for r in plan.reservations] == [(1, NOW + 3000)]
+
+
+def test_backfill_may_use_memory_the_reservation_leaves_and_no_more() -> None:
+    # 100 GB. Job 9 holds 70 GB until NOW+1000. Job 1 needs 80 GB: reserved then. Beside it, 20 GB are free
+    # at that time: job 2 (15 GB, long) fits beside it; job 3 (10 GB, long) would not any more; job 4
+    # (10 GB, ends before the reservation) may run now.
+    run = holding(9, "a", (0, 1, 2, 3), mem_mb=70_000)
+    nodes = [on_node(node("a", memory_mb=100_000), run)]
+    jobs = [pending(1, gpus=4, mem_mb=80_000), pending(2, gpus=1, mem_mb=15_000, limit=50_000),
+            pending(3, gpus=1, mem_mb=10_000, limit=50_000), pending(4, gpus=1, mem_mb=10_000, limit=600)]
+    plan = schedule(snap(nodes, jobs, [run]), NOW, replace(preset("fifo-easy"), resolution_s=60))
+    assert [(r.job_id, r.start) for r in plan.reservations] == [(1, NOW + 1020)]
+    assert [s.job_id for s in plan.starts] == [2, 4]
+    assert plan.waiting[3] == Reason.reserved_for(1)
+
+
+def test_a_reservation_waits_for_memory_held_by_a_longer_job() -> None:
+    # Job 8 holds 60 GB until NOW+4000, job 9 the GPUs until NOW+1000: 80 GB are free only at NOW+4000.
+    mem_heavy = holding(8, "a", (), mem_mb=60_000, limit=4000)
+    gpu_heavy = holding(9, "a", tuple(range(8)), mem_mb=10_000, limit=1000)
+    nodes = [on_node(node("a", memory_mb=100_000), mem_heavy, gpu_heavy)]
+    plan = schedule(snap(nodes, [pending(1, gpus=8, mem_mb=80_000)], [mem_heavy, gpu_heavy]), NOW,
+                    replace(preset("fifo-easy"), resolution_s=60))
+    assert [(r.job_id, r.start) for r in plan.reservations] == [(1, NOW + 4020)]
 
 
 def test_reservations_beyond_the_window_are_not_made() -> None:

@@ -4,6 +4,9 @@
 - every gang is whole or absent;
 - no quota is exceeded;
 - backfill never delays a reservation, reservations never overlap, and the first blocked job has one;
+- with CPUs and host memory asked for and held: every start gets exactly the CPUs it asks for, from free
+  ones, and fits in the free memory; no later start takes a reserved CPU past the reservation's start, and
+  at each reservation's start the memory of what still runs then and of the reservations then fits the node;
 - the same inputs give the same plan, whatever order the snapshot lists nodes, jobs and running jobs in.
 """
 
@@ -160,6 +163,89 @@ def check_plan(snapshot: Snapshot, plan: Plan, preemption: bool, policy_backfill
     for run in snapshot.running:
         if run.job_id in victims:
             assert run.qos == "low" and not run.stopping
+
+
+@st.composite
+def with_cpus_and_memory(draw: st.DrawFn) -> tuple[Snapshot, str, bool]:
+    """A scenario whose nodes have 4 CPUs and 1,000 MB per GPU, whose running jobs hold some of them (and a
+    few hold only CPUs and memory), and whose pending jobs ask for CPUs per GPU and memory."""
+    snapshot, policy, preemption = draw(scenarios())
+    cpus_left = {n.name: list(range(4 * len(n.gpu_names))) for n in snapshot.nodes}
+    memory_left = {n.name: 1000 * len(n.gpu_names) for n in snapshot.nodes}
+    runs = list(snapshot.running)
+    for i in range(draw(st.integers(0, 2))):
+        name = draw(st.sampled_from(sorted(cpus_left)))
+        runs.append(running(5000 + i, {name: ()}, limit=draw(st.sampled_from(LIMITS + [9000]))))
+    held_runs = []
+    for run in runs:
+        node_allocs = []
+        for n in run.allocation.nodes:
+            count = draw(st.integers(0, min(len(cpus_left[n.node]), 4 * max(1, len(n.gpus)))))
+            cpus = tuple(cpus_left[n.node][:count])
+            cpus_left[n.node] = cpus_left[n.node][count:]
+            mem = draw(st.integers(0, min(memory_left[n.node], 1000 * max(1, len(n.gpus)))))
+            memory_left[n.node] -= mem
+            node_allocs.append(replace(n, cpus=cpus, mem_mb=mem))
+        held_runs.append(replace(run, allocation=replace(run.allocation, nodes=tuple(node_allocs))))
+    nodes = tuple(
+        replace(n, cpus=4 * len(n.gpu_names), free_cpus=frozenset(cpus_left[n.name]),
+                memory_mb=1000 * len(n.gpu_names), free_memory_mb=memory_left[n.name])
+        for n in snapshot.nodes
+    )
+    jobs = tuple(
+        replace(j, spec=replace(j.spec, cpus_per_gpu=draw(st.sampled_from([0, 1, 2, 4])),
+                                mem_mb=draw(st.sampled_from([0, 0, 300, 900]))))
+        for j in snapshot.pending
+    )
+    return replace(snapshot, nodes=nodes, pending=jobs, running=tuple(held_runs)), policy, preemption
+
+
+def check_cpus_and_memory(snapshot: Snapshot, plan: Plan) -> None:
+    views = {n.name: n for n in snapshot.nodes}
+    jobs = {j.job_id: j for j in snapshot.pending}
+    position = {job_id: i for i, job_id in enumerate(plan.order)}
+    end_of = {s.job_id: NOW + (jobs[s.job_id].time_limit_s or 0) for s in plan.starts}
+    used_cpus: set[tuple[str, int]] = set()
+    used_memory: dict[str, int] = {}
+    for start in plan.starts:
+        spec = jobs[start.job_id].spec
+        for n in start.allocation.nodes:
+            assert len(n.cpus) == spec.cpus_per_gpu * len(n.gpus)
+            assert n.mem_mb == spec.mem_mb
+            for cpu in n.cpus:
+                assert cpu in views[n.node].free_cpus and (n.node, cpu) not in used_cpus
+                used_cpus.add((n.node, cpu))
+            used_memory[n.node] = used_memory.get(n.node, 0) + n.mem_mb
+    for name, mem in used_memory.items():
+        assert mem <= views[name].free_memory_mb
+    for reservation in plan.reservations:
+        at = reservation.start
+        for n in reservation.allocation.nodes:
+            reserved = set(n.cpus)
+            for start in plan.starts:
+                if position[start.job_id] > position[reservation.job_id] and end_of[start.job_id] > at:
+                    assert not reserved & {c for m in start.allocation.nodes if m.node == n.node for c in m.cpus}
+            for run in snapshot.running:
+                end = NOW if run.stopping else max(NOW, run.expected_end)
+                if end > at:
+                    assert not reserved & {c for m in run.allocation.nodes if m.node == n.node for c in m.cpus}
+            memory = sum(m.mem_mb for run in snapshot.running if (NOW if run.stopping else max(NOW, run.expected_end)) > at
+                         for m in run.allocation.nodes if m.node == n.node)
+            memory += sum(m.mem_mb for s in plan.starts if end_of[s.job_id] > at
+                          for m in s.allocation.nodes if m.node == n.node)
+            memory += sum(m.mem_mb for r in plan.reservations if r.start <= at < r.end
+                          for m in r.allocation.nodes if m.node == n.node)
+            assert memory <= views[n.node].memory_mb
+
+
+@settings(max_examples=250, deadline=None)
+@given(scenario=with_cpus_and_memory())
+def test_plans_respect_cpus_and_memory(scenario: tuple[Snapshot, str, bool]) -> None:
+    snapshot, policy, preemption = scenario
+    config = replace(preset(policy), preemption=preemption, resolution_s=60)
+    plan = schedule(snapshot, NOW, config)
+    check_plan(snapshot, plan, preemption, config.backfill and config.reservations > 0)
+    check_cpus_and_memory(snapshot, plan)
 
 
 @settings(max_examples=250, deadline=None)
