@@ -104,6 +104,16 @@ class Capacity:
             free_memory_mb=free_memory,
         )
 
+    def memory_after_freeing(self, index: int, end_time: float, freed: Sequence[tuple[float, int]]) -> int:
+        """The memory a job running until ``end_time`` could use on node ``index`` if the jobs holding
+        ``freed`` ((expected end, MB) each) were stopped now: what is free plus theirs, within the room of
+        each reservation it would outlive, which grows by what those jobs would still have held then."""
+        memory = self.free_memory[index] + sum(mb for _, mb in freed)
+        for start, room, _ in self.memory_room.get(index, ()):
+            if start < end_time:
+                memory = min(memory, room + sum(mb for until, mb in freed if until > start))
+        return memory
+
     def stream(self, request: Request, end_time: float) -> Iterator[Candidate]:
         """Ready nodes of the job's partition with enough free GPUs, fewest free first (best fit)."""
         buckets = self.buckets.get(request.partition)

@@ -32,7 +32,7 @@ from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.framework import Candidate, Request
 from garrison.controller.sched.pipeline import DEFAULT_SCORER_WEIGHTS, QUEUE_ORDER, Pipeline, build_pipeline
 from garrison.controller.sched.placement import DEFAULT_SCORE_LIMIT, Placer, candidates_of, request_for
-from garrison.controller.sched.preemption import Preempt, select_victims
+from garrison.controller.sched.preemption import Preempt, memory_room_after, select_victims
 from garrison.controller.sched.priority import NO_WEIGHTS, PriorityContext, PriorityWeights
 from garrison.controller.sched.quota import QuotaTally
 from garrison.controller.sched.snapshot import (
@@ -331,7 +331,9 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
                     preempts.append(Preempt(victim.job_id, victim.attempt, victim_qos.grace_s if victim_qos else 0))
                     grace = max(grace, preempts[-1].grace_s)
                 # Nobody else may take what is freed for it, and later reservations plan around it.
-                capacity.reserve(allocation, now, job.job_id)
+                stopping = [r for r in snapshot.running if r.stopping]
+                capacity.reserve(allocation, now, job.job_id,
+                                 memory_room_after([*victims, *stopping], capacity, allocation))
                 held_until = now + grace + limit
                 if timeline is not None:
                     timeline.hold(allocation, held_until)

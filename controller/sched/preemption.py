@@ -1,6 +1,7 @@
 """Which running jobs to preempt so that a blocked high-priority job can start: a pure function.
 
-``select_victims`` returns the smallest set of victims whose GPUs, added to what is free, let the whole
+``select_victims`` returns the smallest set of victims whose GPUs (and CPUs and host memory), added to
+what is free, let the whole
 job be placed (the same placement as any start, so the topology is valid), preferring among sets of that
 size the one that loses the least work: each victim loses its GPUs times the time since its last
 checkpoint (its attempt start when it never checkpointed).
@@ -43,13 +44,27 @@ def lost_work(job: RunningJob, now: float) -> float:
     return job.gpu_count() * max(0.0, now - saved_at)
 
 
-def _freed_by(victims: Sequence[RunningJob], capacity: Capacity) -> dict[int, set[int]]:
-    freed: dict[int, set[int]] = {}
+@dataclass(slots=True)
+class _Freed:
+    """What the victims on one node give back: GPUs, CPUs, and memory (MB, with when each would have come
+    free anyway, so a reservation's room on the node grows only by memory it had counted as held)."""
+
+    gpus: set[int]
+    cpus: set[int]
+    memory: list[tuple[float, int]]
+
+
+def _freed_by(victims: Sequence[RunningJob], capacity: Capacity) -> dict[int, _Freed]:
+    freed: dict[int, _Freed] = {}
     for job in victims:
         for node_alloc in job.allocation.nodes:
             index = capacity.index_of.get(node_alloc.node)
             if index is not None:
-                freed.setdefault(index, set()).update(node_alloc.gpus)
+                here = freed.setdefault(index, _Freed(set(), set(), []))
+                here.gpus.update(node_alloc.gpus)
+                here.cpus.update(node_alloc.cpus)
+                if node_alloc.mem_mb:
+                    here.memory.append((job.expected_end, node_alloc.mem_mb))
     return freed
 
 
@@ -67,11 +82,26 @@ def _placement_with(
             extra = freed.get(index)
             if extra:
                 match = capacity.matching(index, r.gpu_type, r.gpu_mem_mib)
-                base.usable = sorted(set(base.usable) | (extra & match))
+                base.usable = sorted(set(base.usable) | (extra.gpus & match))
+                base.free_cpus = base.free_cpus | extra.cpus
+                base.free_memory_mb = capacity.memory_after_freeing(index, end_time, extra.memory)
             out.append(base)
         return sorted(out, key=lambda c: (len(c.usable), c.index))
 
     return placer.place(request, source)
+
+
+def memory_room_after(victims: Sequence[RunningJob], capacity: Capacity, allocation: Allocation) -> dict[str, int]:
+    """For the job the victims make room for: per node where it asks for memory, what is left beside it
+    once they are gone (Capacity.reserve's ``memory_room``)."""
+    freed = _freed_by(victims, capacity)
+    room: dict[str, int] = {}
+    for node_alloc in allocation.nodes:
+        if node_alloc.mem_mb:
+            index = capacity.index_of[node_alloc.node]
+            given_back = sum(mb for _, mb in freed[index].memory) if index in freed else 0
+            room[node_alloc.node] = capacity.free_memory[index] + given_back - node_alloc.mem_mb
+    return room
 
 
 def select_victims(

@@ -455,3 +455,29 @@ def test_bad_settings_are_named(field: str, value: object) -> None:
 def test_an_empty_snapshot_needs_no_accounting() -> None:
     plan = schedule(Snapshot(nodes=(node("a"),), pending=(pending(1, gpus=1, account="anything"),)), NOW, GARRISON)
     assert [s.job_id for s in plan.starts] == [1]
+
+
+@pytest.mark.parametrize("asks", [{"cpus_per_gpu": 4}, {"mem_mb": 80_000}])
+def test_preemption_frees_the_cpus_and_memory_the_job_needs(asks: dict[str, int]) -> None:
+    # The low job holds every GPU, CPU and 50 GB: before, the victims' GPUs alone were counted, so a job
+    # asking for CPUs or memory never found a victim set that helped.
+    low = replace(holding(11, "a", tuple(range(8)), cpus=tuple(range(32)), mem_mb=50_000), qos="low")
+    nodes = [on_node(node("a", cpus=32, memory_mb=100_000), low)]
+    plan = schedule(snap(nodes, [pending(1, qos="high", gpus=8, **asks)], [low]), NOW,
+                    replace(GARRISON, preemption=True))
+    assert [p.job_id for p in plan.preempts] == [11]
+    assert plan.waiting[1] == Reason.PREEMPTING
+
+
+def test_memory_freed_for_a_preemptor_is_not_taken_meanwhile() -> None:
+    # 100 GB. The low job holds GPUs 0-3 and 60 GB; the urgent job needs 4 GPUs and 80 GB, so the low job
+    # goes. Beside the urgent job, 100 - 80 = 20 GB stay: job 2 (30 GB) must wait, job 3 (10 GB) may start.
+    low = replace(holding(11, "a", (0, 1, 2, 3), mem_mb=60_000, limit=50_000), qos="low")
+    nodes = [on_node(node("a", memory_mb=100_000), low)]
+    jobs = [pending(1, qos="high", gpus=4, mem_mb=80_000), pending(2, gpus=1, mem_mb=30_000, limit=50_000),
+            pending(3, gpus=1, mem_mb=10_000, limit=50_000)]
+    plan = schedule(snap(nodes, jobs, [low]), NOW, replace(GARRISON, preemption=True))
+    assert [p.job_id for p in plan.preempts] == [11]
+    assert [s.job_id for s in plan.starts] == [3]
+    assert 2 in plan.waiting
+
