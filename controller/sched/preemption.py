@@ -9,9 +9,13 @@ checkpoint (its attempt start when it never checkpointed).
 - A job on one node: per node, every subset of the victims that touch it is tried in order of size, then
   of lost work (bounded: at most MAX_VICTIMS_PER_NODE victims per node are considered, the cheapest). The
   best node wins. Exact.
-- A gang over several nodes: victims are added cheapest first until the job fits, then each is dropped
-  again (most expensive first) if the job still fits without it. The result is irreducible (no victim can
-  be spared), not necessarily the global minimum, which is a set-cover problem.
+- A gang over several nodes: two searches, and the better answer wins (fewer victims, then less work
+  lost). By job: victims are added cheapest first until the job fits. By node: nodes are cleared one
+  after another, those that take the fewest victims first, until the job fits (cheap jobs spread over
+  many nodes would otherwise win over a few big ones on the nodes the gang needs). Either way each victim
+  is then dropped again, most expensive first, if the job still fits without it. The result is
+  irreducible (no victim can be spared), not necessarily the global minimum, which is a set-cover
+  problem.
 
 Carrying out a preemption (warning signal, grace, requeue) is the controller's job, not this module's.
 """
@@ -143,7 +147,12 @@ def select_victims(
         found = _single_node(request, capacity, placer, pool, freeing, useful, end_time, now)
         if found is not None or request.shape.node_count == 1:
             return found
-    return _gang(request, capacity, placer, pool, freeing, useful, end_time)
+    answers = [
+        _gang(request, capacity, placer, pool, freeing, useful, end_time),
+        _gang_by_node(request, capacity, placer, pool, freeing, useful, end_time, now),
+    ]
+    return min((a for a in answers if a is not None),
+               key=lambda a: (len(a[0]), sum(lost_work(v, now) for v in a[0])), default=None)
 
 
 def _single_node(
@@ -188,7 +197,79 @@ def _gang(
             break
     if allocation is None:
         return None
-    for job in sorted(chosen, key=lambda j: -chosen.index(j)):  # most expensive (latest added) first
+    # Most expensive (latest added) first.
+    return _spare(request, capacity, placer, freeing, useful, end_time, chosen, chosen[::-1], allocation)
+
+
+def _gang_by_node(
+    request: Request, capacity: Capacity, placer: Placer, pool: Sequence[RunningJob],
+    freeing: Sequence[RunningJob], useful: Sequence[int], end_time: float, now: float,
+) -> tuple[tuple[RunningJob, ...], Allocation] | None:
+    on_node: dict[int, list[RunningJob]] = {i: [] for i in useful}
+    for job in pool:  # cheapest first, as the pool is sorted
+        for name in job.allocation.node_names:
+            index = capacity.index_of.get(name)
+            if index in on_node:
+                on_node[index].append(job)
+    order = sorted((i for i in useful if on_node[i]),
+                   key=lambda i: (len(on_node[i]), sum(lost_work(j, now) for j in on_node[i]), i))
+    chosen: list[RunningJob] = []
+    taken: set[tuple[int, int]] = set()
+    fit = _GpuCount(request, {i: len(capacity.free[i]) for i in useful})  # as if the chosen were gone
+    for job in freeing:
+        fit.free(job, capacity)
+    allocation = None
+    for index in order:
+        for job in on_node[index]:
+            if (job.job_id, job.attempt) not in taken:
+                taken.add((job.job_id, job.attempt))
+                chosen.append(job)
+                fit.free(job, capacity)
+        if fit.might_fit():
+            allocation = _placement_with(request, capacity, placer, [*freeing, *chosen], end_time, nodes=useful)
+            if allocation is not None:
+                break
+    if allocation is None:
+        return None
+    by_cost = sorted(chosen, key=lambda j: (-lost_work(j, now), j.job_id))
+    return _spare(request, capacity, placer, freeing, useful, end_time, chosen, by_cost, allocation)
+
+
+class _GpuCount:
+    """Free GPUs per node as victims are added, and Capacity.might_fit's test on them, kept up to date
+    so that trying node after node costs no more than the nodes tried."""
+
+    def __init__(self, request: Request, free: dict[int, int]) -> None:
+        self.shape = request.shape
+        self.per_node = self.shape.min_gpus_per_node
+        self.gpus = free
+        self.total = sum(free.values())
+        self.big = sum(1 for c in free.values() if c >= self.per_node)
+
+    def free(self, job: RunningJob, capacity: Capacity) -> None:
+        for node_alloc in job.allocation.nodes:
+            index = capacity.index_of.get(node_alloc.node)
+            if index is None or index not in self.gpus:
+                continue
+            before = self.gpus[index]
+            self.gpus[index] = before + len(node_alloc.gpus)
+            self.total += len(node_alloc.gpus)
+            if before < self.per_node <= self.gpus[index]:
+                self.big += 1
+
+    def might_fit(self) -> bool:
+        if self.shape.node_count is None:
+            return self.total >= self.shape.total_gpus
+        return self.big >= self.shape.node_count
+
+
+def _spare(
+    request: Request, capacity: Capacity, placer: Placer, freeing: Sequence[RunningJob], useful: Sequence[int],
+    end_time: float, victims: Sequence[RunningJob], drop_order: Sequence[RunningJob], allocation: Allocation,
+) -> tuple[tuple[RunningJob, ...], Allocation]:
+    """Drop each victim, in ``drop_order``, whose GPUs the job turns out not to need."""
+    chosen = list(victims)
+    for job in drop_order:
         trial = [j for j in chosen if j is not job]
         smaller = _placement_with(request, capacity, placer, [*freeing, *trial], end_time, nodes=useful)
         if smaller is not None:

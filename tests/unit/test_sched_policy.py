@@ -433,6 +433,18 @@ def test_preemption_frees_a_whole_gang_with_the_fewest_victims() -> None:
     assert sorted(p.job_id for p in plan.preempts) == [20, 21]  # the two that ran least
 
 
+def test_a_gang_preempts_two_big_jobs_rather_than_sixteen_small_ones() -> None:
+    # n0 and n1 each run one 8-GPU low job that has run long (much work to lose); n2 and n3 each run eight
+    # 1-GPU low jobs that have just started (little to lose each). Adding victims cheapest first frees n2
+    # and n3 with 16 victims, and none of them can be spared; freeing n0 and n1 takes 2.
+    runs = [running(10 + i, {f"n{i}": tuple(range(8))}, qos="low", start=NOW - 50_000) for i in range(2)]
+    runs += [running(100 + 8 * i + g, {f"n{i}": (g,)}, qos="low", start=NOW - 10) for i in (2, 3) for g in range(8)]
+    nodes = [busy(node(f"n{i}"), *[r for r in runs if f"n{i}" in r.allocation.node_names]) for i in range(4)]
+    plan = schedule(snap(nodes, [pending(1, qos="high", nodes=2, gpus_per_node=8)], runs), NOW,
+                    replace(GARRISON, preemption=True))
+    assert sorted(p.job_id for p in plan.preempts) == [10, 11]
+
+
 # -- presets and configuration ----------------------------------------------------------------------------------
 
 
