@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 JOB_COLUMNS = ("JOBID", "NAME", "USER", "ACCOUNT", "STATE", "TIME", "GPUS", "NODES(REASON)")
-NODE_COLUMNS = ("NODE", "STATE", "GPUS(A/T)", "MODEL", "GPU", "REASON")
+NODE_COLUMNS = ("NODE", "STATE", "GPUS(A/T)", "CPUS(A/T)", "MEM(A/T)", "MODEL", "GPU", "REASON")
 LIVE_STATES = ("CONFIGURING", "RUNNING", "COMPLETING")  # a job holding GPUs
 
 
@@ -105,7 +105,19 @@ def node_row(node: Any) -> tuple[str, ...]:
     if state == "UP":
         state = "IDLE" if allocated == 0 else ("ALLOCATED" if allocated >= total > 0 else "MIXED")
     gpu_model = node.inventory.gpus[0].name if node.inventory.gpus else "-"
-    return (node.name, state, f"{allocated}/{total}", node.inventory.model or "-", gpu_model, node.reason)
+    cpus = f"{node.allocated_cpus}/{node.inventory.cpus}"
+    memory = format_memory_pair(node.allocated_memory_mb, node.inventory.memory_mb)
+    return (node.name, state, f"{allocated}/{total}", cpus, memory, node.inventory.model or "-", gpu_model,
+            node.reason)
+
+
+def format_memory_pair(allocated_mb: int, total_mb: int) -> str:
+    """``allocated/total`` host memory in GiB, like sinfo's memory columns but readable: ``12/1007G``
+    (a non-zero allocation under half a GiB shows as <1)."""
+    if total_mb <= 0:
+        return "-"
+    used = "0" if allocated_mb <= 0 else ("<1" if allocated_mb < 512 else str(round(allocated_mb / 1024)))
+    return f"{used}/{round(total_mb / 1024)}G"
 
 
 def job_detail(job: Any) -> str:

@@ -428,7 +428,9 @@ class Engine:
 
     def nodes_view(self) -> list[pb.NodeInfo]:
         out = []
+        cpus, memory = self.state.held_cpus_and_memory()
         for node in sorted(self.state.nodes.values(), key=lambda n: n.name):
             allocated = list(self.state.gpu_owner.get(node.name, {}))
-            out.append(convert.node_to_pb(node, allocated, node.name in self.state.connected))
+            out.append(convert.node_to_pb(node, allocated, node.name in self.state.connected,
+                                          len(cpus.get(node.name, ())), memory.get(node.name, 0)))
         return out

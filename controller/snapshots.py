@@ -45,16 +45,7 @@ class SnapshotCache:
         switches: Mapping[str, tuple[str, ...]] | None = None,
     ) -> Snapshot:
         running = self._running_jobs(state)
-        used_cpus: dict[str, set[int]] = {}
-        used_memory: dict[str, int] = {}
-        for live in state.live.values():
-            for node_alloc in live.allocation.nodes:
-                if node_alloc.node not in live.pending_nodes:
-                    continue
-                if node_alloc.cpus:
-                    used_cpus.setdefault(node_alloc.node, set()).update(node_alloc.cpus)
-                if node_alloc.mem_mb:
-                    used_memory[node_alloc.node] = used_memory.get(node_alloc.node, 0) + node_alloc.mem_mb
+        used_cpus, used_memory = state.held_cpus_and_memory()
         nodes = tuple(
             self._node_view(state, node, frozenset(used_cpus.get(node.name, ())), used_memory.get(node.name, 0),
                             (switches or {}).get(node.name, ()))

@@ -154,6 +154,21 @@ class ClusterState:
         owned = self.gpu_owner.get(node.name, {})
         return frozenset(g.index for g in node.inventory.gpus if g.index not in owned)
 
+    def held_cpus_and_memory(self) -> tuple[dict[str, set[int]], dict[str, int]]:
+        """Per node, the CPUs and host memory (MB) of attempts whose ranks there have not reported their end
+        (what the scheduler must not hand out again, and what ginfo shows as allocated)."""
+        cpus: dict[str, set[int]] = {}
+        memory: dict[str, int] = {}
+        for live in self.live.values():
+            for node_alloc in live.allocation.nodes:
+                if node_alloc.node not in live.pending_nodes:
+                    continue
+                if node_alloc.cpus:
+                    cpus.setdefault(node_alloc.node, set()).update(node_alloc.cpus)
+                if node_alloc.mem_mb:
+                    memory[node_alloc.node] = memory.get(node_alloc.node, 0) + node_alloc.mem_mb
+        return cpus, memory
+
     def snapshot(
         self,
         accounting: Accounting | None = None,

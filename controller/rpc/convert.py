@@ -166,7 +166,9 @@ def job_to_pb(job: Job, now: float, with_spec: bool = False) -> pb.JobInfo:
     return msg
 
 
-def node_to_pb(node: Node, allocated: list[int], connected: bool) -> pb.NodeInfo:
+def node_to_pb(
+    node: Node, allocated: list[int], connected: bool, allocated_cpus: int = 0, allocated_memory_mb: int = 0
+) -> pb.NodeInfo:
     return pb.NodeInfo(
         name=node.name,
         state=node.state.value if connected or node.state.value != "UP" else "UNKNOWN",
@@ -174,6 +176,8 @@ def node_to_pb(node: Node, allocated: list[int], connected: bool) -> pb.NodeInfo
         inventory=inventory_to_pb(node.inventory),
         allocated_gpus=sorted(allocated),
         last_heartbeat=node.last_heartbeat,
+        allocated_cpus=allocated_cpus,
+        allocated_memory_mb=allocated_memory_mb,
     )
 
 

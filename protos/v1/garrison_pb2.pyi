@@ -711,10 +711,16 @@ class NodeInfo(_message.Message):
     INVENTORY_FIELD_NUMBER: _builtins.int
     ALLOCATED_GPUS_FIELD_NUMBER: _builtins.int
     LAST_HEARTBEAT_FIELD_NUMBER: _builtins.int
+    ALLOCATED_CPUS_FIELD_NUMBER: _builtins.int
+    ALLOCATED_MEMORY_MB_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     state: _builtins.str
     reason: _builtins.str
     last_heartbeat: _builtins.float
+    allocated_cpus: _builtins.int
+    """CPUs held by attempts still running on the node"""
+    allocated_memory_mb: _builtins.int
+    """host memory held by them"""
     @_builtins.property
     def inventory(self) -> Global___NodeInventory: ...
     @_builtins.property
@@ -728,10 +734,12 @@ class NodeInfo(_message.Message):
         inventory: Global___NodeInventory | None = ...,
         allocated_gpus: _abc.Iterable[_builtins.int] | None = ...,
         last_heartbeat: _builtins.float = ...,
+        allocated_cpus: _builtins.int = ...,
+        allocated_memory_mb: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated_gpus", b"allocated_gpus", "inventory", b"inventory", "last_heartbeat", b"last_heartbeat", "name", b"name", "reason", b"reason", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated_cpus", b"allocated_cpus", "allocated_gpus", b"allocated_gpus", "allocated_memory_mb", b"allocated_memory_mb", "inventory", b"inventory", "last_heartbeat", b"last_heartbeat", "name", b"name", "reason", b"reason", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

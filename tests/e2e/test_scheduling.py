@@ -172,3 +172,24 @@ def test_job_control_and_priority_views(cluster: Cluster, tmp_path: Path) -> Non
         cluster.run("gadmin", "node", "resume", "node1")
         cluster.run("gadmin", "node", "resume", "node2")
     assert cluster.wait_done(job)["state"] == "COMPLETED"
+
+
+def _node_columns(cluster: Cluster) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in cluster.run("ginfo").stdout.splitlines()[1:]}
+
+
+def test_ginfo_shows_the_cpus_and_memory_a_job_holds(cluster: Cluster, tmp_path: Path) -> None:
+    header = cluster.run("ginfo").stdout.splitlines()[0].split()
+    assert header[:5] == ["NODE", "STATE", "GPUS(A/T)", "CPUS(A/T)", "MEM(A/T)"]
+    release = tmp_path / "release"
+    job = cluster.submit("-G", "1", "--cpus-per-gpu", "1", "--mem", "300", "-t", "1:00",
+                         "--wrap", f"while [ ! -e {release} ]; do sleep 0.1; done")
+    (node,) = cluster.wait_state(job, {"RUNNING"})["nodes"]
+    held = wait_until("ginfo to show the job's CPU", lambda: (
+        (cols := _node_columns(cluster)[node])[3].startswith("1/") and cols))
+    assert held[4].startswith("<1/") and held[4].endswith("G")
+    release.touch()
+    assert cluster.wait_done(job)["state"] == "COMPLETED"
+    freed = wait_until("ginfo to show the CPU free", lambda: (
+        (cols := _node_columns(cluster)[node])[3].startswith("0/") and cols))
+    assert freed[4].startswith("0/")
