@@ -130,13 +130,15 @@ def job_detail(job: Any) -> str:
         f"   SubmitTime={_ts(job.submit_time)} StartTime={_ts(job.start_time)} EndTime={_ts(job.end_time)}",
         f"   RunTime={format_duration(elapsed(job))} TimeLimit={format_duration(job.time_limit_s)}",
         f"   NumNodes={job.nodes} GPUs={job.gpus} NodeList={','.join(job.node_list) or '(null)'}",
+        f"   GpuType={spec.gpu_type or '(any)'} GpuMem={_mb(spec.gpu_mem_mb)} CpusPerGpu={spec.cpus_per_gpu or '-'} "
+        f"MemPerNode={_mb(spec.mem_mb)}",
         f"   Launch={spec.launch or 'rank'} WorkDir={spec.workdir}",
         f"   Command={' '.join(spec.command) if spec.command else '(script)'}",
         f"   StdOut={spec.output or '(default)'} StdErr={spec.error or '(stdout)'}",
     ]
     last = max((att.attempt for att in job.attempts), default=None)
     for att in job.attempts:
-        where = " ".join(f"{a.node}:gpus={','.join(str(g) for g in a.gpus) or '-'}" for a in att.allocation)
+        where = " ".join(_node_allocation(a) for a in att.allocation)
         code = att.exit_code if att.HasField("exit_code") else "-"
         # An attempt's record is written when it starts and when it ends; while it runs, the job's state
         # (CONFIGURING, RUNNING, COMPLETING) is the attempt's.
@@ -146,6 +148,22 @@ def job_detail(job: Any) -> str:
             f"exit={code} {where}" + (f" reason={att.reason}" if att.reason else "")
         )
     return "\n".join(lines)
+
+
+def _node_allocation(a: Any) -> str:
+    """``node1:gpus=0,1`` and, when the job holds them, ``:cpus=0-7:mem=4096M``."""
+    text = f"{a.node}:gpus={','.join(str(g) for g in a.gpus) or '-'}"
+    if a.cpus:
+        from garrison.cpulist import format_cpu_list
+
+        text += f":cpus={format_cpu_list(a.cpus)}"
+    if a.mem_mb:
+        text += f":mem={a.mem_mb}M"
+    return text
+
+
+def _mb(value: int) -> str:
+    return f"{value}M" if value else "-"
 
 
 def _ts(value: float) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from garrison.controller.accounts import Accounting
 from garrison.controller.domain import Allocation, JobSpec, NodeInventory
+from garrison.cpulist import parse_cpu_list as parse_cpu_list
 
 # How long a job may run when neither it, its partition nor anything else says (Slurm's default is the
 # partition's; a snapshot built without partitions still needs an end time for backfill).
@@ -113,20 +114,6 @@ class Snapshot:
     running: tuple[RunningJob, ...] = ()
     accounting: Accounting = EMPTY_ACCOUNTING
     usage: Mapping[tuple[str, str], UsageView] = field(default_factory=dict)  # (account, user) -> usage
-
-
-def parse_cpu_list(text: str) -> frozenset[int]:
-    """"0-19,40-59" -> {0..19, 40..59}; anything unreadable (an "N/A") is no CPUs."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        low, sep, high = part.partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
-            return frozenset()
-        cpus.update(range(int(low), int(high if sep else low) + 1))
-    return frozenset(cpus)
 
 
 def node_view(

@@ -14,7 +14,7 @@ import logging
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ import psutil
 import pynvml
 
 from garrison.controller.domain import Gpu, NodeInventory
+from garrison.cpulist import format_cpu_list as format_cpu_list
 
 logger = logging.getLogger(__name__)
 
@@ -162,21 +163,6 @@ def _cpu_affinity(handle: Any) -> str:
         if word >> bit & 1
     ]
     return format_cpu_list(cpus)
-
-
-def format_cpu_list(cpus: Iterable[int]) -> str:
-    """CPU numbers as a Linux cpu list: [0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
-    ranges: list[str] = []
-    ordered = sorted(set(cpus))
-    start = 0
-    while start < len(ordered):
-        end = start
-        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
-            end += 1
-        first, last = ordered[start], ordered[end]
-        ranges.append(str(first) if first == last else f"{first}-{last}")
-        start = end + 1
-    return ",".join(ranges)
 
 
 def _mig_enabled(handle: Any) -> bool:

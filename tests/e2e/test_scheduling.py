@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -188,6 +189,9 @@ def test_ginfo_shows_the_cpus_and_memory_a_job_holds(cluster: Cluster, tmp_path:
     held = wait_until("ginfo to show the job's CPU", lambda: (
         (cols := _node_columns(cluster)[node])[3].startswith("1/") and cols))
     assert held[4].startswith("<1/") and held[4].endswith("G")
+    detail = cluster.run("gjob", job).stdout
+    assert "CpusPerGpu=1 MemPerNode=300M" in detail
+    assert re.search(rf"Attempt 0: RUNNING .*{node}:gpus=\d+:cpus=\d+:mem=300M", detail), detail
     release.touch()
     assert cluster.wait_done(job)["state"] == "COMPLETED"
     freed = wait_until("ginfo to show the CPU free", lambda: (
