@@ -83,8 +83,8 @@ def _gpu_hours(gpu_seconds: float) -> str:
 
 
 RECORD_COLUMNS = (
-    "JOBID", "NAME", "USER", "ACCOUNT", "PARTITION", "STATE", "START", "END", "ELAPSED", "GPUS", "GPU-HOURS",
-    "NODELIST", "EXITCODE",
+    "JOBID", "NAME", "USER", "ACCOUNT", "PARTITION", "STATE", "START", "END", "ELAPSED", "GPUS", "CPUS",
+    "GPU-HOURS", "NODELIST", "EXITCODE",
 )
 
 
@@ -97,7 +97,8 @@ def record_rows(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
             job.display_id, job.name, job.user, job.account, job.partition, job.state,
             _local(job.start_time, zone), _local(job.end_time, zone),
             format_duration(_elapsed(job.start_time, job.end_time, now)),
-            str(last.gpus if last is not None else job.requested_gpus), _gpu_hours(job.gpu_seconds),
+            str(last.gpus if last is not None else job.requested_gpus),
+            str(_cpus(last.allocation)) if last is not None else "-", _gpu_hours(job.gpu_seconds),
             _nodes(last.allocation) if last is not None else "-", _exit_code(job),
         ))
         if not with_attempts:
@@ -107,9 +108,15 @@ def record_rows(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
                 f"{job.display_id}.{attempt.attempt}", "", "", "", "", attempt.state,
                 _local(attempt.start_time, zone), _local(attempt.end_time, zone),
                 format_duration(_elapsed(attempt.start_time, attempt.end_time, now)),
-                str(attempt.gpus), _gpu_hours(attempt.gpu_seconds), _nodes(attempt.allocation), _exit_code(attempt),
+                str(attempt.gpus), str(_cpus(attempt.allocation)), _gpu_hours(attempt.gpu_seconds),
+                _nodes(attempt.allocation), _exit_code(attempt),
             ))
     return rows
+
+
+def _cpus(allocation: Sequence[Any]) -> int:
+    """CPUs the attempt held on all its nodes (sacct's AllocCPUS); 0 when it asked for none."""
+    return sum(len(n.cpus) for n in allocation)
 
 
 def _attempt_json(attempt: Any, now: float) -> dict[str, Any]:
@@ -122,8 +129,10 @@ def _attempt_json(attempt: Any, now: float) -> dict[str, Any]:
         "exit_code": attempt.exit_code if attempt.HasField("exit_code") else None,
         "reason": attempt.reason,
         "gpus": attempt.gpus,
+        "cpus": _cpus(attempt.allocation),
         "gpu_hours": round(attempt.gpu_seconds / 3600, 6),
-        "allocation": [{"node": n.node, "gpus": list(n.gpus)} for n in attempt.allocation],
+        "allocation": [{"node": n.node, "gpus": list(n.gpus), "cpus": list(n.cpus), "mem_mb": n.mem_mb}
+                       for n in attempt.allocation],
     }
 
 
@@ -156,7 +165,7 @@ def records_json(jobs: Sequence[Any], now: float) -> str:
 
 CSV_FIELDS = (
     "job_id", "attempt", "name", "user", "account", "partition", "state", "submit_time", "start_time", "end_time",
-    "elapsed_s", "gpus", "gpu_hours", "nodes", "exit_code", "reason",
+    "elapsed_s", "gpus", "gpu_hours", "nodes", "exit_code", "reason", "cpus",
 )
 
 
@@ -179,6 +188,7 @@ def records_csv(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
             last.gpus if last is not None else job.requested_gpus, f"{job.gpu_seconds / 3600:.6f}",
             _nodes(last.allocation) if last is not None else "",
             job.exit_code if job.HasField("exit_code") else "", job.reason,
+            _cpus(last.allocation) if last is not None else "",
         ])
         if not with_attempts:
             continue
@@ -189,6 +199,7 @@ def records_csv(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
                 f"{_elapsed(attempt.start_time, attempt.end_time, now):.3f}", attempt.gpus,
                 f"{attempt.gpu_seconds / 3600:.6f}", _nodes(attempt.allocation),
                 attempt.exit_code if attempt.HasField("exit_code") else "", attempt.reason,
+                _cpus(attempt.allocation),
             ])
     return out.getvalue()
 

@@ -62,8 +62,9 @@ def test_parse_time() -> None:
 
 
 def attempt(job_id: int, number: int, node_gpus: tuple[tuple[str, tuple[int, ...]], ...], start: float,
-            end: float | None, state: JobState, exit_code: int | None = None) -> Attempt:
-    allocation = Allocation(tuple(NodeAllocation(node, gpus) for node, gpus in node_gpus))
+            end: float | None, state: JobState, exit_code: int | None = None, cpus: tuple[int, ...] = (),
+            mem_mb: int = 0) -> Attempt:
+    allocation = Allocation(tuple(NodeAllocation(node, gpus, cpus, mem_mb) for node, gpus in node_gpus))
     return Attempt(job_id, number, allocation, start, end_time=end, state=state, exit_code=exit_code)
 
 
@@ -79,7 +80,8 @@ def sample_jobs() -> list[Job]:
         job(1, "ada", "research", state=JobState.COMPLETED, start_time=T0 + 3600 * 2, end_time=T0 + 3600 * 3,
             exit_code=0, restart_count=1, attempts=(
                 attempt(1, 0, (("n1", (0, 1)), ("n2", (0, 1))), T0, T0 + 3600, JobState.NODE_FAIL, -9),
-                attempt(1, 1, (("n3", (0, 1, 2, 3)),), T0 + 3600 * 2, T0 + 3600 * 3, JobState.COMPLETED, 0))),
+                attempt(1, 1, (("n3", (0, 1, 2, 3)),), T0 + 3600 * 2, T0 + 3600 * 3, JobState.COMPLETED, 0,
+                        cpus=tuple(range(16)), mem_mb=64_000))),
         # bob: failed after half an hour on 2 GPUs
         job(2, "bob", "default", state=JobState.FAILED, start_time=T0, end_time=T0 + 1800, exit_code=3,
             attempts=(attempt(2, 0, (("n1", (2, 3)),), T0, T0 + 1800, JobState.FAILED, 3),)),
@@ -93,11 +95,12 @@ def test_record_rows_show_each_attempt() -> None:
     rows = record_rows(records, now=T0 + 10 * 3600, zone=UTC)
     assert [row[0] for row in rows] == ["1", "1.0", "1.1", "2", "2.0", "3"]
     job1, first, second = rows[0], rows[1], rows[2]
-    assert job1[5:] == ("COMPLETED", "2024-03-01T14:00:00", "2024-03-01T15:00:00", "1:00:00", "4", "8.00", "n3", "0")
-    assert first[5:] == ("NODE_FAIL", "2024-03-01T12:00:00", "2024-03-01T13:00:00", "1:00:00", "4", "4.00", "n1,n2",
-                         "-9")
-    assert second[9:11] == ("4", "4.00")
-    assert rows[5][5:] == ("CANCELLED", "-", "2024-03-01T12:01:00", "0:00", "4", "0.00", "-", "-")
+    assert job1[5:] == ("COMPLETED", "2024-03-01T14:00:00", "2024-03-01T15:00:00", "1:00:00", "4", "16", "8.00", "n3",
+                        "0")
+    assert first[5:] == ("NODE_FAIL", "2024-03-01T12:00:00", "2024-03-01T13:00:00", "1:00:00", "4", "0", "4.00",
+                         "n1,n2", "-9")
+    assert second[9:12] == ("4", "16", "4.00")
+    assert rows[5][5:] == ("CANCELLED", "-", "2024-03-01T12:01:00", "0:00", "4", "-", "0.00", "-", "-")
     assert [row[0] for row in record_rows(records, T0, UTC, with_attempts=False)] == ["1", "2", "3"]
 
 
@@ -107,13 +110,16 @@ def test_records_json_and_csv() -> None:
     job1 = document["jobs"][0]
     assert job1["job_id"] == "1" and job1["gpu_hours"] == 8.0 and job1["exit_code"] == 0
     assert [a["state"] for a in job1["attempts"]] == ["NODE_FAIL", "COMPLETED"]
-    assert job1["attempts"][0]["allocation"] == [{"node": "n1", "gpus": [0, 1]}, {"node": "n2", "gpus": [0, 1]}]
+    assert job1["attempts"][0]["allocation"] == [{"node": "n1", "gpus": [0, 1], "cpus": [], "mem_mb": 0},
+                                                 {"node": "n2", "gpus": [0, 1], "cpus": [], "mem_mb": 0}]
+    assert job1["attempts"][1]["cpus"] == 16 and job1["attempts"][1]["allocation"][0]["mem_mb"] == 64_000
     assert document["jobs"][2]["start_time"] is None and document["jobs"][2]["attempts"] == []
 
     lines = list(csv.DictReader(io.StringIO(records_csv(records, T0, UTC))))
     assert [(line["job_id"], line["attempt"]) for line in lines] == [
         ("1", ""), ("1", "0"), ("1", "1"), ("2", ""), ("2", "0"), ("3", "")]
     assert lines[1]["nodes"] == "n1,n2" and lines[1]["gpu_hours"] == "4.000000"
+    assert [line["cpus"] for line in lines[:3]] == ["16", "0", "16"]
     assert lines[0]["start_time"] == "2024-03-01T14:00:00+00:00"
     assert lines[5]["exit_code"] == "" and lines[5]["start_time"] == ""
 
@@ -208,10 +214,10 @@ def test_gacct_shows_jobs_the_controller_has_forgotten(controller: Controller) -
     out = controller.ok("gacct", "-a", *PERIOD)
     lines = out.splitlines()
     assert lines[0].split() == ["JOBID", "NAME", "USER", "ACCOUNT", "PARTITION", "STATE", "START", "END", "ELAPSED",
-                                "GPUS", "GPU-HOURS", "NODELIST", "EXITCODE"]
+                                "GPUS", "CPUS", "GPU-HOURS", "NODELIST", "EXITCODE"]
     assert [line.split()[0] for line in lines[1:]] == ["1", "1.0", "1.1", "2", "2.0", "3"]
-    assert lines[1].split()[5:] == ["COMPLETED", "2024-03-01T14:00:00", "2024-03-01T15:00:00", "1:00:00", "4", "8.00",
-                                    "n3", "0"]
+    assert lines[1].split()[5:] == ["COMPLETED", "2024-03-01T14:00:00", "2024-03-01T15:00:00", "1:00:00", "4", "16",
+                                    "8.00", "n3", "0"]
 
 
 def test_gacct_filters(controller: Controller) -> None:
