@@ -44,6 +44,83 @@ class Reservation:
     allocation: Allocation
 
 
+class _NodeHost:
+    """One node's CPUs and host memory over time for the timeline. Jobs' holds are only recorded until a
+    reservation first asks about the node, and applied then: most nodes are never asked about, and
+    building every node's CPU table up front cost more than the rest of the timeline (1,000 nodes of 128
+    CPUs)."""
+
+    __slots__ = ("cpus", "memory_mb", "free_cpus_now", "free_memory_now", "now", "ops", "cpu_free_at",
+                 "memory_holds", "memory_unexplained")
+
+    def __init__(self, cpus: int, memory_mb: int, free_cpus: frozenset[int], free_memory_mb: int, now: float) -> None:
+        self.cpus = cpus
+        self.memory_mb = memory_mb
+        self.free_cpus_now = free_cpus
+        self.free_memory_now = free_memory_mb
+        self.now = now
+        self.ops: list[tuple[bool, tuple[int, ...], int, float]] | None = []  # None once applied
+        self.cpu_free_at: dict[int, float] = {}  # busy CPU -> when it comes free (INFINITY: unknown)
+        self.memory_holds: list[tuple[float, int]] = []  # (until, MB)
+        self.memory_unexplained = 0  # MB busy for a reason the snapshot does not give: held for good
+
+    def explain(self, cpus: tuple[int, ...], mem_mb: int, until: float) -> None:
+        """CPUs and memory counted busy with no known end belong to a job that ends at ``until``."""
+        self._record(False, cpus, mem_mb, until)
+
+    def hold(self, cpus: tuple[int, ...], mem_mb: int, until: float) -> None:
+        """These CPUs and this memory are busy until ``until`` at least (a start now, or a reservation)."""
+        self._record(True, cpus, mem_mb, until)
+
+    def _record(self, hold: bool, cpus: tuple[int, ...], mem_mb: int, until: float) -> None:
+        if not cpus and not mem_mb:
+            return
+        if self.ops is not None:
+            self.ops.append((hold, cpus, mem_mb, until))
+        else:
+            self._apply(hold, cpus, mem_mb, until)
+
+    def _build(self) -> None:
+        if self.ops is None:
+            return
+        ops, self.ops = self.ops, None
+        free = self.free_cpus_now
+        if len(free) < self.cpus:
+            self.cpu_free_at = {c: INFINITY for c in range(self.cpus) if c not in free}
+        self.memory_unexplained = max(0, self.memory_mb - self.free_memory_now)
+        for op in ops:
+            self._apply(*op)
+
+    def _apply(self, hold: bool, cpus: tuple[int, ...], mem_mb: int, until: float) -> None:
+        busy = self.cpu_free_at
+        if hold:
+            for cpu in cpus:
+                busy[cpu] = max(busy.get(cpu, self.now), until)
+            if mem_mb:
+                self.memory_holds.append((until, mem_mb))
+            return
+        for cpu in cpus:
+            if busy.get(cpu) == INFINITY:
+                busy[cpu] = until
+        explained = min(mem_mb, self.memory_unexplained)
+        if explained:
+            self.memory_unexplained -= explained
+            self.memory_holds.append((until, explained))
+
+    def cpus_at(self, when: float) -> frozenset[int] | None:
+        """CPUs free from ``when`` on; None: every CPU of the node."""
+        self._build()
+        busy = self.cpu_free_at
+        if not busy:
+            return None
+        return frozenset(c for c in range(self.cpus) if busy.get(c, self.now) <= when)
+
+    def memory_at(self, when: float) -> int:
+        self._build()
+        held = self.memory_unexplained + sum(mb for until, mb in self.memory_holds if until > when)
+        return max(0, self.memory_mb - held)
+
+
 class Timeline:
     def __init__(self, capacity: Capacity, running: Sequence[RunningJob], now: float) -> None:
         self.capacity = capacity
@@ -51,21 +128,16 @@ class Timeline:
         # node index -> busy GPU -> when it comes free (INFINITY: unknown)
         self.free_at: list[dict[int, float]] = [{} for _ in capacity.views]
         self.events: list[tuple[float, int, tuple[int, ...]]] = []
-        # node index -> busy CPU -> when it comes free; memory: holds (until, MB), and MB busy for good
-        self.cpu_free_at: list[dict[int, float]] = []
-        self.memory_holds: list[list[tuple[float, int]]] = [[] for _ in capacity.views]
-        self.memory_unexplained: list[int] = []
         self._all_cpus: dict[int, frozenset[int]] = {}
+        # node index -> its CPUs and host memory over time (built on first use)
+        self.hosts = [
+            _NodeHost(view.cpus, view.memory_mb, capacity.free_cpus[i], capacity.free_memory[i], now)
+            for i, view in enumerate(capacity.views)
+        ]
         for index, free in enumerate(capacity.free):
-            view = capacity.views[index]
-            busy = set(range(view.gpu_count)) - free
+            busy = set(range(capacity.views[index].gpu_count)) - free
             for gpu in busy:
                 self.free_at[index][gpu] = INFINITY
-            cpus_free = capacity.free_cpus[index]
-            self.cpu_free_at.append(
-                {c: INFINITY for c in range(view.cpus) if c not in cpus_free} if len(cpus_free) < view.cpus else {}
-            )
-            self.memory_unexplained.append(max(0, view.memory_mb - capacity.free_memory[index]))
         by_time: dict[tuple[float, int], list[int]] = defaultdict(list)
         for job in running:
             end = now if job.stopping else max(now, job.expected_end)
@@ -78,22 +150,10 @@ class Timeline:
                     if self.free_at[found].get(gpu) == INFINITY:
                         self.free_at[found][gpu] = end
                         releases.append(gpu)
-                self._explain(found, node_alloc.cpus, node_alloc.mem_mb, end)
+                self.hosts[found].explain(node_alloc.cpus, node_alloc.mem_mb, end)
         self.events = sorted((t, i, tuple(sorted(g))) for (t, i), g in by_time.items())
         # GPUs usable from now on, per node (free now and not held by a start or reservation)
         self.usable_now = [len(self._usable_at(i, now)) for i in range(len(capacity.views))]
-
-    def _explain(self, index: int, cpus: tuple[int, ...], mem_mb: int, until: float) -> None:
-        """CPUs and memory taken for busy with no known end belong to a job that ends at ``until``."""
-        cpu_free_at = self.cpu_free_at[index]
-        for cpu in cpus:
-            if cpu_free_at.get(cpu) == INFINITY:
-                cpu_free_at[cpu] = until
-        if mem_mb:
-            explained = min(mem_mb, self.memory_unexplained[index])
-            self.memory_unexplained[index] -= explained
-            if explained:
-                self.memory_holds[index].append((until, explained))
 
     def started(self, allocation: Allocation, until: float) -> None:
         """A job of this cycle started on ``allocation`` now (its GPUs are already out of the capacity's free
@@ -102,7 +162,7 @@ class Timeline:
             index = self.capacity.index_of[node_alloc.node]
             for gpu in node_alloc.gpus:
                 self.free_at[index][gpu] = until
-            self._explain(index, node_alloc.cpus, node_alloc.mem_mb, until)
+            self.hosts[index].explain(node_alloc.cpus, node_alloc.mem_mb, until)
             bisect.insort(self.events, (until, index, tuple(node_alloc.gpus)))
 
     def hold(self, allocation: Allocation, until: float) -> None:
@@ -115,24 +175,17 @@ class Timeline:
                 if before <= self.now < until:
                     self.usable_now[index] -= 1
                 busy[gpu] = max(before, until)
-            cpu_free_at = self.cpu_free_at[index]
-            for cpu in node_alloc.cpus:
-                cpu_free_at[cpu] = max(cpu_free_at.get(cpu, self.now), until)
-            if node_alloc.mem_mb:
-                self.memory_holds[index].append((until, node_alloc.mem_mb))
+            self.hosts[index].hold(node_alloc.cpus, node_alloc.mem_mb, until)
             bisect.insort(self.events, (until, index, tuple(node_alloc.gpus)))
 
     def cpus_at(self, index: int, when: float) -> frozenset[int]:
         """The node's CPUs free from ``when`` on (as far as the timeline knows)."""
-        busy = self.cpu_free_at[index]
-        if not busy:
-            return self._every_cpu(index)
-        return frozenset(c for c in range(self.capacity.views[index].cpus) if busy.get(c, self.now) <= when)
+        free = self.hosts[index].cpus_at(when)
+        return self._every_cpu(index) if free is None else free
 
     def memory_at(self, index: int, when: float) -> int:
         """The node's host memory (MB) free at ``when``."""
-        held = self.memory_unexplained[index] + sum(mb for until, mb in self.memory_holds[index] if until > when)
-        return max(0, self.capacity.views[index].memory_mb - held)
+        return self.hosts[index].memory_at(when)
 
     def memory_room(self, allocation: Allocation, start: float) -> dict[str, int]:
         """For a reservation about to be held on ``allocation`` from ``start``: per node where it asks for

@@ -134,17 +134,19 @@ def time_limit_of(job: PendingJob, partition: PartitionDef | None) -> int:
 
 class _IdleFit:
     """Could a request ever run in its partition, with every up (or every drained) node idle? Answered from
-    GPU counts for plain requests, by a real placement on idle nodes otherwise; cached per request shape."""
+    counts (GPUs, CPUs per GPU, memory) unless it asks for a GPU type or GPU memory, by a real placement on
+    the nodes made idle otherwise; cached per request shape."""
 
     def __init__(self, nodes: Sequence[NodeView], placer: Placer) -> None:
         self.nodes = nodes
         self.placer = placer
         self.cache: dict[tuple[object, ...], str | None] = {}
+        self.idle_views: dict[tuple[str, ...], list[NodeView]] = {}  # the nodes as if idle, per node set
 
     def reason(self, request: Request) -> str | None:
         """None if it fits on idle up nodes; else NodesDrained or NodesUnavailable."""
         key = (request.partition, request.shape, request.gpu_type, request.gpu_mem_mib, request.cpus_per_gpu,
-               request.mem_mb)
+               request.cpus_per_node, request.mem_mb)
         if key not in self.cache:
             members = [n for n in self.nodes if request.partition in n.partitions]
             up = [n for n in members if n.schedulable and not n.drained]
@@ -160,21 +162,30 @@ class _IdleFit:
         shape = request.shape
         if not nodes:
             return False
-        if request.gpu_type is None and not request.gpu_mem_mib and not request.cpus_per_gpu and not request.mem_mb:
-            sizes = [n.gpu_count for n in nodes]
+        if request.gpu_type is None and not request.gpu_mem_mib and shape.min_gpus_per_node >= 1:
+            # Counts answer it: how many of the job's GPUs each idle node could take, given its CPUs and memory.
+            rooms = [
+                0 if request.mem_mb > n.memory_mb
+                else (min(n.gpu_count, n.cpus // request.cpus_per_gpu) if request.cpus_per_gpu else n.gpu_count)
+                for n in nodes
+            ]
             if shape.node_count is None:
-                return sum(sizes) >= shape.total_gpus
+                return sum(rooms) >= shape.total_gpus
             per_node = -(-shape.total_gpus // shape.node_count) if shape.gpus_per_node is None else shape.gpus_per_node
-            big = sum(1 for s in sizes if s >= shape.min_gpus_per_node)
-            return big >= shape.node_count and sum(1 for s in sizes if s >= per_node) >= (
+            big = sum(1 for r in rooms if r >= shape.min_gpus_per_node)
+            return big >= shape.node_count and sum(1 for r in rooms if r >= per_node) >= (
                 shape.node_count if shape.gpus_per_node is not None else shape.total_gpus % shape.node_count
             )
-        idle = [
-            replace(n, schedulable=True, drained=False, free_gpus=frozenset(range(n.gpu_count)),
-                    free_cpus=frozenset(range(n.cpus)), free_memory_mb=n.memory_mb)
-            for n in nodes
-        ]
-        idle.sort(key=lambda v: (v.switches, v.name))
+        key = tuple(n.name for n in nodes)
+        idle = self.idle_views.get(key)
+        if idle is None:
+            idle = [
+                replace(n, schedulable=True, drained=False, free_gpus=frozenset(range(n.gpu_count)),
+                        free_cpus=frozenset(range(n.cpus)), free_memory_mb=n.memory_mb)
+                for n in nodes
+            ]
+            idle.sort(key=lambda v: (v.switches, v.name))
+            self.idle_views[key] = idle
         return self.placer.place(request, lambda r: candidates_of(idle, r)) is not None
 
 

@@ -60,10 +60,12 @@ def a100(name: str) -> NodeInventory:
 
 
 class Workload:
-    def __init__(self, rng: random.Random, mix: list[tuple[int, int]]) -> None:
+    def __init__(self, rng: random.Random, mix: list[tuple[int, int]], cpus_per_gpu: int = 0, mem_mb: int = 0) -> None:
         self.rng = rng
         self.mix = mix
         self.next_id = 1
+        self.cpus_per_gpu = cpus_per_gpu
+        self.mem_mb = mem_mb
 
     def job(self, submit: float) -> Job:
         gpus, duration = self.rng.choice(self.mix)
@@ -73,7 +75,8 @@ class Workload:
         user = self.rng.randrange(USERS)
         return Job(
             job_id=job_id,
-            spec=JobSpec(name="bench", command=("sleep", str(duration)), gpus=gpus, time_limit_s=limit),
+            spec=JobSpec(name="bench", command=("sleep", str(duration)), gpus=gpus, time_limit_s=limit,
+                         cpus_per_gpu=self.cpus_per_gpu, mem_mb=self.mem_mb),
             user=f"user{user}",
             uid=10_000 + user,
             gid=10_000,
@@ -84,7 +87,9 @@ class Workload:
         )
 
 
-def build_cluster(nodes: int, seed: int) -> tuple[ClusterState, Policy, Workload, float]:
+def build_cluster(
+    nodes: int, seed: int, cpus_per_gpu: int = 0, mem_mb: int = 0
+) -> tuple[ClusterState, Policy, Workload, float]:
     rng = random.Random(seed)
     now = 1_800_000_000.0
     names = [f"n{i:04d}" for i in range(nodes)]
@@ -102,7 +107,7 @@ def build_cluster(nodes: int, seed: int) -> tuple[ClusterState, Policy, Workload
     policy = Policy(config, state, now)
     for name in names:
         state.register_node(name, a100(name), policy.node_partitions(name), [], [], now)
-    workload = Workload(rng, trace_jobs())
+    workload = Workload(rng, trace_jobs(), cpus_per_gpu, mem_mb)
 
     # Fill 90% of the GPUs with running jobs placed by the real placer, started at staggered times.
     capacity = Capacity(policy.snapshot().nodes)
@@ -133,8 +138,8 @@ def end_some(state: ClusterState, rng: random.Random, fraction: float, now: floa
             state.node_finished(node, NodeResult(attempt.job_id, attempt.attempt, ranks), now)
 
 
-def measure(nodes: int, cycles: int, seed: int) -> dict[str, float]:
-    state, policy, workload, now = build_cluster(nodes, seed)
+def measure(nodes: int, cycles: int, seed: int, cpus_per_gpu: int = 0, mem_mb: int = 0) -> dict[str, float]:
+    state, policy, workload, now = build_cluster(nodes, seed, cpus_per_gpu, mem_mb)
     rng = random.Random(seed + 1)
     config = policy.scheduler
     totals: list[float] = []
@@ -177,11 +182,15 @@ def main() -> None:
     parser.add_argument("--nodes", default="100,300,1000", help="cluster sizes, comma separated")
     parser.add_argument("--cycles", type=int, default=9, help="measured cycles per size")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cpus-per-gpu", type=int, default=0,
+                        help="every job asks for this many CPUs per GPU (the nodes have 128 CPUs: 16 each)")
+    parser.add_argument("--mem", type=int, default=0, metavar="MB",
+                        help="every job asks for this much host memory per node (the nodes have 1,000,000 MB)")
     args = parser.parse_args()
     sizes = [int(n) for n in args.nodes.split(",")]
     results = {}
     for nodes in sizes:
-        r = measure(nodes, args.cycles, args.seed)
+        r = measure(nodes, args.cycles, args.seed, args.cpus_per_gpu, args.mem)
         results[nodes] = r
         print(f"median_ms_nodes_{nodes}: {r['median_ms']:.1f}")
         print(f"snapshot_ms_nodes_{nodes}: {r['snapshot_ms']:.1f}")
