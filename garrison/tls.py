@@ -407,11 +407,11 @@ def describe(cert_pem: bytes) -> CertificateInfo:
 # ------------------------------------------------------------------------------ agent identity
 
 
-def agent_node_from_auth_context(auth_context: Mapping[str, Sequence[bytes]]) -> str:
-    """The node name a verified agent certificate stands for, or TlsError saying why there is none.
+def agent_certificate(auth_context: Mapping[str, Sequence[bytes]]) -> CertificateInfo:
+    """The verified peer certificate, read once, if it was made for a node agent; else TlsError saying why.
 
     The TLS handshake has already checked the chain against the cluster CA (the agent port requires and
-    verifies client certificates); this checks that the certificate was made for an agent.
+    verifies client certificates); this checks that the certificate was made for an agent and names a node.
     """
     if auth_context.get("transport_security_type") != [b"ssl"]:
         raise TlsError("not a TLS connection: agents must connect to the controller's agent_address")
@@ -423,7 +423,8 @@ def agent_node_from_auth_context(auth_context: Mapping[str, Sequence[bytes]]) ->
         raise TlsError(f"certificate {info.subject!r} is not a node agent certificate")
     if not NODE_NAME.match(info.common_name) or info.common_name == CONTROLLER_TLS_NAME:
         raise TlsError(f"certificate {info.subject!r} does not name a node")
-    return info.common_name
+    return info
+
 
 
 REVOKED_FILE = "revoked"  # in the CA directory, next to ca.crt: serials of agent certificates no longer valid
@@ -464,20 +465,10 @@ def revoke_serial(ca_dir: str | os.PathLike[str], serial: int, note: str) -> Pat
     return path
 
 
-def peer_certificate_serial(auth_context: Mapping[str, Sequence[bytes]]) -> int | None:
-    pem = auth_context.get("x509_pem_cert")
-    return describe(pem[0]).serial if pem else None
-
-
-def certificate_names_node(auth_context: Mapping[str, Sequence[bytes]], node: str) -> bool:
-    """Whether the verified peer certificate was issued for ``node`` (its common name or a DNS SAN)."""
-    try:
-        if agent_node_from_auth_context(auth_context) == node:
-            return True
-    except TlsError:
-        return False
-    pem = auth_context.get("x509_pem_cert") or [b""]
-    return node in describe(pem[0]).dns_names
+def certificate_names_node(info: CertificateInfo, node: str) -> bool:
+    """Whether an agent certificate (agent_certificate's answer) was issued for ``node``: its common name or
+    a DNS SAN."""
+    return info.common_name == node or node in info.dns_names
 
 
 # ------------------------------------------------------------------------------ gRPC credentials

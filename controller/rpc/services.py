@@ -20,10 +20,10 @@ from garrison.controller.validate import ValidationError
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 from garrison.tls import (
+    CertificateInfo,
     TlsError,
-    agent_node_from_auth_context,
+    agent_certificate,
     certificate_names_node,
-    peer_certificate_serial,
     read_revoked,
 )
 from garrison.tokens import TOKEN_METADATA_KEY, TokenRegistry
@@ -222,12 +222,11 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         # a revocation needs no restart.
         self.revoked_file = revoked_file
 
-    def _check_not_revoked(self, context: grpc.aio.ServicerContext, node: str) -> None:
-        if not self.revoked_file:
-            return
-        serial = peer_certificate_serial(context.auth_context())
-        if serial is not None and serial in read_revoked(self.revoked_file):
-            raise TlsError(f"the certificate of node {node!r} (serial {serial:x}) was revoked")
+    def _check_not_revoked(self, certificate: CertificateInfo) -> None:
+        if self.revoked_file and certificate.serial in read_revoked(self.revoked_file):
+            raise TlsError(
+                f"the certificate of node {certificate.common_name!r} (serial {certificate.serial:x}) was revoked"
+            )
 
     async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str) -> None:
         log.warning("refused agent connection from %s (%s): %s", context.peer(), code.name, reason)
@@ -236,10 +235,11 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
     async def Connect(
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ControllerMessage]:
+        certificate: CertificateInfo | None = None
         if self.require_certificate:
             try:
-                certificate_node = agent_node_from_auth_context(context.auth_context())
-                self._check_not_revoked(context, certificate_node)
+                certificate = agent_certificate(context.auth_context())  # parsed once per connection
+                self._check_not_revoked(certificate)
             except TlsError as exc:
                 await self._refuse(context, grpc.StatusCode.PERMISSION_DENIED, str(exc))
                 return
@@ -273,11 +273,11 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         except ValidationError as exc:
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
-        if self.require_certificate and not certificate_names_node(context.auth_context(), register.node_name):
+        if certificate is not None and not certificate_names_node(certificate, register.node_name):
             await self._refuse(
                 context,
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"the certificate of node {certificate_node!r} may not register as {register.node_name!r}",
+                f"the certificate of node {certificate.common_name!r} may not register as {register.node_name!r}",
             )
             return
         address = register.address or peer_host(context.peer() or "") or "127.0.0.1"
