@@ -250,12 +250,17 @@ def test_token_installed_for_a_user_speaks_for_them_until_revoked(users: Users, 
 
 def test_expired_and_forged_tokens_are_refused(users: Users, cluster: Cluster) -> None:
     bob = users.bob
+    # The token to forge lives an hour: forged from a short-lived one, it could expire before the check and
+    # be refused for that instead (the CLI reads the expiry before anything else).
+    lasting = _issue(cluster, "--user", "gsec_bob", "--lifetime", "1h")
+    assert lasting.returncode == 0, lasting.stderr
+    genuine = lasting.stdout.strip()
+    forged = genuine[:-4] + ("AAAA" if not genuine.endswith("AAAA") else "BBBB")
+    refused = run_as(users, bob, cluster, "gqueue", env={"GARRISON_TOKEN": forged})
+    assert refused.returncode == 1 and "signature does not match" in refused.stderr
     issued = _issue(cluster, "--user", "gsec_bob", "--lifetime", "1s")
     assert issued.returncode == 0, issued.stderr
     token = issued.stdout.strip()
-    forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
-    refused = run_as(users, bob, cluster, "gqueue", env={"GARRISON_TOKEN": forged})
-    assert refused.returncode == 1 and "signature does not match" in refused.stderr
     # Expiry is a matter of the clock: poll until the CLI reports it, which it does before any RPC.
     expired = wait_until(
         "the token to expire",
