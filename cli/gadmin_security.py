@@ -232,13 +232,14 @@ def cert_revoke(certificate: str, ca_dir: str | None) -> None:
     that is up now; issue the node a new certificate with issue-agent --force."""
     from garrison.tls import TlsError, describe, read_pem, revoke_serial
 
+    revoked = f"revoked {_when(time.time())}"
     try:
         if os.path.exists(certificate):
             info = describe(read_pem(certificate, "certificate"))
-            serial, note = info.serial, f"{info.common_name}, revoked {_when(time.time())}"
+            serial, note = info.serial, f"{info.common_name}, {revoked}"
         else:
             try:
-                serial, note = int(certificate, 16), f"revoked {_when(time.time())}"
+                serial, note = int(certificate, 16), revoked
             except ValueError:
                 raise TlsError(f"{certificate!r} is neither a certificate file nor a hexadecimal serial") from None
         path = revoke_serial(ca_dir or _default_ca_dir(), serial, note)

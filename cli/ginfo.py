@@ -1,4 +1,4 @@
-"""ginfo: nodes and their GPUs (sinfo's counterpart); --topology NODE shows the GPU interconnect."""
+"""ginfo: nodes, their GPUs, CPUs and memory (sinfo's counterpart); --topology NODE shows the GPU interconnect."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from garrison.cli.render import NODE_COLUMNS, node_row, plain_table, rich_table
 @click.option("--topology", "topology_node", default=None, metavar="NODE",
               help="Print NODE's GPU topology matrix like `nvidia-smi topo -m`.")
 def ginfo(topology_node: str | None) -> None:
-    """Show nodes: state (IDLE/MIXED/ALLOCATED/DRAIN/DOWN), GPUs allocated/total, and model."""
+    """Show nodes: state (IDLE/MIXED/ALLOCATED/DRAIN/DOWN), GPUs, CPUs and memory allocated/total, and model."""
     from garrison.protos.v1 import garrison_pb2 as pb
 
     try:

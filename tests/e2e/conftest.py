@@ -110,6 +110,19 @@ def stop_cluster(cluster: Cluster) -> None:
     shutil.rmtree(cluster.state_dir, ignore_errors=True)
 
 
+PREEMPTION_CONFIG = Path(__file__).resolve().parents[1] / "data" / "preemption.toml"
+
+
+@pytest.fixture
+def preempting_cluster() -> Iterator[Cluster]:
+    """One DGX A100 node under tests/data/preemption.toml (QoS `urgent` may preempt `low`), per test."""
+    c = start_cluster(["dgx-a100"], ["--agents", "1", "--extra-config", str(PREEMPTION_CONFIG)])
+    try:
+        yield c
+    finally:
+        stop_cluster(c)
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     c = start_cluster(["dgx-a100", "dgx1v"])

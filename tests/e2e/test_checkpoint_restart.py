@@ -6,25 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from .conftest import Cluster, start_cluster, stop_cluster, wait_until
+from .conftest import Cluster, wait_until
 
 pytestmark = pytest.mark.slow
-
-PREEMPTION_CONFIG = Path(__file__).resolve().parents[1] / "data" / "preemption.toml"
-
-
-@pytest.fixture
-def preempting_cluster() -> Iterator[Cluster]:
-    c = start_cluster(["dgx-a100"], ["--agents", "1", "--extra-config", str(PREEMPTION_CONFIG)])
-    try:
-        yield c
-    finally:
-        stop_cluster(c)
 
 
 def test_checkpoint_marks_survive_a_controller_restart(preempting_cluster: Cluster) -> None:

@@ -7,27 +7,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .conftest import Cluster, start_cluster, stop_cluster, wait_until
+from .conftest import Cluster, wait_until
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "ddp_checkpoint.py"
-PREEMPTION_CONFIG = Path(__file__).resolve().parents[1] / "data" / "preemption.toml"
-
-
-@pytest.fixture
-def preempting_cluster() -> Iterator[Cluster]:
-    c = start_cluster(["dgx-a100"], ["--agents", "1", "--extra-config", str(PREEMPTION_CONFIG)])
-    try:
-        yield c
-    finally:
-        stop_cluster(c)
 
 
 def test_preempted_training_resumes_to_identical_weights(preempting_cluster: Cluster, tmp_path: Path) -> None:
