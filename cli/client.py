@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from garrison.plainmsg import PlainMessage
+
 if TYPE_CHECKING:  # typing costs ~5 ms to import, on every CLI call
     from typing import Any, NoReturn
 
@@ -24,11 +26,12 @@ DEFAULT_DEADLINE_S = 30.0
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 HEADER = struct.Struct("!I")
+PLAIN_SUFFIX = "+json"  # a method name so suffixed speaks plain JSON on the local socket (controller/rpc/local.py)
 CACHE_FORMAT = "garrison-controller-endpoints 1"  # first line of the per-address cache file
 
 # grpc.StatusCode values, so the local path can map errors without importing grpc.
 OK, INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE, UNAUTHENTICATED = 0, 3, 5, 7, 14, 16
-DEADLINE_EXCEEDED = 4
+DEADLINE_EXCEEDED, UNIMPLEMENTED = 4, 12
 STATUS_NAMES = {1: "cancelled", 2: "unknown", 8: "resource exhausted", 9: "failed precondition", 12: "unimplemented",
                 13: "internal"}
 
@@ -154,6 +157,13 @@ class Client:
     # Local socket
 
     def _local_call(self, method: str, request: Any, path: str) -> Any:
+        payload = self._local_exchange(method, request.SerializeToString(), path)
+        from garrison.protos.v1 import garrison_pb2 as pb
+
+        return getattr(pb, RESPONSE_TYPES[method]).FromString(payload)
+
+    def _local_exchange(self, method: str, body: bytes, path: str) -> bytes:
+        """One request and its answer on the local socket: the answer's payload, or the error it names."""
         if not path:
             raise _LocalUnusable
         if self._local is None:
@@ -171,23 +181,23 @@ class Client:
                 raise _LocalUnusable from None
             self._local = sock
         name = method.encode()
-        body = bytes([len(name)]) + name + request.SerializeToString()
+        frame = bytes([len(name)]) + name + body
         try:
-            self._local.sendall(HEADER.pack(len(body)) + body)
+            self._local.sendall(HEADER.pack(len(frame)) + frame)
             (length,) = HEADER.unpack(self._recv(HEADER.size))
-            frame = self._recv(length)
+            answer = self._recv(length)
         except TimeoutError:
             raise CliError(f"the controller at {path} did not answer in time") from None
         except OSError:
             self._local.close()
             self._local = None
             raise _LocalUnusable from None
-        status, payload = frame[0], frame[1:]
+        status, payload = answer[0], answer[1:]
+        if status == UNIMPLEMENTED:
+            raise _LocalUnusable  # a controller older than this CLI (a "+json" method): gRPC still works
         if status != OK:
             raise _error_for(status, payload.decode(errors="replace"), self.address)
-        from garrison.protos.v1 import garrison_pb2 as pb
-
-        return getattr(pb, RESPONSE_TYPES[method]).FromString(payload)
+        return payload
 
     def _recv(self, count: int) -> bytes:
         assert self._local is not None
@@ -278,14 +288,40 @@ class Client:
 
     def call(self, method: str, request: Any) -> Any:
         """One Controller RPC: over the local socket when this host has it, else over gRPC."""
-        if os.environ.get("GARRISON_TRANSPORT") == "grpc" or _token_requested():
-            # Forced (to test the remote path), or a token asked for by name: the local socket would
-            # speak for this process's own uid instead.
-            return self._grpc_call(method, request)
-        for refresh in (False, True):
-            try:
-                local = self._endpoints(refresh=refresh).get("local_socket", "")
-                return self._local_call(method, request, local)
-            except _LocalUnusable:
-                continue  # a stale cache or another host: ask again, then fall back to gRPC
+        if self._local_allowed():
+            for refresh in (False, True):
+                try:
+                    local = self._endpoints(refresh=refresh).get("local_socket", "")
+                    return self._local_call(method, request, local)
+                except _LocalUnusable:
+                    continue  # a stale cache or another host: ask again, then fall back to gRPC
         return self._grpc_call(method, request)
+
+    def call_plain(self, method: str, request: dict[str, Any]) -> PlainMessage:
+        """``call`` with the request and the answer in their plain form (garrison/plainmsg.py): on the
+        local socket neither this process nor the answer touches protobuf, which gsub and gqueue cannot
+        afford to import. Over gRPC the messages are converted here."""
+        if self._local_allowed():
+            import json
+
+            body = json.dumps(request, separators=(",", ":")).encode()
+            for refresh in (False, True):
+                try:
+                    local = self._endpoints(refresh=refresh).get("local_socket", "")
+                    return PlainMessage(json.loads(self._local_exchange(method + PLAIN_SUFFIX, body, local)))
+                except _LocalUnusable:
+                    continue
+        from garrison.plainmsg import PlainError, from_plain, to_plain
+        from garrison.protos.v1 import garrison_pb2 as pb
+
+        try:
+            message = from_plain(request, getattr(pb, method + "Request"))
+        except PlainError as err:
+            raise CliError(f"malformed request: {err}", EXIT_USAGE) from None
+        return PlainMessage(to_plain(self._grpc_call(method, message)))
+
+    @staticmethod
+    def _local_allowed() -> bool:
+        # Not when gRPC is forced (to test the remote path), nor when a token is asked for by name: the
+        # local socket would speak for this process's own uid instead.
+        return os.environ.get("GARRISON_TRANSPORT") != "grpc" and not _token_requested()

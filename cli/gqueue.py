@@ -28,16 +28,15 @@ def _split(values: tuple[str, ...]) -> list[str]:
 def gqueue(users: tuple[str, ...], me: bool, states: tuple[str, ...], jobs: tuple[str, ...], as_json: bool,
            show_start: bool, show_priority: bool) -> None:
     """Show pending, running and recently finished jobs."""
-    from garrison.protos.v1 import garrison_pb2 as pb
-
     wanted_users = _split(users) + ([getpass.getuser()] if me else [])
     if show_start or show_priority:
         _pending_view(wanted_users, _split(jobs), as_json, show_priority)
         return
-    request = pb.ListJobsRequest(users=wanted_users, states=[s.upper() for s in _split(states)], job_ids=_split(jobs))
+    # The plain form (garrison/plainmsg.py): the queue's one call never imports protobuf.
+    request = {"users": wanted_users, "states": [s.upper() for s in _split(states)], "job_ids": _split(jobs)}
     try:
         with Client() as client:
-            response = client.call("ListJobs", request)
+            response = client.call_plain("ListJobs", request)
     except CliError as exc:
         fail("gqueue", exc)
     if as_json:

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail
 from garrison.cli.parsing import UsageError
 from garrison.cli.submission import HelpRequested, Submission, parse_submission
 
 
-def build_request(submission: Submission):  # type: ignore[no-untyped-def]
-    from garrison.controller.rpc.convert_spec import spec_to_pb
-    from garrison.protos.v1 import garrison_pb2 as pb
+def build_request(submission: Submission) -> dict[str, Any]:
+    """The SubmitJobRequest message in its plain form (garrison/plainmsg.py): gsub never imports protobuf."""
+    from garrison.controller.rpc.convert_spec import spec_to_plain
 
-    request = pb.SubmitJobRequest(spec=spec_to_pb(submission.spec))
+    request: dict[str, Any] = {"spec": spec_to_plain(submission.spec)}
     if submission.array is not None:
-        request.array_indices.extend(submission.array.indices)
+        request["array_indices"] = list(submission.array.indices)
         if submission.array.max_running is not None:
-            request.array_max_running = submission.array.max_running
+            request["array_max_running"] = submission.array.max_running
     return request
 
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         fail("gsub", CliError(str(exc), EXIT_USAGE))
     try:
         with Client() as client:
-            response = client.call("SubmitJob", build_request(submission))
+            response = client.call_plain("SubmitJob", build_request(submission))
     except CliError as exc:
         fail("gsub", exc)
     if submission.parsable:

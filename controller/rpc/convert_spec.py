@@ -1,44 +1,52 @@
-"""JobSpec -> protobuf: the one conversion gsub needs, apart from convert.py (re-exported there), which
-imports every domain type; gsub pays for only JobSpec's module on each call."""
+"""JobSpec -> its protobuf message (``spec_to_pb``, re-exported by convert.py, which imports every domain
+type) or that message's plain form (``spec_to_plain``, garrison/plainmsg.py), which is what gsub sends:
+neither gsub nor this module's import pays for more than JobSpec's module."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from garrison.controller.jobspec import JobSpec
-from garrison.protos.v1 import garrison_pb2 as pb
+
+if TYPE_CHECKING:
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+
+def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
+    """The JobSpec message's fields by proto name; the ``optional`` ones only when the spec sets them."""
+    fields: dict[str, Any] = {
+        "name": spec.name,
+        "command": list(spec.command),
+        "gpu_type": spec.gpu_type or "",
+        "cpus_per_gpu": spec.cpus_per_gpu,
+        "mem_mb": spec.mem_mb,
+        "account": spec.account or "",
+        "partition": spec.partition or "",
+        "workdir": spec.workdir,
+        "env": dict(spec.env),
+        "output": spec.output or "",
+        "error": spec.error or "",
+        "launch": spec.launch.value,
+        "no_requeue": not spec.requeue,
+        "max_restarts": spec.max_restarts,
+        "qos": spec.qos or "",
+        "signal": spec.signal or "",
+        "gpu_mem_mb": spec.gpu_mem_mb,
+    }
+    optional = {
+        "script": spec.script,
+        "nodes": spec.nodes,
+        "gpus": spec.gpus,
+        "gpus_per_node": spec.gpus_per_node,
+        "time_limit_s": spec.time_limit_s,
+        "ntasks_per_node": spec.ntasks_per_node,
+        "umask": spec.umask,
+    }
+    fields.update((name, value) for name, value in optional.items() if value is not None)
+    return fields
 
 
 def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
-    msg = pb.JobSpec(
-        name=spec.name,
-        command=list(spec.command),
-        gpu_type=spec.gpu_type or "",
-        cpus_per_gpu=spec.cpus_per_gpu,
-        mem_mb=spec.mem_mb,
-        account=spec.account or "",
-        partition=spec.partition or "",
-        workdir=spec.workdir,
-        env=dict(spec.env),
-        output=spec.output or "",
-        error=spec.error or "",
-        launch=spec.launch.value,
-        no_requeue=not spec.requeue,
-        max_restarts=spec.max_restarts,
-        qos=spec.qos or "",
-        signal=spec.signal or "",
-        gpu_mem_mb=spec.gpu_mem_mb,
-    )
-    if spec.script is not None:
-        msg.script = spec.script
-    if spec.nodes is not None:
-        msg.nodes = spec.nodes
-    if spec.gpus is not None:
-        msg.gpus = spec.gpus
-    if spec.gpus_per_node is not None:
-        msg.gpus_per_node = spec.gpus_per_node
-    if spec.time_limit_s is not None:
-        msg.time_limit_s = spec.time_limit_s
-    if spec.ntasks_per_node is not None:
-        msg.ntasks_per_node = spec.ntasks_per_node
-    if spec.umask is not None:
-        msg.umask = spec.umask
-    return msg
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    return pb.JobSpec(**spec_to_plain(spec))

@@ -9,6 +9,11 @@ status codes; only the framing differs:
     request  = u32 length | u8 method-name length | method name | serialized request message
     response = u32 length | u8 status code (grpc.StatusCode value) | serialized response, or UTF-8 message
 
+A method name ending in ``+json`` (``SubmitJob+json``) carries the request and the response as plain JSON
+(garrison/plainmsg.py) instead of serialized protobuf: gsub and gqueue use it, so that they need not import
+protobuf. The request is parsed into its message type just as strictly (unknown fields and wrong types are
+INVALID_ARGUMENT) before the servicer sees it.
+
 Several requests may share one connection. Clients elsewhere use gRPC (with tokens, issue 7).
 """
 
@@ -26,11 +31,13 @@ import grpc
 
 from garrison.auth import principal_for
 from garrison.controller.domain import Principal
+from garrison.plainmsg import PlainError, dump_plain, parse_plain
 from garrison.protos.v1 import garrison_pb2 as pb
 
 log = logging.getLogger("garrison.controller.local")
 
 MAX_FRAME = 8 << 20
+JSON_SUFFIX = "+json"
 HEADER = struct.Struct("!I")
 
 # method name -> request message type; responses come back as the servicer's return value
@@ -121,18 +128,25 @@ class LocalServer:
     async def _answer(self, principal: Principal, frame: bytes) -> bytes:
         name_length = frame[0]
         method = frame[1 : 1 + name_length].decode(errors="replace")
+        plain = method.endswith(JSON_SUFFIX)
+        if plain:
+            method = method[: -len(JSON_SUFFIX)]
         request_type = REQUEST_TYPES.get(method)
         if request_type is None:
             return self._frame(_status_byte(grpc.StatusCode.UNIMPLEMENTED), f"unknown method {method!r}".encode())
+        body = frame[1 + name_length :]
         try:
-            request = request_type.FromString(frame[1 + name_length :])
+            request = parse_plain(body, request_type) if plain else request_type.FromString(body)
+        except PlainError as err:
+            return self._frame(_status_byte(grpc.StatusCode.INVALID_ARGUMENT), f"malformed request: {err}".encode())
         except Exception:
             return self._frame(_status_byte(grpc.StatusCode.INVALID_ARGUMENT), b"malformed request")
         try:
             response = await getattr(self.servicer, method)(request, LocalContext(principal))
         except LocalAbort as abort:
             return self._frame(_status_byte(abort.code), abort.details.encode())
-        return self._frame(_status_byte(grpc.StatusCode.OK), response.SerializeToString())
+        answer = dump_plain(response) if plain else response.SerializeToString()
+        return self._frame(_status_byte(grpc.StatusCode.OK), answer)
 
     @staticmethod
     def _frame(status: int, body: bytes) -> bytes:

@@ -113,3 +113,28 @@ def test_a_malformed_cache_is_ignored(controller, tmp_path, monkeypatch, content
     cache.write_text(content)
     list_jobs(controller.address)
     assert cache.read_text().split("\n")[:2] == [CACHE_FORMAT, controller.address]
+
+
+def test_plain_calls_agree_over_the_local_socket_and_grpc(controller, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """gsub's and gqueue's protobuf-free calls (Client.call_plain) give the same answers on either transport."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    spec = {"name": "plain", "command": ["true"], "gpus": 1, "workdir": str(tmp_path)}
+    answers = {}
+    for transport in ("local", "grpc"):
+        monkeypatch.setenv("GARRISON_TRANSPORT", transport)
+        with Client(controller.address) as client:
+            submitted = client.call_plain("SubmitJob", {"spec": spec, "array_indices": [1, 2]})
+            listed = client.call_plain("ListJobs", {"job_ids": [str(submitted.job_id)]})
+        assert submitted.task_count == 2
+        answers[transport] = [(job.display_id.split("_")[1], job.name, job.gpus, job.HasField("exit_code"))
+                              for job in listed.jobs]
+    assert answers["local"] == answers["grpc"] == [("1", "plain", 1, False), ("2", "plain", 1, False)]
+
+
+def test_a_plain_request_the_controller_refuses_is_a_usage_error(controller, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for transport in ("local", "grpc"):
+        monkeypatch.setenv("GARRISON_TRANSPORT", transport)
+        with Client(controller.address) as client, pytest.raises(CliError, match="frobnicate") as refused:
+            client.call_plain("ListJobs", {"frobnicate": 1})
+        assert refused.value.exit_code == 2

@@ -4,6 +4,7 @@ The real controller answers each with a clear refusal or a valid response, never
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 from collections.abc import Iterator
@@ -15,13 +16,16 @@ from hypothesis import strategies as st
 from security_helpers import running_controller
 from test_rpc_fuzz import messages
 
-from garrison.controller.rpc.local import MAX_FRAME, REQUEST_TYPES
+from garrison.controller.rpc.local import JSON_SUFFIX, MAX_FRAME, REQUEST_TYPES
+from garrison.plainmsg import dump_plain, parse_plain
 from garrison.protos.v1 import garrison_pb2 as pb
 
 HEADER = struct.Struct("!I")
 OK, INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNIMPLEMENTED, UNAUTHENTICATED = 0, 3, 5, 7, 12, 16
 CLEAR = {INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNIMPLEMENTED, UNAUTHENTICATED, 8}  # 8: rate limit
 METHODS = sorted(REQUEST_TYPES)
+RESPONSE_TYPES = {"Hello": pb.HelloResponse, "SubmitJob": pb.SubmitJobResponse, "CancelJobs": pb.CancelJobsResponse,
+                  "ListJobs": pb.ListJobsResponse, "GetJob": pb.JobInfo, "ListNodes": pb.ListNodesResponse}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +93,28 @@ def test_framed_requests(socket_path: tuple[Path, object], data: st.DataObject) 
     else:
         payload = data.draw(st.binary(max_size=200), label="payload")
     check(exchange(path, framed(method, payload)), method)
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_plain_json_requests(socket_path: tuple[Path, object], data: st.DataObject) -> None:
+    """The "+json" methods gsub and gqueue use: valid plain messages, JSON of the wrong shape, and junk."""
+    path, _ = socket_path
+    method = data.draw(st.sampled_from(METHODS), label="method")
+    payload = data.draw(
+        st.one_of(
+            messages(REQUEST_TYPES[method].DESCRIPTOR).map(dump_plain),
+            st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+                         lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=3),
+                         max_leaves=8).map(lambda value: json.dumps(value).encode()),
+            st.binary(max_size=100),
+        ),
+        label="payload",
+    )
+    frame = exchange(path, framed(method + JSON_SUFFIX, payload))
+    check(frame, method)
+    if frame is not None and frame[0] == OK:
+        parse_plain(frame[1:], RESPONSE_TYPES[method])  # the answer is the response message, as plain JSON
 
 
 def test_bad_lengths_close_the_connection(socket_path: tuple[Path, object]) -> None:
