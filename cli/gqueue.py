@@ -1,54 +1,58 @@
-"""gqueue: show the queue (squeue's counterpart)."""
+"""gqueue: show the queue (squeue's counterpart). Its options are parsed with argparse (cli/argparser.py),
+not click like the other commands': it runs often and in loops, and must start fast."""
 
 from __future__ import annotations
 
+import argparse
 import getpass
 import sys
 
-import click
-
-from garrison.cli.client import Client, CliError, fail
+from garrison.cli.argparser import Parser, UsageError
+from garrison.cli.client import EXIT_USAGE, Client, CliError, fail
 from garrison.cli.render import JOB_COLUMNS, job_row, jobs_json, plain_table, rich_table
 
 
-def _split(values: tuple[str, ...]) -> list[str]:
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="gqueue", description="Show pending, running and recently finished jobs.")
+    p.add_argument("-u", "--user", dest="users", action="append", default=[], metavar="USERS",
+                   help="Only jobs of these users (comma list).")
+    p.add_argument("--me", action="store_true", help="Only my jobs.")
+    p.add_argument("-t", "--states", dest="states", action="append", default=[], metavar="STATES",
+                   help="Only jobs in these states (comma list).")
+    p.add_argument("-j", "--jobs", dest="jobs", action="append", default=[], metavar="JOBS",
+                   help="Only these job ids (comma list; 12 or 12_3).")
+    p.add_argument("--json", dest="as_json", action="store_true", help='Print {"jobs": [...]} as JSON.')
+    p.add_argument("--start", dest="show_start", action="store_true",
+                   help="Pending jobs with their queue position and estimated start (from the last cycle).")
+    p.add_argument("--priority", dest="show_priority", action="store_true",
+                   help="Pending jobs' priority and its weighted factors (like sprio).")
+    return p
+
+
+def _split(values: list[str]) -> list[str]:
     return [v for value in values for v in value.split(",") if v]
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-u", "--user", "users", multiple=True, help="Only jobs of these users (comma list).")
-@click.option("--me", is_flag=True, help="Only my jobs.")
-@click.option("-t", "--states", "states", multiple=True, help="Only jobs in these states (comma list).")
-@click.option("-j", "--jobs", "jobs", multiple=True, help="Only these job ids (comma list; 12 or 12_3).")
-@click.option("--json", "as_json", is_flag=True, help='Print {"jobs": [...]} as JSON.')
-@click.option("--start", "show_start", is_flag=True,
-              help="Pending jobs with their queue position and estimated start (from the last cycle).")
-@click.option("--priority", "show_priority", is_flag=True,
-              help="Pending jobs' priority and its weighted factors (like sprio).")
-def gqueue(users: tuple[str, ...], me: bool, states: tuple[str, ...], jobs: tuple[str, ...], as_json: bool,
-           show_start: bool, show_priority: bool) -> None:
-    """Show pending, running and recently finished jobs."""
-    wanted_users = _split(users) + ([getpass.getuser()] if me else [])
-    if show_start or show_priority:
-        _pending_view(wanted_users, _split(jobs), as_json, show_priority)
+def gqueue(argv: list[str]) -> None:
+    try:
+        args = parser().parse_args(argv)
+    except UsageError as exc:
+        fail("gqueue", CliError(f"{exc} (see gqueue --help)", EXIT_USAGE))
+    wanted_users = _split(args.users) + ([getpass.getuser()] if args.me else [])
+    if args.show_start or args.show_priority:
+        _pending_view(wanted_users, _split(args.jobs), args.as_json, args.show_priority)
         return
     # The plain form (garrison/plainmsg.py): the queue's one call never imports protobuf.
-    request = {"users": wanted_users, "states": [s.upper() for s in _split(states)], "job_ids": _split(jobs)}
+    request = {"users": wanted_users, "states": [s.upper() for s in _split(args.states)], "job_ids": _split(args.jobs)}
     try:
         with Client() as client:
             response = client.call_plain("ListJobs", request)
     except CliError as exc:
         fail("gqueue", exc)
-    if as_json:
-        click.echo(jobs_json(response.jobs))
+    if args.as_json:
+        print(jobs_json(response.jobs))
         return
-    rows = [job_row(j) for j in response.jobs]
-    if sys.stdout.isatty():
-        from rich.console import Console
-
-        Console().print(rich_table(JOB_COLUMNS, rows))
-    else:
-        click.echo(plain_table(JOB_COLUMNS, rows))
+    _print_table(JOB_COLUMNS, [job_row(j) for j in response.jobs])
 
 
 def _pending_view(users: list[str], job_ids: list[str], as_json: bool, show_priority: bool) -> None:
@@ -70,19 +74,25 @@ def _pending_view(users: list[str], job_ids: list[str], as_json: bool, show_prio
     except CliError as exc:
         fail("gqueue", exc)
     if as_json:
-        click.echo(details_json(response))
+        print(details_json(response))
         return
-    columns, rows = (PRIORITY_COLUMNS, priority_rows(response)) if show_priority else (START_COLUMNS, start_rows(response))
+    if show_priority:
+        _print_table(PRIORITY_COLUMNS, priority_rows(response))
+    else:
+        _print_table(START_COLUMNS, start_rows(response))
+
+
+def _print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     if sys.stdout.isatty():
         from rich.console import Console
 
         Console().print(rich_table(columns, rows))
     else:
-        click.echo(plain_table(columns, rows))
+        print(plain_table(columns, rows))
 
 
-def main() -> None:
-    gqueue(prog_name="gqueue")
+def main(argv: list[str] | None = None) -> None:
+    gqueue(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from garrison.cli.argparser import UsageError as UsageError  # raised by every parser here; re-exported
+
 # Values end up in protobuf integer fields and database columns; refusing absurd numbers here gives the
 # user a clear message instead of an overflow somewhere further down.
 MAX_INT_VALUE = 2**31 - 1
@@ -26,12 +28,6 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OUTPUT_SPECIFIER = re.compile(r"%(%|([0-9]*)([A-Za-z]))")
 _MAX_PAD_WIDTH = 32
 _TIME_FORMATS = "M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"
-
-
-class UsageError(Exception):
-    """A mistake in how gsub was called. The message is one line; the CLI exits with ``exit_status``."""
-
-    exit_status = 2
 
 
 def parse_count(text: str, *, minimum: int = 1) -> int:

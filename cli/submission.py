@@ -1,22 +1,21 @@
-"""gsub's command line: the click command that declares its options, and ``parse_submission``, which turns
-argv plus the batch script's ``#GSUB`` directives into a JobSpec without needing a terminal or a network.
+"""gsub's command line: the parser that declares its options, and ``parse_submission``, which turns argv
+plus the batch script's ``#GSUB`` directives into a JobSpec without needing a terminal or a network.
 
-As in sbatch, directives are read first and the command line overrides them, option by option. Click does
-the word-level parsing (both of argv and of each directive line, so the two accept exactly the same
+As in sbatch, directives are read first and the command line overrides them, option by option. argparse
+does the word-level parsing (both of argv and of each directive line, so the two accept exactly the same
 spellings); the values are then checked by the pure parsers in ``parsing``, with errors that name the
-option and, for a directive, the script line it came from.
+option and, for a directive, the script line it came from. argparse (cli/argparser.py), not click as in the
+other commands: gsub runs in loops and must start fast.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
-import click
-from click.core import ParameterSource
-
+from garrison.cli.argparser import Parser
 from garrison.controller.jobspec import JobSpec, LaunchMode
 
 from .parsing import (
@@ -31,9 +30,13 @@ from .parsing import (
     read_directive_lines,
 )
 
-__all__ = ["HelpRequested", "Submission", "UsageError", "gsub_command", "parse_submission"]
+__all__ = ["HelpRequested", "Submission", "UsageError", "option_strings", "parse_submission"]
 
-_Value = TypeVar("_Value")
+TYPE_CHECKING = False  # not typing's: importing typing costs gsub ~5 ms
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    _Value = TypeVar("_Value")
 
 WRAP_JOB_NAME = "wrap"
 WRAP_SHEBANG = "#!/bin/sh\n"
@@ -61,94 +64,74 @@ class Submission:
     qos: str | None
 
 
-def _raise_help(ctx: click.Context, _param: click.Parameter, wanted: bool) -> None:
-    # Raising instead of printing (click's default) keeps parsing free of terminal output; gsub's main
-    # decides where the text goes.
-    if wanted:
-        raise HelpRequested(ctx.get_help())
+def _option(parser: argparse.ArgumentParser, *flags: str, metavar: str, help_text: str) -> None:
+    parser.add_argument(*flags, metavar=metavar, help=help_text)
 
 
-def _option(*declarations: str, metavar: str, help_text: str) -> click.Option:
-    return click.Option(list(declarations), metavar=metavar, help=help_text)
-
-
-gsub_command = click.Command(
-    "gsub",
-    help=(
-        "Submit a batch job: gsub [OPTIONS] SCRIPT [ARGS...] or gsub [OPTIONS] --wrap CMD. "
-        "#GSUB lines at the top of SCRIPT are read as options; the command line overrides them."
-    ),
-    add_help_option=False,
+def _gsub_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="gsub",
+        usage="gsub [OPTIONS] SCRIPT [ARGS...] | gsub [OPTIONS] --wrap CMD",
+        description=(
+            "Submit a batch job. #GSUB lines at the top of SCRIPT are read as options; the command line "
+            "overrides them."
+        ),
+        add_help=False,
+        # Only what the words set explicitly shows up: the command line overrides directives option by option.
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("-h", "--help", action="store_true", help="Show this message and exit.")
+    _option(parser, "-J", "--job-name", metavar="NAME", help_text="Job name (default: the script's file name).")
+    _option(parser, "-N", "--nodes", metavar="N", help_text="Number of nodes (default: the scheduler chooses).")
+    _option(parser, "-G", "--gpus", metavar="[TYPE:]N", help_text="GPUs for the whole job, e.g. 16 or h100:16.")
+    _option(parser, "--gpus-per-node", metavar="[TYPE:]N", help_text="GPUs on each node, e.g. 8 or a100:8.")
+    _option(parser, "--cpus-per-gpu", metavar="N", help_text="CPU cores per allocated GPU.")
+    _option(parser, "--mem", metavar="SIZE", help_text="Memory per node: 512M, 16G, 1T; a plain number is MB.")
+    _option(parser, "--gpu-mem", metavar="SIZE", help_text="The least memory each GPU must have, e.g. 40G.")
+    _option(parser, "-t", "--time", metavar="TIME", help_text="Time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S.")
+    _option(parser, "-A", "--account", metavar="NAME", help_text="Account to charge.")
+    _option(parser, "-p", "--partition", metavar="NAME", help_text="Partition to run in.")
+    _option(parser, "-q", "--qos", metavar="NAME", help_text="Quality of service.")
+    _option(parser, "-o", "--output", metavar="PATTERN", help_text="stdout file; %%j %%t %%n %%A %%a %%u %%x expand.")
+    _option(parser, "-e", "--error", metavar="PATTERN", help_text="stderr file (default: with stdout).")
+    _option(parser, "-D", "--chdir", metavar="DIR", help_text="Working directory (default: the current one).")
+    _option(parser, "--export", metavar="ALL|NONE|VARS",
+            help_text="Environment to pass: ALL (default), NONE, or NAME[=VALUE],... with optional ALL.")
+    _option(parser, "-a", "--array", metavar="INDICES", help_text="Job array: 1-1000%%50, 1,3,5 or 0-15:4.")
+    parser.add_argument("--parsable", action="store_true", help="Print only the job id.")
+    _option(parser, "--wrap", metavar="CMD", help_text="Run CMD with /bin/sh instead of a script.")
+    parser.add_argument("--launch", choices=[mode.value for mode in LaunchMode],
+                        help="rank: a process per GPU; node: one per node; single: once, like an sbatch script.")
+    _option(parser, "--ntasks-per-node", metavar="N", help_text="Processes per node in rank mode.")
+    parser.add_argument("--requeue", dest="requeue", action="store_const", const=True,
+                        help="The job may be requeued after a node failure (the default).")
+    parser.add_argument("--no-requeue", dest="requeue", action="store_const", const=False,
+                        help="The job is not requeued after a node failure.")
+    _option(parser, "--max-restarts", metavar="N", help_text="Times a failed job is restarted (default: 0).")
+    _option(parser, "--signal", metavar="[R:]SIG@SECS",
+            help_text="Send SIG (e.g. USR1) SECS seconds before the time limit and before preemption.")
+    parser.add_argument("script", nargs="?", help="The batch script (it starts with #!).")
     # Everything after the script name belongs to the script, even words that look like options.
-    context_settings={"allow_interspersed_args": False},
-    params=[
-        click.Option(
-            ["-h", "--help"],
-            is_flag=True,
-            expose_value=False,
-            is_eager=True,
-            callback=_raise_help,
-            help="Show this message and exit.",
-        ),
-        _option("-J", "--job-name", metavar="NAME", help_text="Job name (default: the script's file name)."),
-        _option("-N", "--nodes", metavar="N", help_text="Number of nodes (default: the scheduler chooses)."),
-        _option("-G", "--gpus", metavar="[TYPE:]N", help_text="GPUs for the whole job, e.g. 16 or h100:16."),
-        _option("--gpus-per-node", metavar="[TYPE:]N", help_text="GPUs on each node, e.g. 8 or a100:8."),
-        _option("--cpus-per-gpu", metavar="N", help_text="CPU cores per allocated GPU."),
-        _option("--mem", metavar="SIZE", help_text="Memory per node: 512M, 16G, 1T; a plain number is MB."),
-        _option("--gpu-mem", metavar="SIZE", help_text="The least memory each GPU must have, e.g. 40G."),
-        _option(
-            "-t", "--time", metavar="TIME", help_text="Time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."
-        ),
-        _option("-A", "--account", metavar="NAME", help_text="Account to charge."),
-        _option("-p", "--partition", metavar="NAME", help_text="Partition to run in."),
-        _option("-q", "--qos", metavar="NAME", help_text="Quality of service."),
-        _option("-o", "--output", metavar="PATTERN", help_text="stdout file; %j %t %n %A %a %u %x expand."),
-        _option("-e", "--error", metavar="PATTERN", help_text="stderr file (default: with stdout)."),
-        _option("-D", "--chdir", metavar="DIR", help_text="Working directory (default: the current one)."),
-        _option(
-            "--export",
-            metavar="ALL|NONE|VARS",
-            help_text="Environment to pass: ALL (default), NONE, or NAME[=VALUE],... with optional ALL.",
-        ),
-        _option("-a", "--array", metavar="INDICES", help_text="Job array: 1-1000%50, 1,3,5 or 0-15:4."),
-        click.Option(["--parsable"], is_flag=True, help="Print only the job id."),
-        _option("--wrap", metavar="CMD", help_text="Run CMD with /bin/sh instead of a script."),
-        click.Option(
-            ["--launch"],
-            type=click.Choice([mode.value for mode in LaunchMode]),
-            help="rank: a process per GPU; node: one per node; single: once, like an sbatch script.",
-        ),
-        _option("--ntasks-per-node", metavar="N", help_text="Processes per node in rank mode."),
-        click.Option(
-            ["--requeue/--no-requeue"],
-            default=None,
-            help="Whether the job may be requeued after a node failure (default: yes).",
-        ),
-        _option("--max-restarts", metavar="N", help_text="Times a failed job is restarted (default: 0)."),
-        _option("--signal", metavar="[R:]SIG@SECS",
-                help_text="Send SIG (e.g. USR1) SECS seconds before the time limit and before preemption."),
-        click.Argument(["script"], required=False),
-        click.Argument(["script_args"], nargs=-1, type=click.UNPROCESSED),
-    ],
-)
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
+    return parser
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+def option_strings() -> list[str]:
+    """Every option gsub takes (docs/reference.md must describe each)."""
+    return [flag for action in _gsub_parser()._actions for flag in action.option_strings]
 
 
 def _given_options(words: Sequence[str]) -> dict[str, object]:
-    """Parse ``words`` with gsub_command; return only what they set explicitly, by parameter name."""
-    try:
-        ctx = gsub_command.make_context("gsub", list(words))
-    except click.ClickException as error:
-        raise UsageError(_one_line(error.format_message())) from None
-    return {
-        name: value
-        for name, value in ctx.params.items()
-        if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
-    }
+    """Parse ``words`` as gsub's options; return only what they set explicitly, by parameter name."""
+    parser = _gsub_parser()
+    given = vars(parser.parse_args(list(words)))
+    if given.pop("help", False):
+        raise HelpRequested(parser.format_help())
+    if not given.get("script_args", True):
+        del given["script_args"]  # argparse always fills the remainder, with [] when there is none
+    if "script_args" in given:
+        given["script_args"] = tuple(given["script_args"])
+    return given
 
 
 class _ChosenOptions:

@@ -8,7 +8,10 @@ Starts `garrison up` with 4 agents x 8 fake GPUs (32 GPUs, like ../shared/slurm-
   2. submits the same N jobs as one --array;
 and for each reports jobs/s from the first submit until the last job has ended, and submit-to-start latency
 (the client's clock when SubmitJob returned -> the first line of the job, read from its output: both on this
-machine's clock). Finally it times `gsub` and `gqueue` as a user runs them (fresh processes).
+machine's clock). Finally it times `gsub` and `gqueue` as a user runs them (fresh processes): from this
+environment (an editable install, whose import hook costs every call ~10-15 ms) and installed from a wheel,
+as users get them (`*_installed_*`; the wheel is built from this checkout into a throwaway venv that takes
+its dependencies from this one).
 """
 
 from __future__ import annotations
@@ -118,6 +121,34 @@ def byte_compile() -> None:
             compileall.compile_dir(location, quiet=1)
 
 
+def installed_cli(root: Path) -> Path | None:
+    """This checkout built as a wheel and installed into a fresh venv under ``root`` (dependencies from the
+    running environment): the bin directory with its console scripts, or None if that cannot be done here."""
+    import sysconfig
+
+    repo = Path(__file__).resolve().parents[2]
+    venv = root / "wheel-venv"
+    purelib = sysconfig.get_paths()["purelib"]
+    steps = [
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), str(repo)],
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, timeout=300)
+        venv_purelib = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True, capture_output=True, text=True).stdout.strip()
+        Path(venv_purelib, "garrison-deps.pth").write_text(purelib + "\n")
+        (wheel,) = (root / "dist").glob("garrison-*.whl")
+        subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                        "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True, timeout=300)
+    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+        print(f"installed_cli: unavailable ({exc})")
+        return None
+    return venv / "bin"
+
+
 def time_cli(env: dict[str, str], args: list[str], calls: int, cwd: Path) -> float:
     times = []
     for _ in range(calls):
@@ -169,10 +200,15 @@ def main() -> int:
             print(f"idle_submit_to_start_p95_ms: {percentile(lat, 95) * 1000:.1f}")
         cwd = state_dir / "out-idle"
         byte_compile()
-        gsub_ms = time_cli(env, [str(BIN / "gsub"), "-G", "1", "-o", "/dev/null", "--wrap", "true"], args.cli_calls, cwd)
-        gqueue_ms = time_cli(env, [str(BIN / "gqueue")], args.cli_calls, cwd)
-        print(f"gsub_wall_ms_median: {gsub_ms:.1f}")
-        print(f"gqueue_wall_ms_median: {gqueue_ms:.1f}")
+        installed = installed_cli(state_dir)
+        for prefix, bin_dir in (("", BIN), ("installed_", installed)):
+            if bin_dir is None:
+                continue
+            gsub_ms = time_cli(env, [str(bin_dir / "gsub"), "-G", "1", "-o", "/dev/null", "--wrap", "true"],
+                               args.cli_calls, cwd)
+            gqueue_ms = time_cli(env, [str(bin_dir / "gqueue")], args.cli_calls, cwd)
+            print(f"gsub_{prefix}wall_ms_median: {gsub_ms:.1f}")
+            print(f"gqueue_{prefix}wall_ms_median: {gqueue_ms:.1f}")
     finally:
         subprocess.run([str(BIN / "garrison"), "down", "--state-dir", str(state_dir)], env=env, capture_output=True)
     return 0
