@@ -23,11 +23,13 @@ from collections.abc import Mapping  # loaded at interpreter start-up anyway
 TYPE_CHECKING = False  # not typing's: importing typing costs a CLI call ~5 ms
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import Any, TypeVar
+    from typing import Any, TypeAlias, TypeVar
 
     from google.protobuf.message import Message
 
     M = TypeVar("M", bound=Message)
+    _Convert: TypeAlias = Callable[[Any], Any] | None  # None: the value is already plain (most scalars)
+    _Plan: TypeAlias = tuple[dict[str, Any], tuple[str, ...], tuple[str, ...], dict[int, _Convert]]
 
 
 class PlainError(ValueError):
@@ -45,11 +47,11 @@ def to_plain(message: Any) -> dict[str, Any]:
     # ListFields (C) yields only the fields that are set: a queue of thousands of jobs converts in
     # milliseconds, where asking every field of every message took ~40 us a job.
     for field, value in message.ListFields():
-        out[field.name] = convert[field.number](value)
+        one = convert[field.number]
+        out[field.name] = value if one is None else one(value)
     return out
 
 
-_Plan = tuple["dict[str, Any]", "tuple[str, ...]", "tuple[str, ...]", "dict[int, Callable[[Any], Any]]"]
 _PLANS: dict[Any, _Plan] = {}
 
 
@@ -62,7 +64,7 @@ def _plan(descriptor: Any) -> _Plan:
     defaults: dict[str, Any] = {}
     repeated: list[str] = []
     maps: list[str] = []
-    convert: dict[int, Callable[[Any], Any]] = {}
+    convert: dict[int, _Convert] = {}
     for field in descriptor.fields:
         if field.is_repeated:
             entry = field.message_type
@@ -73,33 +75,34 @@ def _plan(descriptor: Any) -> _Plan:
                 repeated.append(field.name)
                 convert[field.number] = _list_of(_converter(field))
         else:
+            one = _converter(field)
             if not field.has_presence:
-                defaults[field.name] = _converter(field)(field.default_value)
-            convert[field.number] = _converter(field)
+                defaults[field.name] = field.default_value if one is None else one(field.default_value)
+            convert[field.number] = one
     plan = _PLANS[descriptor] = (defaults, tuple(repeated), tuple(maps), convert)
     return plan
 
 
-def _converter(field: Any) -> Callable[[Any], Any]:
+def _converter(field: Any) -> _Convert:
     if field.type == field.TYPE_MESSAGE:
         return to_plain
     if field.type in (field.TYPE_DOUBLE, field.TYPE_FLOAT):
         return _float
     if field.type == field.TYPE_BYTES:
         return _bytes
-    return _same
+    return None
 
 
-def _list_of(one: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def _list_of(one: _Convert) -> Callable[[Any], Any]:
+    if one is None:
+        return list
     return lambda values: [one(item) for item in values]
 
 
-def _map_of(one: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def _map_of(one: _Convert) -> Callable[[Any], Any]:
+    if one is None:
+        return dict
     return lambda entries: {key: one(item) for key, item in entries.items()}
-
-
-def _same(value: Any) -> Any:
-    return value
 
 
 def _float(value: float) -> float | str:
@@ -179,8 +182,9 @@ class PlainMessage(Mapping["str", "Any"]):
 
 
 def _view(value: Any) -> Any:
-    if isinstance(value, dict):
+    kind = type(value)
+    if kind is dict:
         return PlainMessage(value)
-    if isinstance(value, list):
-        return [_view(item) for item in value]
+    if kind is list and value and type(value[0]) is dict:  # a repeated message (protobuf has no list of lists)
+        return [PlainMessage(item) for item in value]
     return value
