@@ -47,20 +47,11 @@ def _exit_when_parent_dies() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _become_supervisor(
-    job_dir: str, lock_fd: int, pid_pipe: int, sockets_to_close: list[socket.socket]
-) -> NoReturn:
-    """In the forked child: detach (double fork) and run the supervisor in the grandchild."""
+def _become_supervisor(job_dir: str, lock_fd: int, sockets_to_close: list[socket.socket]) -> NoReturn:
+    """In the forked child: a session of its own, then run the supervisor."""
     exit_code = 1
     try:
         os.setsid()
-        supervisor_pid = os.fork()
-        if supervisor_pid != 0:
-            # The intermediate: report the supervisor's pid and exit, so the supervisor
-            # is re-parented and the fork server reaps only this short-lived process.
-            os.write(pid_pipe, str(supervisor_pid).encode())
-            os._exit(0)
-        os.close(pid_pipe)
         for server_socket in sockets_to_close:
             # detach() first: our copy of the socket object must not close the number
             # again later, when it may belong to something else.
@@ -84,31 +75,36 @@ def _become_supervisor(
 
 
 def fork_supervisor(job_dir: str, lock_fd: int, sockets_to_close: list[socket.socket]) -> int:
-    """Fork a detached supervisor for job_dir; return its pid."""
+    """Fork a supervisor for job_dir, in a session of its own; return its pid.
+
+    One fork, not the classic daemon's two: the supervisor stays our child (reaped by _reap_supervisors
+    as it exits) until we exit, and then belongs to init, like any orphan; nothing it does depends on
+    its parent. An intermediate process cost every job a second fork and teardown of this interpreter.
+    """
     if not os.path.isabs(job_dir) or not os.path.isdir(job_dir):
         raise ValueError(f"job_dir must be an existing absolute directory: {job_dir!r}")
-    read_end, write_end = os.pipe()
     # Fork with the control signals blocked: the child inherits the mask, so signals
     # sent to it before run_supervisor() takes over stay pending instead of killing it.
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, CONTROL_SIGNALS)
     try:
-        intermediate_pid = os.fork()
-        if intermediate_pid == 0:
-            os.close(read_end)
-            _become_supervisor(job_dir, lock_fd, write_end, sockets_to_close)
+        pid = os.fork()
+        if pid == 0:
+            _become_supervisor(job_dir, lock_fd, sockets_to_close)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
-    os.close(write_end)
-    try:
-        os.waitpid(intermediate_pid, 0)
-        pid_text = b""
-        while chunk := os.read(read_end, 64):
-            pid_text += chunk
-    finally:
-        os.close(read_end)
-    if not pid_text:
-        raise RuntimeError("the supervisor's intermediate process failed")
-    return int(pid_text)
+    return pid
+
+
+def _reap_supervisors(_signal_number: int = 0, _frame: object = None) -> None:
+    """SIGCHLD: reap every supervisor that has exited, at once. A zombie would still look alive to an agent
+    that checks its pid, and run_supervisor() itself resets SIGCHLD in the child."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _handle_request(connection: socket.socket, listener: socket.socket) -> None:
@@ -135,6 +131,7 @@ def serve(socket_path: Path, *, exit_with_parent: bool = True) -> NoReturn:
     """Listen on socket_path and fork a supervisor per request, forever."""
     if exit_with_parent:
         _exit_when_parent_dies()
+    signal.signal(signal.SIGCHLD, _reap_supervisors)
     socket_path.unlink(missing_ok=True)  # a previous server's leftover
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     old_umask = os.umask(0o177)  # the socket is created 0600: only our user may connect

@@ -521,7 +521,7 @@ def test_kill_orphans_leaves_a_reused_process_group_alone(jobs: Jobs) -> None:
         stranger.wait()
 
 
-def test_fork_server_spawns_detached_supervisors(jobs: Jobs) -> None:
+def test_fork_server_supervisors_outlive_it_and_are_reaped(jobs: Jobs) -> None:
     socket_path = jobs.root / "forkserver.sock"
     server = start_forkserver(socket_path)
     try:
@@ -535,9 +535,14 @@ def test_fork_server_spawns_detached_supervisors(jobs: Jobs) -> None:
             jobs.spec(jobs.rank(0, f"touch {ready}; exec sleep 100"), job_id=2),
             forkserver=socket_path,
         )
-        assert parent_pid(second_pid) != server.pid
         assert jobs.wait_finished(first).ranks[0].exit_code == 7
+        first_pid = int((first / core.PID_FILE).read_text())
+        wait_until("the fork server to reap the first supervisor", lambda: not Path(f"/proc/{first_pid}").exists())
         wait_until("the rank", ready.exists)
+        # The agent restarting takes its fork server with it; the supervisors it forked run on.
+        server.kill()
+        server.wait()
+        wait_until("the orphaned supervisor to be re-parented", lambda: parent_pid(second_pid) != server.pid)
         assert client.is_alive(second) and client.terminate(second)
         status = jobs.wait_finished(second)
         assert status.ranks[0].exit_code == 128 + signal.SIGTERM and status.terminated_by == "SIGTERM"
