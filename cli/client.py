@@ -14,18 +14,20 @@ import socket
 import struct
 import sys
 
-from garrison.plainmsg import PlainMessage
+from garrison.plainmsg import PLAIN_METHOD_SUFFIX, PlainMessage
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms, on every CLI call
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
+    from collections.abc import Callable
+    from typing import Any, NoReturn, TypeVar
+
+    T = TypeVar("T")
 
 CREDENTIAL_METADATA = "x-garrison-credential"
 DEFAULT_DEADLINE_S = 30.0
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 HEADER = struct.Struct("!I")
-PLAIN_SUFFIX = "+json"  # a method name so suffixed speaks plain JSON on the local socket (controller/rpc/local.py)
 CACHE_FORMAT = "garrison-controller-endpoints 1"  # first line of the per-address cache file
 
 # grpc.StatusCode values, so the local path can map errors without importing grpc.
@@ -289,29 +291,19 @@ class Client:
 
     def call(self, method: str, request: Any) -> Any:
         """One Controller RPC: over the local socket when this host has it, else over gRPC."""
-        if self._local_allowed():
-            for refresh in (False, True):
-                try:
-                    local = self._endpoints(refresh=refresh).get("local_socket", "")
-                    return self._local_call(method, request, local)
-                except _LocalUnusable:
-                    continue  # a stale cache or another host: ask again, then fall back to gRPC
-        return self._grpc_call(method, request)
+        answer = self._over_local_socket(lambda path: self._local_call(method, request, path))
+        return answer if answer is not None else self._grpc_call(method, request)
 
     def call_plain(self, method: str, request: dict[str, Any]) -> PlainMessage:
         """``call`` with the request and the answer in their plain form (garrison/plainmsg.py): on the
         local socket neither this process nor the answer touches protobuf, which gsub and gqueue cannot
         afford to import. Over gRPC the messages are converted here."""
-        if self._local_allowed():
-            import json
+        import json
 
-            body = json.dumps(request, separators=(",", ":")).encode()
-            for refresh in (False, True):
-                try:
-                    local = self._endpoints(refresh=refresh).get("local_socket", "")
-                    return PlainMessage(json.loads(self._local_exchange(method + PLAIN_SUFFIX, body, local)))
-                except _LocalUnusable:
-                    continue
+        body = json.dumps(request, separators=(",", ":")).encode()
+        payload = self._over_local_socket(lambda path: self._local_exchange(method + PLAIN_METHOD_SUFFIX, body, path))
+        if payload is not None:
+            return PlainMessage(json.loads(payload))
         from garrison.plainmsg import PlainError, from_plain, to_plain
         from garrison.protos.v1 import garrison_pb2 as pb
 
@@ -321,8 +313,15 @@ class Client:
             raise CliError(f"malformed request: {err}", EXIT_USAGE) from None
         return PlainMessage(to_plain(self._grpc_call(method, message)))
 
-    @staticmethod
-    def _local_allowed() -> bool:
-        # Not when gRPC is forced (to test the remote path), nor when a token is asked for by name: the
-        # local socket would speak for this process's own uid instead.
-        return os.environ.get("GARRISON_TRANSPORT") != "grpc" and not _token_requested()
+    def _over_local_socket(self, exchange: Callable[[str], T]) -> T | None:
+        """``exchange(socket path)`` on this host's local socket, or None when it cannot be used here."""
+        if os.environ.get("GARRISON_TRANSPORT") == "grpc" or _token_requested():
+            # Forced (to test the remote path), or a token asked for by name: the local socket would
+            # speak for this process's own uid instead.
+            return None
+        for refresh in (False, True):
+            try:
+                return exchange(self._endpoints(refresh=refresh).get("local_socket", ""))
+            except _LocalUnusable:
+                continue  # a stale cache or another host: ask again, then fall back to gRPC
+        return None

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     _Plan: TypeAlias = tuple[dict[str, Any], tuple[str, ...], tuple[str, ...], dict[int, _Convert]]
 
 
+# On the controller's local socket, a method name with this suffix (SubmitJob+json) carries its request and
+# its answer in plain form (controller/rpc/local.py).
+PLAIN_METHOD_SUFFIX = "+json"
+
+
 class PlainError(ValueError):
     """A plain value that is not a valid message of the type asked for; the message says why, in one line."""
 

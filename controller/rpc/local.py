@@ -31,13 +31,12 @@ import grpc
 
 from garrison.auth import principal_for
 from garrison.controller.domain import Principal
-from garrison.plainmsg import PlainError, dump_plain, parse_plain
+from garrison.plainmsg import PLAIN_METHOD_SUFFIX, PlainError, dump_plain, parse_plain
 from garrison.protos.v1 import garrison_pb2 as pb
 
 log = logging.getLogger("garrison.controller.local")
 
 MAX_FRAME = 8 << 20
-JSON_SUFFIX = "+json"
 HEADER = struct.Struct("!I")
 
 # method name -> request message type; responses come back as the servicer's return value
@@ -128,9 +127,9 @@ class LocalServer:
     async def _answer(self, principal: Principal, frame: bytes) -> bytes:
         name_length = frame[0]
         method = frame[1 : 1 + name_length].decode(errors="replace")
-        plain = method.endswith(JSON_SUFFIX)
+        plain = method.endswith(PLAIN_METHOD_SUFFIX)
         if plain:
-            method = method[: -len(JSON_SUFFIX)]
+            method = method[: -len(PLAIN_METHOD_SUFFIX)]
         request_type = REQUEST_TYPES.get(method)
         if request_type is None:
             return self._frame(_status_byte(grpc.StatusCode.UNIMPLEMENTED), f"unknown method {method!r}".encode())

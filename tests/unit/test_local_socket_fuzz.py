@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from security_helpers import running_controller
 from test_rpc_fuzz import messages
 
-from garrison.controller.rpc.local import JSON_SUFFIX, MAX_FRAME, REQUEST_TYPES
-from garrison.plainmsg import dump_plain, parse_plain
+from garrison.controller.rpc.local import MAX_FRAME, REQUEST_TYPES
+from garrison.plainmsg import PLAIN_METHOD_SUFFIX, dump_plain, parse_plain
 from garrison.protos.v1 import garrison_pb2 as pb
 
 HEADER = struct.Struct("!I")
@@ -111,7 +111,7 @@ def test_plain_json_requests(socket_path: tuple[Path, object], data: st.DataObje
         ),
         label="payload",
     )
-    frame = exchange(path, framed(method + JSON_SUFFIX, payload))
+    frame = exchange(path, framed(method + PLAIN_METHOD_SUFFIX, payload))
     check(frame, method)
     if frame is not None and frame[0] == OK:
         parse_plain(frame[1:], RESPONSE_TYPES[method])  # the answer is the response message, as plain JSON
