@@ -138,3 +138,30 @@ def test_a_plain_request_the_controller_refuses_is_a_usage_error(controller, tmp
         with Client(controller.address) as client, pytest.raises(CliError, match="frobnicate") as refused:
             client.call_plain("ListJobs", {"frobnicate": 1})
         assert refused.value.exit_code == 2
+
+
+@pytest.mark.parametrize("argv", [["gsub", "-G", "1", "-o", "/dev/null", "--wrap", "true"], ["gqueue"], ["gqueue", "--json"]])
+def test_gsub_and_gqueue_import_neither_protobuf_nor_click(controller, tmp_path, argv) -> None:  # type: ignore[no-untyped-def]
+    """What keeps them under 100 ms a call (docs/performance.md): a real call on the local socket loads
+    no protobuf, grpc, click or typing. (Nor pathlib, but the editable install's import hook loads that.)"""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, atexit\n"
+        "heavy = ('google', 'grpc', 'click', 'typing')\n"
+        "atexit.register(lambda: print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in heavy),"
+        " file=sys.stderr))\n"
+        f"sys.argv = {argv!r}\n"
+        f"from garrison.cli.{argv[0]} import main\n"
+        "main()\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path), "GARRISON_CONTROLLER": controller.address}
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    # The first call learns the local socket's path through Hello over gRPC; a warm call is what users time.
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "LOADED []", proc.stderr
