@@ -13,12 +13,13 @@ from garrison.cli.render import JOB_COLUMNS, job_row, jobs_json, plain_table, ri
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="gqueue", description="Show pending, running and recently finished jobs.")
+    p = Parser(prog="gqueue", description="Show pending and running jobs; with -t all or -j, also those finished in "
+                                         "the last few minutes.")
     p.add_argument("-u", "--user", dest="users", action="append", default=[], metavar="USERS",
                    help="Only jobs of these users (comma list).")
     p.add_argument("--me", action="store_true", help="Only my jobs.")
     p.add_argument("-t", "--states", dest="states", action="append", default=[], metavar="STATES",
-                   help="Only jobs in these states (comma list).")
+                   help="Only jobs in these states (comma list; all: every state).")
     p.add_argument("-j", "--jobs", dest="jobs", action="append", default=[], metavar="JOBS",
                    help="Only these job ids (comma list; 12 or 12_3).")
     p.add_argument("--json", dest="as_json", action="store_true", help='Print {"jobs": [...]} as JSON.')
@@ -27,6 +28,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", dest="show_priority", action="store_true",
                    help="Pending jobs' priority and its weighted factors (like sprio).")
     return p
+
+
+# What squeue shows when asked for no state: "pending, running, and completing jobs".
+ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
+
+
+def _states(given: list[str], job_ids: list[str]) -> list[str]:
+    """The states to ask for; [] means every state. Asked for by id, a job shows whatever its state, as in
+    squeue -j."""
+    states = [s.upper() for s in _split(given)]
+    if "ALL" in states:
+        return []
+    if states or job_ids:
+        return states
+    return list(ACTIVE_STATES)
 
 
 def _split(values: list[str]) -> list[str]:
@@ -43,7 +59,8 @@ def gqueue(argv: list[str]) -> None:
         _pending_view(wanted_users, _split(args.jobs), args.as_json, args.show_priority)
         return
     # The plain form (garrison/plainmsg.py): the queue's one call never imports protobuf.
-    request = {"users": wanted_users, "states": [s.upper() for s in _split(args.states)], "job_ids": _split(args.jobs)}
+    job_ids = _split(args.jobs)
+    request = {"users": wanted_users, "states": _states(args.states, job_ids), "job_ids": job_ids}
     try:
         with Client() as client:
             response = client.call_plain("ListJobs", request)

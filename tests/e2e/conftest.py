@@ -55,7 +55,7 @@ class Cluster:
         return self.run("gsub", "--parsable", *args).stdout.strip()
 
     def jobs(self, *ids: str) -> list[dict[str, Any]]:
-        args = ["gqueue", "--json"] + (["-j", ",".join(ids)] if ids else [])
+        args = ["gqueue", "--json"] + (["-j", ",".join(ids)] if ids else ["-t", "all"])
         return json.loads(self.run(*args).stdout)["jobs"]
 
     def job(self, job_id: str) -> dict[str, Any]:

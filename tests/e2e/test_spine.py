@@ -99,6 +99,11 @@ def test_gqueue_filters_and_formats(cluster: Cluster) -> None:
     assert cluster.run("gqueue", "--me", "-j", job_id).stdout.count("\n") == 2
     cluster.run("gcancel", job_id)
     cluster.wait_done(job_id)
+    # Like squeue: a finished job leaves the default view, and stays visible on request for a while.
+    listed = {name: {j["job_id"] for j in json.loads(cluster.run("gqueue", "--json", *args).stdout)["jobs"]}
+              for name, args in (("default", ()), ("all", ("-t", "all")), ("by id", ("-j", job_id)),
+                                 ("cancelled", ("-t", "cancelled")))}
+    assert job_id not in listed["default"] and all(job_id in listed[name] for name in ("all", "by id", "cancelled"))
 
 
 @pytest.mark.parametrize(
