@@ -4,6 +4,10 @@ Definitions (docs/gsim.md repeats them for users):
 
 - JCT (job completion time) = end - submission; queueing delay (wait) = first start - submission.
 - Makespan = last end - first submission. Utilisation = busy GPU-seconds / (cluster GPUs x makespan).
+- Idle GPU-hours while jobs waited: free GPUs x time, over the intervals when some job was pending; "fitting"
+  counts only the intervals when some pending job asked for no more GPUs than were free (it waited for a
+  reservation, behind a strict queue, or for a placement), the rest are intervals when every waiting job
+  was bigger than the free GPUs.
 - Jain's fairness index across accounts under contention: whenever some job waits, each account with
   work (running or pending GPUs) is entitled to its max-min fair share of the cluster's GPUs (equal
   weights, water-filling over the accounts' demands); x_a = GPU-seconds account a actually held during
@@ -136,6 +140,8 @@ class ReplayResult:
     gpu_hours_lost: float
     cycles: int
     rejected_starts: int = 0  # starts the controller's re-check would refuse (an inconsistent plan)
+    idle_waiting_gpu_s: float = 0.0  # GPU-seconds free while some job waited
+    idle_fitting_gpu_s: float = 0.0  # ... of which some waiting job asked for no more GPUs than were free
     wall_s: float = 0.0
 
 
@@ -164,6 +170,8 @@ def summarize(result: ReplayResult) -> dict[str, float | int | str]:
         "max_wait_s": waits[-1] if waits else 0.0,
         "makespan_s": makespan,
         "utilization": result.busy_gpu_s / capacity if capacity > 0 else 0.0,
+        "idle_gpu_hours_waiting": result.idle_waiting_gpu_s / 3600.0,
+        "idle_gpu_hours_fitting": result.idle_fitting_gpu_s / 3600.0,
         "jain_fairness": result.fairness,
         "preemptions": result.preemptions,
         "gpu_hours_lost": result.gpu_hours_lost,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -92,6 +93,7 @@ class Replay:
         self.switch_of = {n.name: n.switch for n in cluster.nodes}
         self.free_count = cluster.total_gpus
         self.pending: set[int] = set()
+        self.pending_sizes: Counter[int] = Counter()  # GPUs asked for -> pending jobs asking for that many
         self.running: dict[int, _Job] = {}
         self.events: list[tuple[float, int, int, int, int]] = []  # (time, kind, seq, job id, attempt)
         self._seq = 0
@@ -100,6 +102,8 @@ class Replay:
         self.preemptions = 0
         self.lost_gpu_s = 0.0
         self.busy_gpu_s = 0.0
+        self.idle_waiting_gpu_s = 0.0  # free GPUs while some job waited
+        self.idle_fitting_gpu_s = 0.0  # ... and some waiting job asked for no more GPUs than were free
         self.cycles = 0
         self.rejected_starts = 0
         self.times: list[float] = []
@@ -119,6 +123,11 @@ class Replay:
                 upcoming.append(self.events[0][0])
             now = min(upcoming)
             self.busy_gpu_s += (self.cluster.total_gpus - self.free_count) * (now - last)
+            if self.pending and self.free_count:
+                idle = self.free_count * (now - last)
+                self.idle_waiting_gpu_s += idle
+                if min(self.pending_sizes) <= self.free_count:
+                    self.idle_fitting_gpu_s += idle
             self.tracker.advance(now)
             self.clock.advance(now - self.clock.now())
             self.builder.charge(now)  # usage of what ran until now, before anything ends or starts
@@ -157,6 +166,8 @@ class Replay:
             queue_length=self.queue_length,
             busy_gpus=self.busy_gpus,
             busy_gpu_s=self.busy_gpu_s,
+            idle_waiting_gpu_s=self.idle_waiting_gpu_s,
+            idle_fitting_gpu_s=self.idle_fitting_gpu_s,
             fairness=self.tracker.fairness(),
             account_share_ratios=self.tracker.share_ratios(),
             preemptions=self.preemptions,
@@ -178,8 +189,12 @@ class Replay:
         self.queue_length.append(len(self.pending))
         self.busy_gpus.append(busy)
 
-    def _arrive(self, job: _Job, now: float) -> None:
+    def _add_pending(self, job: _Job) -> None:
         self.pending.add(job.job_id)
+        self.pending_sizes[job.trace.gpus] += 1
+
+    def _arrive(self, job: _Job, now: float) -> None:
+        self._add_pending(job)
         self.builder.job_arrived(job.job_id, job.trace, job.trace.submit_s)
         self.tracker.change(job.account, demand=job.trace.gpus, waiting=1)
 
@@ -233,6 +248,9 @@ class Replay:
         gpus = allocation.gpu_count()
         self.free_count -= gpus
         self.pending.discard(job_id)
+        self.pending_sizes[job.trace.gpus] -= 1
+        if not self.pending_sizes[job.trace.gpus]:
+            del self.pending_sizes[job.trace.gpus]  # min(pending_sizes) is the smallest waiting job
         self.running[job_id] = job
         self.builder.job_started(job_id, job.attempt, allocation, now)
         self.tracker.change(job.account, held=gpus, waiting=-1)
@@ -319,7 +337,7 @@ class Replay:
         self._release(job)
         self.builder.job_ended(job.job_id)
         self.tracker.change(job.account, held=-gpus, waiting=1)
-        self.pending.add(job.job_id)
+        self._add_pending(job)
         # Requeued with its original submission time, as the controller keeps it.
         self.builder.job_arrived(job.job_id, job.trace, job.trace.submit_s)
 

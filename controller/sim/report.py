@@ -27,6 +27,8 @@ TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("max_wait_s", "max wait", "duration"),
     ("makespan_s", "makespan", "duration"),
     ("utilization", "GPU utilisation", "percent"),
+    ("idle_gpu_hours_waiting", "idle GPU-hours, jobs waiting", "float"),
+    ("idle_gpu_hours_fitting", "  ... one of them would fit", "float"),
     ("jain_fairness", "Jain fairness (accounts)", "ratio"),
     ("preemptions", "preemptions", "int"),
     ("gpu_hours_lost", "GPU-hours lost", "float"),

@@ -29,7 +29,7 @@ from garrison.controller.sim.trace import CompletionModel
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 KEYS = ("avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_wait_s", "p95_wait_s", "max_wait_s",
-        "makespan_s", "utilization", "jain_fairness", "preemptions", "gpu_hours_lost", "cycles", "wall_s")
+        "makespan_s", "utilization", "idle_gpu_hours_waiting", "idle_gpu_hours_fitting", "jain_fairness", "preemptions", "gpu_hours_lost", "cycles", "wall_s")
 REPLAY_GOAL_S = 30.0
 
 

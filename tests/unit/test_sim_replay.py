@@ -67,6 +67,9 @@ def test_fifo_queue_on_one_node() -> None:
     assert summary["utilization"] == pytest.approx(busy / (8 * 165))
     assert (summary["completed"], summary["unfinished"], summary["timeouts"], summary["preemptions"]) == (5, 0, 0, 0)
     assert summary["rejected_starts"] == 0
+    # Idle while jobs waited: C's 4 GPUs from 130 to 150, when E (1 GPU) would have fitted but queued behind D.
+    assert summary["idle_gpu_hours_waiting"] == pytest.approx(4 * 20 * U / 3600)
+    assert summary["idle_gpu_hours_fitting"] == pytest.approx(4 * 20 * U / 3600)
     # A cycle runs only where something could start: t=0 (A), 100 (B, C), 130 (C's GPUs free, nothing fits),
     # 150 (D), 160 (E); the arrivals at 10-40 found the node full, and at 165 nothing was pending.
     assert result.cycles == 5
@@ -78,7 +81,11 @@ def test_backfill_starts_a_short_job_that_ends_before_the_reservation() -> None:
     result = run("1x8", QUEUE, "fifo-easy")
     assert times(result) == [(0, 100), (100, 150), (100, 130), (150, 160), (130, 135)]
     assert result.start_order == [1, 2, 3, 5, 4]
-    assert summarize(result)["avg_jct_s"] == pytest.approx((100 + 140 + 110 + 130 + 95) / 5 * U)
+    summary = summarize(result)
+    assert summary["avg_jct_s"] == pytest.approx((100 + 140 + 110 + 130 + 95) / 5 * U)
+    # E takes one of the 4 free GPUs at 130; then only D (8 GPUs) waits, bigger than what is free.
+    assert summary["idle_gpu_hours_waiting"] == pytest.approx((3 * 5 + 4 * 15) * U / 3600)
+    assert summary["idle_gpu_hours_fitting"] == 0
 
 
 def test_backfill_never_delays_the_reservation() -> None:
