@@ -38,6 +38,7 @@ import time
 # treats a constant named TYPE_CHECKING as true.)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any, NoReturn
 
 LAUNCH_FILE = "launch.json"
@@ -203,6 +204,19 @@ def _log(message: str) -> None:
 def _exit_code_from_wait_status(wait_status: int) -> int:
     code = os.waitstatus_to_exitcode(wait_status)
     return EXIT_SIGNAL_BASE - code if code < 0 else code
+
+
+def reap_exited_children() -> Iterator[tuple[int, int]]:
+    """(pid, wait status) of every child that has exited, without blocking. SIGCHLDs
+    coalesce, so one signal may stand for several children: reap until none is left."""
+    while True:
+        try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, wait_status
 
 
 def _become_child_subreaper() -> None:
@@ -422,15 +436,9 @@ class Supervisor:
     # --- children --------------------------------------------------------------
 
     def _reap_children(self) -> None:
-        # SIGCHLDs coalesce, so reap until nothing is left. Orphaned descendants that
-        # were re-parented to us are reaped and forgotten; only leaders have exit codes.
-        while True:
-            try:
-                pid, wait_status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        # Orphaned descendants that were re-parented to us are reaped and forgotten; only
+        # leaders have exit codes.
+        for pid, wait_status in reap_exited_children():
             rank = self._rank_by_leader_pid.get(pid)
             if rank is not None:
                 rank.leader_exit_code = _exit_code_from_wait_status(wait_status)

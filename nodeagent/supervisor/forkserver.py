@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from .core import CONTROL_SIGNALS, LOG_FILE, run_supervisor
+from .core import CONTROL_SIGNALS, LOG_FILE, reap_exited_children, run_supervisor
 
 MAX_REQUEST_BYTES = 64 * 1024
 READY_LINE = b"ready\n"
@@ -98,13 +98,8 @@ def fork_supervisor(job_dir: str, lock_fd: int, sockets_to_close: list[socket.so
 def _reap_supervisors(_signal_number: int = 0, _frame: object = None) -> None:
     """SIGCHLD: reap every supervisor that has exited, at once. A zombie would still look alive to an agent
     that checks its pid, and run_supervisor() itself resets SIGCHLD in the child."""
-    while True:
-        try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    for _pid, _status in reap_exited_children():
+        pass
 
 
 def _handle_request(connection: socket.socket, listener: socket.socket) -> None:
