@@ -63,6 +63,14 @@ def fail(prog: str, error: CliError) -> NoReturn:
     sys.exit(error.exit_code)
 
 
+def stop_quietly_on_broken_pipe() -> NoReturn:
+    """The reader of our output went away (``gqueue | head``): exit 1 without a traceback, as click does
+    for the other commands. Later writes, and the flush at exit, go to /dev/null (Python's recipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(1)
+
+
 def _token_requested() -> bool:
     return bool(os.environ.get("GARRISON_TOKEN") or os.environ.get("GARRISON_TOKEN_FILE"))
 

@@ -8,7 +8,7 @@ import getpass
 import sys
 
 from garrison.cli.argparser import Parser, UsageError
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail
+from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, stop_quietly_on_broken_pipe
 from garrison.cli.render import JOB_COLUMNS, job_row, jobs_json, plain_table, rich_table
 
 
@@ -109,7 +109,11 @@ def _print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    gqueue(sys.argv[1:] if argv is None else argv)
+    try:
+        gqueue(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe could no longer be handled
+    except BrokenPipeError:
+        stop_quietly_on_broken_pipe()
 
 
 if __name__ == "__main__":

@@ -165,3 +165,25 @@ def test_gsub_and_gqueue_import_neither_protobuf_nor_click(controller, tmp_path,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "LOADED []", proc.stderr
+
+
+def test_gqueue_into_a_pipe_closed_early_stops_quietly(controller, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`gqueue | head -1`: no traceback when the reader goes away (click's commands get this from click)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with Client(controller.address) as client:  # no agents: they all stay pending, a long listing
+        submitted = client.call_plain("SubmitJob", {"spec": {"name": "many", "command": ["true"], "gpus": 1, "workdir": str(tmp_path)},
+                                        "array_indices": list(range(1, 2001))})
+    env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path), "GARRISON_CONTROLLER": controller.address}
+    for args in ([], ["--json"]):
+        with subprocess.Popen([sys.executable, "-m", "garrison.cli.gqueue", *args], env=env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            assert proc.stdout.readline()
+            proc.stdout.close()
+            stderr = proc.stderr.read().decode()
+        assert proc.returncode == 1 and stderr == "", stderr
+    with Client(controller.address) as client:
+        client.call("CancelJobs", pb.CancelJobsRequest(job_ids=[str(submitted.job_id)]))  # for the next tests
