@@ -2,9 +2,9 @@
 click's import alone costs ~20 ms of a call that should take well under 100 ms.
 
 ``UsageError`` is the one-line complaint about how a command was called (also raised by the value
-parsers in parsing.py). ``Parser`` raises it with argparse's one-line message instead of printing usage and exiting, so the
-command decides how to report it; and its help formatter does not import shutil (~4 ms, which argparse
-pays on every ``add_argument``) just to learn the terminal's width.
+parsers in parsing.py). ``Parser`` raises it with argparse's one-line message instead of printing usage
+and exiting, so the command decides how to report it; and its help formatter does not import shutil
+(~4 ms, which argparse pays on every ``add_argument``) just to learn the terminal's width.
 """
 
 from __future__ import annotations

@@ -63,12 +63,17 @@ def fail(prog: str, error: CliError) -> NoReturn:
     sys.exit(error.exit_code)
 
 
-def stop_quietly_on_broken_pipe() -> NoReturn:
-    """The reader of our output went away (``gqueue | head``): exit 1 without a traceback, as click does
-    for the other commands. Later writes, and the flush at exit, go to /dev/null (Python's recipe)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    sys.exit(1)
+def run_command(command: Callable[[list[str]], None], argv: list[str] | None) -> None:
+    """Run a non-click command (gsub, gqueue) on ``argv`` (default: the process's arguments). If the reader
+    of its output goes away (``gqueue | head``), exit 1 without a traceback, as click does for the other
+    commands; later writes, and the flush at exit, go to /dev/null (Python's recipe)."""
+    try:
+        command(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe could no longer be handled
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
 
 
 def _token_requested() -> bool:

@@ -8,7 +8,7 @@ import getpass
 import sys
 
 from garrison.cli.argparser import Parser, UsageError
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, stop_quietly_on_broken_pipe
+from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
 from garrison.cli.render import JOB_COLUMNS, job_row, jobs_json, plain_table, rich_table
 
 
@@ -109,11 +109,7 @@ def _print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
-        gqueue(sys.argv[1:] if argv is None else argv)
-        sys.stdout.flush()  # here, not at exit, where a closed pipe could no longer be handled
-    except BrokenPipeError:
-        stop_quietly_on_broken_pipe()
+    run_command(gqueue, argv)
 
 
 if __name__ == "__main__":

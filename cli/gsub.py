@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, stop_quietly_on_broken_pipe
+from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
 from garrison.cli.parsing import UsageError
 from garrison.cli.submission import HelpRequested, Submission, parse_submission
 
@@ -27,11 +27,7 @@ def build_request(submission: Submission) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
-        _gsub(sys.argv[1:] if argv is None else argv)
-        sys.stdout.flush()  # here, not at exit, where a closed pipe could no longer be handled
-    except BrokenPipeError:
-        stop_quietly_on_broken_pipe()
+    run_command(_gsub, argv)
 
 
 def _gsub(args: list[str]) -> None:

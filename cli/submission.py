@@ -11,6 +11,7 @@ other commands: gsub runs in loops and must start fast.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ def _option(parser: argparse.ArgumentParser, *flags: str, metavar: str, help_tex
     parser.add_argument(*flags, metavar=metavar, help=help_text)
 
 
+@functools.cache  # one parser for the command line and every #GSUB line: argparse parsers are reusable
 def _gsub_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="gsub",
