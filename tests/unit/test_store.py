@@ -16,8 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
@@ -287,10 +286,6 @@ class TestSerde:
 class StoreContract:
     """The tests; a subclass provides ``store_url``: a database URL with nothing in it yet."""
 
-    # The target is 1-2 ms; the bound leaves room for a loaded CI machine (and for PostgreSQL's fsync at
-    # each commit on a slow disk).
-    one_job_save_budget_s = 0.010
-
     @pytest.fixture
     def store_url(self) -> str:
         raise NotImplementedError
@@ -374,29 +369,50 @@ class StoreContract:
         with pytest.raises(ValueError, match="attempt 0 of job 2"):
             store.save_jobs([job])
 
-    def test_save_thousand_jobs_in_one_call(self, store: Store) -> None:
-        first_id = store.allocate_job_ids(1000)
-        batch = [running_job(first_id + i) for i in range(1000)]
+    def count_statements(self, store: Store, action: Callable[[], object]) -> list[str]:
+        """Run ``action``; return the first word of each statement it sent to the database."""
+        sent: list[str] = []
 
-        started = time.perf_counter()
-        store.save_jobs(batch)
-        elapsed = time.perf_counter() - started
+        def record(*args: Any) -> None:
+            statement = args[2]  # before_cursor_execute(conn, cursor, statement, params, ctx, executemany)
+            sent.append(statement.split(None, 1)[0].upper())
 
-        assert store.load().jobs == batch
-        assert elapsed < 0.5, f"save_jobs of 1,000 jobs took {elapsed:.3f} s"
+        engine = sql_engine(store)
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            action()
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
+        return sent
 
-    def test_save_one_job_is_fast(self, store: Store) -> None:
-        job = running_job(1)
-        store.save_jobs([job])  # warm the statement cache and the pool
-        timings = []
-        for _ in range(50):
-            started = time.perf_counter()
-            store.save_jobs([job])
-            timings.append(time.perf_counter() - started)
-        median = sorted(timings)[len(timings) // 2]
-        assert median < self.one_job_save_budget_s, (
-            f"save_jobs of one job took {median * 1000:.2f} ms (median)"
-        )
+    def test_save_sends_one_statement_per_table_whatever_the_batch(self, store: Store) -> None:
+        # The round trips, not a stopwatch, are what keep a save cheap (tests/benchmarks/store_writes.py
+        # prints the times): a batch of 1,000 jobs costs the same two statements as one job.
+        first_id = store.allocate_job_ids(1001)
+        one = [running_job(first_id)]
+        batch = [running_job(first_id + 1 + i) for i in range(1000)]
+        self.count_statements(store, lambda: store.save_jobs(one))  # the first write may set up the session
+
+        for_one = self.count_statements(store, lambda: store.save_jobs(one))
+        for_batch = self.count_statements(store, lambda: store.save_jobs(batch))
+
+        assert [word for word in for_one if word != "BEGIN"] == ["INSERT", "INSERT"]  # job, attempt: upserts
+        assert for_batch == for_one
+        assert store.load().jobs == one + batch
+
+    def test_save_is_one_transaction(self, store: Store) -> None:
+        commits: list[object] = []
+
+        def record(connection: object) -> None:
+            commits.append(connection)
+
+        engine = sql_engine(store)
+        event.listen(engine, "commit", record)
+        try:
+            store.save_jobs([running_job(1), running_job(2), pending_job(3)])
+        finally:
+            event.remove(engine, "commit", record)
+        assert len(commits) == 1
 
     def test_delete_jobs_removes_them_with_their_attempts(self, store: Store) -> None:
         store.save_jobs([full_job(1), running_job(2), running_job(3), pending_job(4)])
@@ -674,9 +690,8 @@ class StoreContract:
         read_attempts = select(job_attempts.c.job_id)
         with store._read_snapshot() as connection:  # a long accounting read in progress
             assert connection.execute(read_attempts).scalars().all() == [1]
-            started = time.perf_counter()
+            # Held up, this write would wait out SQLite's 30 s busy timeout and fail "database is locked".
             store.save_jobs([running_job(2)])
-            assert time.perf_counter() - started < 1.0
             assert connection.execute(read_attempts).scalars().all() == [1]  # the read keeps its snapshot
         assert self.query_ids(store) == [1, 2]
 
@@ -834,8 +849,6 @@ def postgres_database() -> Iterator[str]:
 
 @pytest.mark.postgres
 class TestPostgresStore(StoreContract):
-    one_job_save_budget_s = 0.025
-
     @pytest.fixture
     def store_url(self, postgres_database: str) -> str:
         # Each test starts from an empty schema, which is quicker than a database per test.
