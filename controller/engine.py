@@ -280,23 +280,29 @@ class Engine:
         return first, count
 
     def _resolve_refs(self, refs: Sequence[str]) -> list[Job]:
+        # One pass over the jobs however many references there are (gqueue -j and gcancel take lists).
+        members: dict[int, list[Job]] = {}
+        for job in self.state.jobs.values():
+            if job.array_job_id is not None:
+                members.setdefault(job.array_job_id, []).append(job)
         jobs: list[Job] = []
         for text in refs:
             try:
                 job_id, task = parse_job_ref(text)
             except ValueError as exc:
                 raise ValidationError(str(exc)) from None
+            array = members.get(job_id, [])
             if task is not None:
-                found = [j for j in self.state.jobs.values() if j.array_job_id == job_id and j.array_task_id == task]
+                found = [j for j in array if j.array_task_id == task]
             else:
-                found = [j for j in self.state.jobs.values() if j.array_job_id == job_id]
+                found = array
                 direct = self.state.jobs.get(job_id)
                 if not found and direct is not None:
                     found = [direct]
             if not found:
                 raise NotFound(f"no such job {text}")
             jobs.extend(found)
-        return jobs
+        return list({job.job_id: job for job in jobs}.values())  # a job named twice (5 and 5_2) counts once
 
     def is_admin(self, principal: Principal) -> bool:
         """Whether ``principal`` may run admin operations (gadmin) and manage every job: root, the

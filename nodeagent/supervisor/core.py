@@ -325,6 +325,14 @@ def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_sig
         os._exit(exit_code)
 
 
+def _ignored_signals() -> list[int]:
+    # The _signal functions, not signal's: these take and give plain ints, where signal.getsignal() and
+    # valid_signals() build an enum member per signal (a few hundred microseconds for all of them).
+    import _signal
+
+    return [number for number in _signal.valid_signals() if _signal.getsignal(number) == _signal.SIG_IGN]
+
+
 def _wait_for_signal(timeout: float | None) -> int | None:
     if timeout is None:
         return signal.sigwaitinfo(_WAITED_SIGNALS).si_signo
@@ -383,11 +391,7 @@ class Supervisor:
         return True
 
     def _start_ranks(self) -> None:
-        ignored_signals: list[int] = [
-            signal_number
-            for signal_number in signal.valid_signals()
-            if signal.getsignal(signal_number) is signal.SIG_IGN
-        ]
+        ignored_signals = _ignored_signals()
         self.started_at = time.time()
         exec_results: list[tuple[RankProcess, int]] = []
         # Fork every rank before waiting for any exec, so ranks start in parallel.

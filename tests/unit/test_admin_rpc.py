@@ -159,6 +159,25 @@ def test_owners_coordinators_and_admins_control_jobs(call: Caller) -> None:
     assert list(call(CORA, "CancelJobs", cancel, service="client").cancelled) == [job]
 
 
+def test_list_jobs_by_reference_mixes_arrays_tasks_and_plain_jobs(call: Caller) -> None:
+    array = int(call(MALLORY, "SubmitJob", pb.SubmitJobRequest(
+        spec=pb.JobSpec(name="t", command=["true"], workdir="/"), array_indices=[1, 2, 3]),
+        service="client").job_id)
+    plain = submit(call, MALLORY)
+
+    def listed(*refs: str) -> list[str]:
+        request = pb.ListJobsRequest(job_ids=list(refs))
+        return [job.display_id for job in call(MALLORY, "ListJobs", request, service="client").jobs]
+
+    tasks = [f"{array}_1", f"{array}_2", f"{array}_3"]
+    assert listed(str(array)) == tasks  # an array's id stands for all its tasks
+    assert listed(f"{array}_2", str(plain)) == [f"{array}_2", str(plain)]
+    assert listed(str(plain), str(array), f"{array}_3") == [*tasks, str(plain)]  # each once, in id order
+    missing = call.refused(MALLORY, "ListJobs", pb.ListJobsRequest(job_ids=[str(plain), f"{array}_9"]),
+                           code=grpc.StatusCode.NOT_FOUND, service="client")
+    assert missing == f"no such job {array}_9"
+
+
 def test_accounting_and_holds_survive_a_restart(controller: ControllerProcess, tmp_path: Path) -> None:
     with controller.client_channel() as channel:
         call = Caller(controller, channel)
@@ -176,3 +195,4 @@ def test_accounting_and_holds_survive_a_restart(controller: ControllerProcess, t
         wait_for("the hold to show after the restart", lambda: reason(call, job) == "Held")
         release = adminpb.JobControlRequest(action="release", job_ids=[str(job)])
         assert "held by an admin" in call.refused(MALLORY, "ControlJobs", release)
+
