@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
 JOB_COMMAND = "date +%s.%N"
+POLL_INTERVAL_S = 0.2  # bench.sh polls squeue every 0.2 s
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -37,22 +37,24 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def wait_all_done(client, first: int, count: int, timeout: float) -> float:  # type: ignore[no-untyped-def]
+    """When the last of the jobs first..first+count-1 ended, as ../shared/slurm-anchor's bench.sh sees it for
+    Slurm: polling every 0.2 s for the jobs still queued or running (what squeue lists), then checking once
+    that every job completed."""
     from garrison.protos.v1 import garrison_pb2 as pb
 
     deadline = time.monotonic() + timeout
-    ids = {str(i) for i in range(first, first + count)}
-    while True:
-        jobs = client.call("ListJobs", pb.ListJobsRequest()).jobs
-        states = {str(j.job_id): j.state for j in jobs if str(j.job_id) in ids}
-        if len(states) == count and all(s in TERMINAL for s in states.values()):
-            bad = [k for k, s in states.items() if s != "COMPLETED"]
-            if bad:
-                raise SystemExit(f"{len(bad)} jobs did not complete, e.g. {bad[0]}: {states[bad[0]]}")
-            return time.time()
+    ids = [str(i) for i in range(first, first + count)]
+    active = pb.ListJobsRequest(states=["PENDING", "CONFIGURING", "RUNNING", "COMPLETING"], job_ids=ids)
+    while client.call("ListJobs", active).jobs:
         if time.monotonic() > deadline:
-            done = sum(1 for s in states.values() if s in TERMINAL)
-            raise SystemExit(f"timed out: {done}/{count} jobs ended")
-        time.sleep(0.05)
+            raise SystemExit(f"timed out: {len(client.call('ListJobs', active).jobs)}/{count} jobs not ended")
+        time.sleep(POLL_INTERVAL_S)
+    finished = time.time()
+    states = {str(j.job_id): j.state for j in client.call("ListJobs", pb.ListJobsRequest(job_ids=ids)).jobs}
+    bad = [job_id for job_id in ids if states.get(job_id) != "COMPLETED"]
+    if bad:
+        raise SystemExit(f"{len(bad)} jobs did not complete, e.g. {bad[0]}: {states.get(bad[0], 'missing')}")
+    return finished
 
 
 def latencies(out_dir: Path, submitted_at: dict[int, float]) -> list[float]:
@@ -162,8 +164,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--agents", type=int, default=4)
-    parser.add_argument("--cli-calls", type=int, default=20)
-    parser.add_argument("--idle-jobs", type=int, default=20)
+    parser.add_argument("--cli-calls", type=int, default=20, help="0: do not time the CLI")
+    parser.add_argument("--idle-jobs", type=int, default=20, help="0: skip the idle-latency part")
     args = parser.parse_args()
 
     state_dir = Path(tempfile.mkdtemp(prefix="gbench-", dir="/tmp"))
@@ -195,20 +197,22 @@ def main() -> int:
             out_dir = state_dir / "out-idle"
             out_dir.mkdir()
             os.chmod(out_dir, 0o777)
-            lat = idle_latency(client, out_dir, args.idle_jobs)
-            print(f"idle_submit_to_start_median_ms: {statistics.median(lat) * 1000:.1f}")
-            print(f"idle_submit_to_start_p95_ms: {percentile(lat, 95) * 1000:.1f}")
-        cwd = state_dir / "out-idle"
-        byte_compile()
-        installed = installed_cli(state_dir)
-        for prefix, bin_dir in (("", BIN), ("installed_", installed)):
-            if bin_dir is None:
-                continue
-            gsub_ms = time_cli(env, [str(bin_dir / "gsub"), "-G", "1", "-o", "/dev/null", "--wrap", "true"],
-                               args.cli_calls, cwd)
-            gqueue_ms = time_cli(env, [str(bin_dir / "gqueue")], args.cli_calls, cwd)
-            print(f"gsub_{prefix}wall_ms_median: {gsub_ms:.1f}")
-            print(f"gqueue_{prefix}wall_ms_median: {gqueue_ms:.1f}")
+            if args.idle_jobs > 0:
+                lat = idle_latency(client, out_dir, args.idle_jobs)
+                print(f"idle_submit_to_start_median_ms: {statistics.median(lat) * 1000:.1f}")
+                print(f"idle_submit_to_start_p95_ms: {percentile(lat, 95) * 1000:.1f}")
+        if args.cli_calls > 0:
+            cwd = state_dir / "out-idle"
+            byte_compile()
+            installed = installed_cli(state_dir)
+            for prefix, bin_dir in (("", BIN), ("installed_", installed)):
+                if bin_dir is None:
+                    continue
+                gsub_ms = time_cli(env, [str(bin_dir / "gsub"), "-G", "1", "-o", "/dev/null", "--wrap", "true"],
+                                   args.cli_calls, cwd)
+                gqueue_ms = time_cli(env, [str(bin_dir / "gqueue")], args.cli_calls, cwd)
+                print(f"gsub_{prefix}wall_ms_median: {gsub_ms:.1f}")
+                print(f"gqueue_{prefix}wall_ms_median: {gqueue_ms:.1f}")
     finally:
         subprocess.run([str(BIN / "garrison"), "down", "--state-dir", str(state_dir)], env=env, capture_output=True)
     return 0
