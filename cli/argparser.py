@@ -5,15 +5,20 @@ click's import alone costs ~20 ms of a call that should take well under 100 ms.
 parsers in parsing.py). ``Parser`` raises it with argparse's one-line message instead of printing usage
 and exiting, so the command decides how to report it; and its help formatter does not import shutil
 (~4 ms, which argparse pays on every ``add_argument``) just to learn the terminal's width.
+
+An option that takes a value takes the next word, whatever it looks like, as click and sbatch do
+(``--wrap -x``, ``-J -dash-``); argparse alone would read a value that begins with ``-`` as an option.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import NoReturn
 
 
@@ -37,3 +42,27 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: None = None) -> argparse.Namespace:  # type: ignore[override]
+        words = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(self._values_attached(words), namespace)
+
+    def _values_attached(self, words: list[str]) -> list[str]:
+        """``words`` with each value-taking option joined to the word after it (``--wrap=-x``), up to the first
+        positional argument or ``--``: after a script's name, the words are the script's own."""
+        takes_value = {
+            flag for action in self._actions if action.option_strings and action.nargs != 0 for flag in action.option_strings
+        }
+        joined: list[str] = []
+        index = 0
+        while index < len(words):
+            word = words[index]
+            if word == "--" or not word.startswith("-") or word == "-":
+                return joined + words[index:]
+            if word in takes_value and index + 1 < len(words):
+                joined.append(f"{word}={words[index + 1]}")
+                index += 2
+            else:
+                joined.append(word)
+                index += 1
+        return joined

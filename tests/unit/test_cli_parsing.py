@@ -353,6 +353,19 @@ def test_wrap_submission(workdir: Path) -> None:
     assert submission.spec.command == ()
 
 
+def test_an_option_takes_the_next_word_even_when_it_begins_with_a_dash(workdir: Path) -> None:
+    # As with click and sbatch; only the script's own arguments, after its name, are left alone.
+    _write_script(workdir, "#!/bin/sh\ntrue\n")
+    submission = parse_submission(["-J", "-dash-", "--output", "-x.out", "job.sh", "-J", "--lr"], {}, str(workdir))
+    assert submission.spec.name == "-dash-"
+    assert submission.spec.output == "-x.out"
+    assert submission.spec.command == ("-J", "--lr")
+    wrapped = parse_submission(["--wrap", "-x"], {}, str(workdir))
+    assert wrapped.spec.script == "#!/bin/sh\n-x\n"
+    with pytest.raises(UsageError, match="argument --wrap: expected one argument"):
+        parse_submission(["--wrap"], {}, str(workdir))
+
+
 def test_every_option_reaches_the_spec(workdir: Path) -> None:
     _write_script(workdir, "#!/bin/sh\ntrue\n")
     environ = {"PATH": "/usr/bin", "SECRET": "s"}
