@@ -46,6 +46,7 @@ ORDERS = {
     "fifo-easy": [1, 2, 4, 5, 6, 8, 7, 3],
     "garrison": [1, 3, 2, 4, 6, 7, 8, 5],
 }
+SAME_CYCLE_S = 0.2
 COMPRESSED_TIME = Path(__file__).resolve().parents[1] / "data" / "compressed_time.toml"
 
 
@@ -92,7 +93,17 @@ def daemon_start_order(cluster: Cluster) -> tuple[list[int], list[tuple[int, flo
     go.touch()
     jobs = [cluster.wait_done(job_id, timeout=120) for job_id in ids]
     assert [j["state"] for j in jobs] == ["COMPLETED"] * len(TRACE), [(j["job_id"], j["reason"]) for j in jobs]
-    jobs.sort(key=lambda j: (j["start_time"], int(j["job_id"])))
+    jobs.sort(key=lambda j: j["start_time"])
+    # Jobs that one cycle starts together (as gsim does, at one instant) report start times a few
+    # milliseconds apart, as their launches take; decisions are 0.5 s or more apart, so starts closer than
+    # SAME_CYCLE_S are one moment, ordered by job number as gsim orders a moment's starts.
+    moment, moment_start = 0, jobs[0]["start_time"]
+    order_key: dict[str, tuple[int, int]] = {}
+    for job in jobs:
+        if job["start_time"] - moment_start > SAME_CYCLE_S:
+            moment, moment_start = moment + 1, job["start_time"]
+        order_key[job["job_id"]] = (moment, int(job["job_id"]))
+    jobs.sort(key=lambda j: order_key[j["job_id"]])
     origin = jobs[0]["start_time"]
     timeline = [(ids.index(j["job_id"]) + 1, round(j["start_time"] - origin, 2), round(j["end_time"] - origin, 2))
                 for j in jobs]
