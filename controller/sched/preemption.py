@@ -14,8 +14,10 @@ checkpoint (its attempt start when it never checkpointed).
   after another, those that take the fewest victims first, until the job fits (cheap jobs spread over
   many nodes would otherwise win over a few big ones on the nodes the gang needs). Either way each victim
   is then dropped again, most expensive first, if the job still fits without it. The result is
-  irreducible (no victim can be spared), not necessarily the global minimum, which is a set-cover
-  problem.
+  irreducible (no victim can be spared). Finding the global minimum is a set-cover problem, so it is
+  searched for exactly only when few jobs could be victims (at most EXACT_SEARCH_POOL on the nodes the
+  gang could use): every smaller set, smallest and cheapest first, within EXACT_SEARCH_PLACEMENTS trial
+  placements. Beyond that the irreducible answer stands.
 
 Carrying out a preemption (warning signal, grace, requeue) is the controller's job, not this module's.
 """
@@ -33,6 +35,10 @@ from garrison.controller.sched.placement import Placer
 from garrison.controller.sched.snapshot import RunningJob
 
 MAX_VICTIMS_PER_NODE = 10
+# The exact search for a gang tries at most 2**EXACT_SEARCH_POOL sets, almost all rejected by counting GPUs,
+# and at most EXACT_SEARCH_PLACEMENTS full placements, so that it stays a small part of a scheduling cycle.
+EXACT_SEARCH_POOL = 10
+EXACT_SEARCH_PLACEMENTS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +157,11 @@ def select_victims(
         _gang(request, capacity, placer, pool, freeing, useful, end_time),
         _gang_by_node(request, capacity, placer, pool, freeing, useful, end_time, now),
     ]
-    return min((a for a in answers if a is not None),
+    best = min((a for a in answers if a is not None),
                key=lambda a: (len(a[0]), sum(lost_work(v, now) for v in a[0])), default=None)
+    if best is not None and len(best[0]) > 1:
+        best = _fewer_victims(request, capacity, placer, pool, freeing, useful, end_time, now, len(best[0])) or best
+    return best
 
 
 def _single_node(
@@ -235,6 +244,33 @@ def _gang_by_node(
     return _spare(request, capacity, placer, freeing, useful, end_time, chosen, by_cost, allocation)
 
 
+def _fewer_victims(
+    request: Request, capacity: Capacity, placer: Placer, pool: Sequence[RunningJob],
+    freeing: Sequence[RunningJob], useful: Sequence[int], end_time: float, now: float, found: int,
+) -> tuple[tuple[RunningJob, ...], Allocation] | None:
+    """The fewest victims (then the least work lost) that let the gang start, if that is fewer than
+    ``found`` and a small search can tell; None when the search is too large or finds nothing smaller."""
+    names = {capacity.views[i].name for i in useful}
+    candidates = [job for job in pool if names.intersection(job.allocation.node_names)]
+    if len(candidates) > EXACT_SEARCH_POOL:
+        return None
+    base = _GpuCount(request, {i: len(capacity.free[i]) for i in useful})
+    for job in freeing:
+        base.free(job, capacity)
+    placements = 0
+    for size in range(1, found):
+        for victims in sorted(combinations(candidates, size), key=lambda vs: sum(lost_work(v, now) for v in vs)):
+            if not base.might_fit_without(victims, capacity):
+                continue
+            if placements == EXACT_SEARCH_PLACEMENTS:
+                return None  # not searched to the end: a smaller set may exist, so claim nothing
+            placements += 1
+            allocation = _placement_with(request, capacity, placer, [*freeing, *victims], end_time, nodes=useful)
+            if allocation is not None:
+                return tuple(victims), allocation
+    return None
+
+
 class _GpuCount:
     """Free GPUs per node as victims are added, and Capacity.might_fit's test on them, kept up to date
     so that trying node after node costs no more than the nodes tried."""
@@ -261,6 +297,20 @@ class _GpuCount:
         if self.shape.node_count is None:
             return self.total >= self.shape.total_gpus
         return self.big >= self.shape.node_count
+
+    def might_fit_without(self, victims: Sequence[RunningJob], capacity: Capacity) -> bool:
+        """might_fit() as if ``victims`` were gone too, without changing the counts: a look at the nodes
+        the victims touch, not at every node."""
+        added: dict[int, int] = {}
+        for job in victims:
+            for node_alloc in job.allocation.nodes:
+                index = capacity.index_of.get(node_alloc.node)
+                if index is not None and index in self.gpus:
+                    added[index] = added.get(index, 0) + len(node_alloc.gpus)
+        if self.shape.node_count is None:
+            return self.total + sum(added.values()) >= self.shape.total_gpus
+        crossing = sum(1 for i, extra in added.items() if self.gpus[i] < self.per_node <= self.gpus[i] + extra)
+        return self.big + crossing >= self.shape.node_count
 
 
 def _spare(

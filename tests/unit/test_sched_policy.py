@@ -445,6 +445,25 @@ def test_a_gang_preempts_two_big_jobs_rather_than_sixteen_small_ones() -> None:
     assert sorted(p.job_id for p in plan.preempts) == [10, 11]
 
 
+
+def test_a_gang_preempts_the_fewest_jobs_when_both_searches_take_more() -> None:
+    # Every job started at the same time, so the work lost is the GPUs taken. n0 and n1 hold a 2-node job
+    # (4 GPUs on each) beside a 4-GPU job each; n2 and n3 hold two 4-GPU jobs each. Clearing two nodes costs
+    # 16 GPUs either way, but n0 and n1 take 3 jobs and n2 and n3 take 4. Adding jobs cheapest first, and
+    # clearing the nodes with the fewest and cheapest jobs first, both free n2 and n3.
+    start = NOW - 1000
+    runs = [
+        running(10, {"n0": (0, 1, 2, 3), "n1": (0, 1, 2, 3)}, qos="low", start=start),
+        running(11, {"n0": (4, 5, 6, 7)}, qos="low", start=start),
+        running(12, {"n1": (4, 5, 6, 7)}, qos="low", start=start),
+    ]
+    runs += [running(20 + 2 * i + half, {f"n{i}": tuple(range(4 * half, 4 * half + 4))}, qos="low", start=start)
+             for i in (2, 3) for half in (0, 1)]
+    nodes = [busy(node(f"n{i}"), *[r for r in runs if f"n{i}" in r.allocation.node_names]) for i in range(4)]
+    plan = schedule(snap(nodes, [pending(1, qos="high", nodes=2, gpus_per_node=8)], runs), NOW,
+                    replace(GARRISON, preemption=True))
+    assert sorted(p.job_id for p in plan.preempts) == [10, 11, 12]
+
 # -- presets and configuration ----------------------------------------------------------------------------------
 
 
