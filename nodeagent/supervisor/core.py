@@ -327,7 +327,7 @@ def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_sig
 
 def _ignored_signals() -> list[int]:
     # The _signal functions, not signal's: these take and give plain ints, where signal.getsignal() and
-    # valid_signals() build an enum member per signal (a few hundred microseconds for all of them).
+    # valid_signals() build an enum member per signal (~70 us for all of them, against ~2 us).
     import _signal
 
     return [number for number in _signal.valid_signals() if _signal.getsignal(number) == _signal.SIG_IGN]
