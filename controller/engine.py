@@ -26,7 +26,7 @@ from garrison.controller.policy import Policy
 from garrison.controller.rpc import convert
 from garrison.controller.sched.cycle import Plan, SchedulerConfig, schedule
 from garrison.controller.sched.snapshot import Snapshot
-from garrison.controller.signals import DEFAULT_WARNING_SIGNAL, parse_signal_request
+from garrison.controller.signals import DEFAULT_WARNING_SIGNAL, parse_signal_name, parse_signal_request
 from garrison.controller.state import (
     AckResult,
     ClusterState,
@@ -314,7 +314,25 @@ class Engine:
             principal.uid == job.uid or self.is_admin(principal) or self.policy.coordinates(principal, job.account)
         )
 
-    def cancel(self, principal: Principal, request: pb.CancelJobsRequest) -> list[int]:
+    def cancel(self, principal: Principal, request: pb.CancelJobsRequest) -> pb.CancelJobsResponse:
+        """gcancel: cancel the selected jobs, or with ``signal`` send it to the ranks of those running."""
+        signum = None
+        if request.signal:
+            try:
+                signum = parse_signal_name(request.signal, "signal")
+            except ValueError as exc:
+                raise ValidationError(str(exc)) from None
+        jobs = self._jobs_to_control(principal, request, "signal" if signum is not None else "cancel")
+        if signum is not None:
+            return self._signal_jobs(principal, jobs, signum, named=bool(request.job_ids))
+        cancelled, instructions = self.state.cancel([j.job_id for j in jobs], self.clock.now())
+        self.execute(instructions)
+        if cancelled:
+            log.info("%s cancelled %d job(s)", principal.user, len(cancelled))
+            self.request_schedule()
+        return pb.CancelJobsResponse(cancelled=cancelled)
+
+    def _jobs_to_control(self, principal: Principal, request: pb.CancelJobsRequest, verb: str) -> list[Job]:
         states = {s.upper() for s in request.states}
         unknown = states - {s.value for s in JobState}
         if unknown:
@@ -324,7 +342,7 @@ class Engine:
         elif request.user or states:
             jobs = list(self.state.jobs.values())
         else:
-            raise ValidationError("nothing to cancel: give job ids, a user or states")
+            raise ValidationError(f"nothing to {verb}: give job ids, a user or states")
         if request.user:
             jobs = [j for j in jobs if j.user == request.user]
         if states:
@@ -334,13 +352,21 @@ class Engine:
             jobs = [j for j in jobs if self.may_manage(principal, j)]
         for job in jobs:
             if not self.may_manage(principal, job):
-                raise PermissionDenied(f"job {job.display_id} belongs to {job.user}; only its owner may cancel it")
-        cancelled, instructions = self.state.cancel([j.job_id for j in jobs], self.clock.now())
-        self.execute(instructions)
-        if cancelled:
-            log.info("%s cancelled %d job(s)", principal.user, len(cancelled))
-            self.request_schedule()
-        return cancelled
+                raise PermissionDenied(f"job {job.display_id} belongs to {job.user}; only its owner may {verb} it")
+        return jobs
+
+    def _signal_jobs(self, principal: Principal, jobs: list[Job], signum: int, *, named: bool) -> pb.CancelJobsResponse:
+        response = pb.CancelJobsResponse()
+        for job in jobs:
+            instructions = self.state.signal_running(job.job_id, signum)
+            if instructions:
+                self.execute(instructions)
+                response.signalled.append(job.job_id)
+            elif named:
+                response.not_running.append(job.display_id)
+        if response.signalled:
+            log.info("%s sent signal %d to %d job(s)", principal.user, signum, len(response.signalled))
+        return response
 
     def list_jobs(self, request: pb.ListJobsRequest) -> list[Job]:
         states = {s.upper() for s in request.states}

@@ -32,14 +32,21 @@ def parse_signal_request(text: str) -> SignalRequest:
         secs = "60"  # Slurm's default lead time
     if not secs.isdigit() or not 0 < int(secs) <= MAX_WARNING_S:
         raise ValueError(f"--signal: lead time must be 1-{MAX_WARNING_S} seconds, got {text!r}")
-    name = name.strip().upper()
-    if name.isdigit():
-        number = int(name)
-    else:
-        try:
-            number = int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
-        except KeyError:
-            raise ValueError(f"--signal: unknown signal {name!r}") from None
-    if number in (signal.SIGKILL, signal.SIGSTOP) or not 0 < number < signal.NSIG:
+    number = parse_signal_name(name, "--signal")
+    if number in (signal.SIGKILL, signal.SIGSTOP):
         raise ValueError(f"--signal: signal {number} cannot be used as a warning")
     return SignalRequest(number, int(secs))
+
+
+def parse_signal_name(text: str, option: str) -> int:
+    """"USR1", "sigusr1", "10" -> 10: a signal this machine has. ValueError naming ``option`` otherwise."""
+    name = text.strip().upper()
+    if name.isdigit():
+        number = int(name)
+        if not 0 < number < signal.NSIG:
+            raise ValueError(f"{option}: no signal {number}")
+        return number
+    try:
+        return int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+    except KeyError:
+        raise ValueError(f"{option}: unknown signal {name!r}") from None

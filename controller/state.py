@@ -331,6 +331,16 @@ class ClusterState:
             self._save([job.with_state(JobState.COMPLETING, reason=f"{_OUTCOME_PREFIX}{JobState.PENDING.value}")])
         return [SignalAttempt(n, job_id, live.attempt, "signal", signum) for n in sorted(live.pending_nodes)]
 
+    def signal_running(self, job_id: int, signum: int) -> list[Instruction]:
+        """Send ``signum`` to every rank of the job's running attempt (gcancel --signal); nothing about the job
+        changes. [] when the job is not RUNNING: a job still starting, or being stopped, is not signalled."""
+        job = self.jobs.get(job_id)
+        attempt = job.current_attempt if job is not None else None
+        live = self.live.get((job_id, attempt.attempt)) if attempt is not None else None
+        if job is None or job.state != JobState.RUNNING or live is None or live.stale or live.outcome is not None:
+            return []
+        return [SignalAttempt(n, job_id, live.attempt, "signal", signum) for n in sorted(live.pending_nodes)]
+
     def checkpointed(self, job_id: int, attempt: int, when: float) -> None:
         live = self.live.get((job_id, attempt))
         if live is not None:

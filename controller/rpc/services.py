@@ -183,7 +183,8 @@ class ControllerService(pb_grpc.ControllerServicer):
         check_list(request.job_ids, "job ids", MAX_JOB_REF_CHARS)
         check_list(request.states, "states", MAX_STATE_CHARS)
         check_list([request.user], "users")
-        return pb.CancelJobsResponse(cancelled=self.engine.cancel(principal, request))
+        check_list([request.signal], "signal", MAX_STATE_CHARS)
+        return self.engine.cancel(principal, request)
 
     @mapped_errors
     async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext) -> pb.ListJobsResponse:

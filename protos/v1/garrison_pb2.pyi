@@ -431,8 +431,13 @@ class CancelJobsRequest(_message.Message):
     JOB_IDS_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
     STATES_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
     user: _builtins.str
     """cancel every job of this user"""
+    signal: _builtins.str
+    """scancel --signal: deliver this signal ("USR1", "SIGUSR1" or a number) to every rank of the selected
+    running jobs instead of cancelling them; the jobs' states do not change.
+    """
     @_builtins.property
     def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """"12", or "12_3" for one array task, "12" for a whole array"""
@@ -447,10 +452,11 @@ class CancelJobsRequest(_message.Message):
         job_ids: _abc.Iterable[_builtins.str] | None = ...,
         user: _builtins.str = ...,
         states: _abc.Iterable[_builtins.str] | None = ...,
+        signal: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids", "states", b"states", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids", "signal", b"signal", "states", b"states", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -461,16 +467,28 @@ class CancelJobsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CANCELLED_FIELD_NUMBER: _builtins.int
+    SIGNALLED_FIELD_NUMBER: _builtins.int
+    NOT_RUNNING_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def cancelled(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def signalled(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """with a signal: the jobs whose ranks were sent it"""
+
+    @_builtins.property
+    def not_running(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """with a signal: jobs named by id that were not running, so not signalled"""
+
     def __init__(
         self,
         *,
         cancelled: _abc.Iterable[_builtins.int] | None = ...,
+        signalled: _abc.Iterable[_builtins.int] | None = ...,
+        not_running: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "not_running", b"not_running", "signalled", b"signalled"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

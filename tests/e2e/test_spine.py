@@ -66,6 +66,23 @@ def test_cancel_running_job_kills_its_processes(cluster: Cluster) -> None:
         os.kill(pid, 0)
 
 
+def test_gcancel_signal_reaches_the_ranks_and_leaves_the_job_to_finish(cluster: Cluster) -> None:
+    # scancel -s USR1 is how Slurm users ask a job to checkpoint now. The job traps it and then ends on its
+    # own: its state comes from its exit, not from a cancel.
+    ready, got = cluster.work / "usr1-ready", cluster.work / "usr1-got"
+    job_id = cluster.submit("-G", "1", "--wrap", f"trap 'echo usr1 > {got}' USR1; touch {ready}; "
+                            f"while [ ! -e {got} ]; do sleep 0.05; done; echo finished")
+    wait_until("the job to set its trap", ready.exists)
+    cluster.run("gcancel", "--signal", "USR1", job_id)
+    assert cluster.wait_done(job_id)["state"] == "COMPLETED"
+    assert got.read_text() == "usr1\n"
+
+    finished = cluster.run("gcancel", "-s", "SIGUSR1", job_id, check=False)
+    assert (finished.returncode, finished.stderr) == (1, f"gcancel: error: not running, so not signalled: {job_id}\n")
+    bogus = cluster.run("gcancel", "-s", "BOGUS", job_id, check=False)
+    assert bogus.returncode != 0 and bogus.stderr.splitlines() == ["gcancel: error: signal: unknown signal 'BOGUS'"]
+
+
 def test_time_limit_kills_the_job(cluster: Cluster) -> None:
     job_id = cluster.submit("-G", "1", "-t", "0:02", "--wrap", "sleep 300")
     job = cluster.wait_done(job_id, timeout=30)
