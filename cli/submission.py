@@ -110,6 +110,8 @@ def _gsub_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-requeue", dest="requeue", action="store_const", const=False,
                         help="The job is not requeued after a node failure.")
     _option(parser, "--max-restarts", metavar="N", help_text="Times a failed job is restarted (default: 0).")
+    _option(parser, "-d", "--dependency", metavar="TYPE:JOB[:JOB...][,...]",
+            help_text="Start only after these jobs: after, afterany, afterok or afternotok, e.g. afterok:12.")
     _option(parser, "--signal", metavar="[R:]SIG@SECS",
             help_text="Send SIG (e.g. USR1) SECS seconds before the time limit and before preemption.")
     parser.add_argument("script", nargs="?", help="The batch script (it starts with #!).")
@@ -322,6 +324,7 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
         max_restarts=chosen.count("max_restarts", minimum=0) or 0,
         qos=qos,
         signal=chosen.nonempty_text("signal"),
+        dependency=chosen.nonempty_text("dependency"),
         umask=_current_umask(),
         array_max_running=array.max_running if array is not None else None,
     )

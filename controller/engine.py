@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from garrison.config import ControllerConfig
 from garrison.controller import metrics
 from garrison.controller.clock import Clock
+from garrison.controller.dependency import format_dependency, parse_dependency
 from garrison.controller.domain import Job, JobState, Principal
 from garrison.controller.policy import Policy
 from garrison.controller.rpc import convert
@@ -254,6 +255,8 @@ class Engine:
         resolved = validate_submission(
             spec, principal, self.config, self.state.nodes, indices, self.policy.accounting
         )
+        if resolved.spec.dependency is not None:
+            resolved = replace(resolved, spec=replace(resolved.spec, dependency=self._known_dependency(resolved.spec.dependency)))
         now = self.clock.now()
         count = len(indices) or 1
         first = self.state.store.allocate_job_ids(count)
@@ -278,6 +281,18 @@ class Engine:
         log.info("submitted job=%d node=- tasks=%d user=%s", first, count, principal.user)
         self.request_schedule()
         return first, count
+
+    def _known_dependency(self, text: str) -> str:
+        """The dependency list, written the one way, once every job it names is known here (as sbatch
+        refuses a dependency on a job that does not exist)."""
+        items = parse_dependency(text)  # validate_submission has checked the syntax
+        for item in items:
+            for ref in item.jobs:
+                try:
+                    self._resolve_refs([ref])
+                except NotFound:
+                    raise ValidationError(f"--dependency: no such job {ref}") from None
+        return format_dependency(items)
 
     def _resolve_refs(self, refs: Sequence[str]) -> list[Job]:
         # One pass over the jobs however many references there are (gqueue -j and gcancel take lists).

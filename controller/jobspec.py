@@ -45,6 +45,7 @@ class JobSpec:
     max_restarts: int = 0
     qos: str | None = None
     signal: str | None = None  # --signal [R:]SIG@SECS, validated by controller/signals.py
+    dependency: str | None = None  # -d afterok:12,afterany:13_2, validated by controller/dependency.py
     umask: int | None = None  # the submitter's umask, applied to the ranks
     array_max_running: int | None = None  # %N of --array: tasks of this array running at once
 

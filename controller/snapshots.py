@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from garrison.controller.accounts import Accounting
+from garrison.controller.dependency import dependency_reason, parse_dependency
 from garrison.controller.domain import Job, JobState, Node, NodeState
 from garrison.controller.sched.snapshot import (
     EMPTY_ACCOUNTING,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 class SnapshotCache:
     def __init__(self) -> None:
         self._pending: dict[int, PendingJob] | None = None  # None until the first build reads every job
+        self._dependent: set[int] = set()  # pending jobs with a -d dependency
         self._nodes: dict[str, tuple[tuple[object, ...], NodeView]] = {}
         self._gpu_cpus: dict[str, tuple[object, tuple[frozenset[int], ...]]] = {}
         self._running: dict[tuple[int, int], tuple[tuple[object, ...], RunningJob]] = {}
@@ -58,10 +60,13 @@ class SnapshotCache:
         views = self._pending
         pending = list(views.values())
         held = [job_id for job_id in state.held if job_id in views]
-        if held:
+        waiting = self._dependency_reasons(state)
+        if held or waiting:
             patched = dict(views)
             for job_id in held:
                 patched[job_id] = replace(views[job_id], held=True)
+            for job_id, reason in waiting.items():
+                patched[job_id] = replace(patched[job_id], dependency_reason=reason)
             pending = list(patched.values())
         return Snapshot(
             nodes=nodes,
@@ -71,13 +76,45 @@ class SnapshotCache:
             usage=usage if usage is not None else {},
         )
 
+    def _dependency_reasons(self, state: ClusterState) -> dict[int, str]:
+        """Why each pending job with a -d dependency that does not hold yet waits (few jobs have one)."""
+        assert self._pending is not None
+        reasons: dict[int, str] = {}
+        members: dict[int, list[Job]] | None = None
+
+        def jobs_for(ref: str) -> list[Job]:
+            nonlocal members
+            if members is None:  # built once per cycle, and only when some job depends on an array
+                members = {}
+                for job in state.jobs.values():
+                    if job.array_job_id is not None:
+                        members.setdefault(job.array_job_id, []).append(job)
+            job_id, _, task = ref.partition("_")
+            array = members.get(int(job_id), [])
+            if task:
+                return [j for j in array if j.array_task_id == int(task)]
+            direct = state.jobs.get(int(job_id))
+            return array or ([direct] if direct is not None else [])
+
+        for job_id in self._dependent:
+            view = self._pending.get(job_id)
+            if view is None or view.spec.dependency is None:
+                continue
+            reason = dependency_reason(parse_dependency(view.spec.dependency), jobs_for)
+            if reason:
+                reasons[job_id] = reason
+        return reasons
+
     def job_changed(self, before: Job | None, job: Job) -> None:
         """ClusterState's job observer: keep the pending views in step with the jobs."""
         if self._pending is None:
             return  # the first build reads every job
         if job.state != JobState.PENDING:
             self._pending.pop(job.job_id, None)
+            self._dependent.discard(job.job_id)
             return
+        if job.spec.dependency is not None:
+            self._dependent.add(job.job_id)
         self._pending[job.job_id] = PendingJob(
             job_id=job.job_id,
             spec=job.spec,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 from garrison.config import ControllerConfig, PartitionConfig
 from garrison.controller.accounts import Accounting, AccountingError, PartitionDef
+from garrison.controller.dependency import parse_dependency
 from garrison.controller.domain import JobSpec, LaunchMode, Node, Principal
 from garrison.controller.sched.placement import gang_shape, gpu_matches
 from garrison.controller.signals import parse_signal_request
@@ -105,6 +106,11 @@ def validate_submission(
     if spec.signal is not None:
         try:
             parse_signal_request(spec.signal)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+    if spec.dependency is not None:
+        try:
+            parse_dependency(spec.dependency)
         except ValueError as exc:
             raise ValidationError(str(exc)) from None
     if spec.umask is not None and not 0 <= spec.umask <= 0o777:

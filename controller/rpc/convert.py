@@ -100,6 +100,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         max_restarts=msg.max_restarts,
         qos=msg.qos or None,
         signal=msg.signal or None,
+        dependency=msg.dependency or None,
         umask=msg.umask if msg.HasField("umask") else None,
         gpu_mem_mb=msg.gpu_mem_mb,
     )

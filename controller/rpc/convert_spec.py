@@ -32,6 +32,7 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "max_restarts": spec.max_restarts,
         "qos": spec.qos or "",
         "signal": spec.signal or "",
+        "dependency": spec.dependency or "",
         "gpu_mem_mb": spec.gpu_mem_mb,
     }
     optional = {

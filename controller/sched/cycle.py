@@ -52,6 +52,8 @@ class Reason:
     RESOURCES = "Resources"  # the highest-priority blocked job(s): waiting for GPUs to come free
     PRIORITY = "Priority"  # higher-priority jobs wait for resources first
     HELD = "Held"
+    DEPENDENCY = "Dependency"  # its -d dependency does not hold yet
+    DEPENDENCY_NEVER_SATISFIED = "DependencyNeverSatisfied"  # and never will: its owner should cancel it
     ARRAY_LIMIT = "JobArrayTaskLimit"
     NODES_UNAVAILABLE = "NodesUnavailable"  # no up node in the partition could ever run it
     NODES_DRAINED = "NodesDrained"  # it could run only on drained nodes
@@ -231,6 +233,8 @@ def _static_reason(
     """Reasons that need no placement: the job is held or breaks a partition or QoS rule."""
     if job.held:
         return Reason.HELD
+    if job.dependency_reason:
+        return job.dependency_reason
     if accounting.partitions:
         if partition is None:
             return Reason.PARTITION_INVALID

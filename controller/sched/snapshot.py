@@ -53,6 +53,7 @@ class PendingJob:
     priority: int = 0  # an admin's adjustment, added to the computed priority
     array_job_id: int | None = None
     held: bool = False
+    dependency_reason: str = ""  # why its -d dependency does not hold yet ("" when none or it holds)
     user: str = ""
     account: str = ""  # "" : spec.account, else "default"
     qos: str = ""  # "" : spec.qos, else the accounting's default QoS

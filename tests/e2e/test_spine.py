@@ -105,6 +105,27 @@ def test_array_with_limit(cluster: Cluster) -> None:
     assert cluster.job(f"{job_id}_3")["array_task_id"] == 3
 
 
+def test_dependencies_start_a_job_after_others_or_say_they_never_will(cluster: Cluster) -> None:
+    go = cluster.work / "dependency-go"
+    first = cluster.submit("-G", "1", "--wrap", f"while [ ! -e {go} ]; do sleep 0.05; done")
+    failing = cluster.submit("-G", "1", "--wrap", "exit 3")
+    after_ok = cluster.submit("-G", "1", "-d", f"afterok:{first}", "--wrap", "true")
+    never = cluster.submit("-G", "1", "--dependency", f"afterany:{first},afterok:{failing}", "--wrap", "true")
+    assert cluster.wait_done(failing)["state"] == "FAILED"
+    waiting = wait_until("the dependency reasons", lambda: (lambda js: js if js[0]["reason"] and js[1]["reason"] else None)(
+        [cluster.job(after_ok), cluster.job(never)]))
+    assert [(j["state"], j["reason"]) for j in waiting] == [
+        ("PENDING", "Dependency"), ("PENDING", "DependencyNeverSatisfied")]
+    assert f"Dependency=afterok:{first}" in cluster.run("gjob", after_ok).stdout
+    go.touch()
+    done = cluster.wait_done(after_ok)
+    assert done["state"] == "COMPLETED" and done["start_time"] >= cluster.job(first)["end_time"]
+    assert cluster.job(never)["state"] == "PENDING"  # until its owner cancels it, as in Slurm
+    cluster.run("gcancel", never)
+    unknown = cluster.run("gsub", "-d", "afterok:999999", "--wrap", "true", check=False)
+    assert (unknown.returncode, unknown.stderr.strip()) == (2, "gsub: error: --dependency: no such job 999999")
+
+
 def test_gqueue_filters_and_formats(cluster: Cluster) -> None:
     job_id = cluster.submit("-G", "1", "--wrap", "sleep 300")
     cluster.wait_state(job_id, {"RUNNING"})

@@ -380,6 +380,19 @@ def test_reasons_for_held_drained_down_limits_and_arrays() -> None:
     assert [s.job_id for s in plan.starts] == [6]
 
 
+def test_a_job_waiting_on_a_dependency_neither_starts_nor_holds_gpus() -> None:
+    # The first two jobs come first in priority but wait on dependencies: the third starts on the one GPU,
+    # and no reservation keeps it for them.
+    jobs = [
+        replace(pending(1, gpus=1, submit=0.0), dependency_reason=Reason.DEPENDENCY),
+        replace(pending(2, gpus=1, submit=1.0), dependency_reason=Reason.DEPENDENCY_NEVER_SATISFIED),
+        pending(3, gpus=1, submit=2.0),
+    ]
+    plan = schedule(snap([node("a", gpus=1)], jobs), NOW, GARRISON)
+    assert [s.job_id for s in plan.starts] == [3]
+    assert (plan.waiting[1], plan.waiting[2]) == (Reason.DEPENDENCY, Reason.DEPENDENCY_NEVER_SATISFIED)
+
+
 def test_every_pending_job_gets_a_reason_position_and_priority() -> None:
     nodes, jobs, run = backfill_case()
     plan = schedule(snap(nodes, jobs, run), NOW, GARRISON)

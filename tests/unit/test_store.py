@@ -107,6 +107,7 @@ def full_spec() -> JobSpec:
         max_restarts=3,
         qos="high",
         signal="USR1@90",
+        dependency="afterok:1:2,afterany:3_1",
         umask=0o027,
         array_max_running=4,
     )

@@ -1,0 +1,101 @@
+"""Job dependencies, `gsub -d afterok:12:13,afterany:14` (sbatch --dependency): parsing and evaluation.
+
+Pure: no I/O, the jobs are passed in. A dependency list is a comma-separated list of TYPE:JOB[:JOB...]; every
+item must hold (Slurm's ',' meaning "and"; its '?' meaning "any of" is not supported). JOB is a job id, an
+array's id (every task of it) or one array task (12_3). The types, as in Slurm:
+
+- ``after``: each job has started (or was cancelled before it could);
+- ``afterany``: each job has ended, however;
+- ``afterok``: each job has completed with exit code 0;
+- ``afternotok``: each job has ended otherwise (failed, timed out, cancelled, node failure).
+
+A job whose dependency can no longer hold (``afterok`` on a job that failed) stays pending with the reason
+``DependencyNeverSatisfied``, as in Slurm, until its owner cancels it. A job that is no longer known (its
+record was dropped after ``finished_job_retention_s``) has ended: that satisfies ``after`` and
+``afterany``, and since how it ended is not known any more, never ``afterok`` or ``afternotok``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from garrison.controller.domain import Job, JobState
+from garrison.controller.sched.cycle import Reason
+
+KINDS = ("after", "afterany", "afterok", "afternotok")
+MAX_DEPENDENCY_JOBS = 100
+_JOB_REF = re.compile(r"[0-9]{1,18}(_[0-9]{1,9})?")
+
+# What a pending job waits for (gqueue's reason), or SATISFIED.
+SATISFIED = ""
+WAITING = Reason.DEPENDENCY
+NEVER = Reason.DEPENDENCY_NEVER_SATISFIED
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    kind: str  # one of KINDS
+    jobs: tuple[str, ...]  # job references: "12" or "12_3"
+
+
+def parse_dependency(text: str) -> tuple[Dependency, ...]:
+    """``"afterok:12:13,afterany:14_2"`` -> its items. ValueError with one line if it is not that."""
+    if "?" in text:
+        raise ValueError("--dependency: '?' (any of) is not supported; ',' (all of) is")
+    items: list[Dependency] = []
+    count = 0
+    for item in text.split(","):
+        kind, _, refs = item.strip().partition(":")
+        kind = kind.strip().lower()
+        if kind not in KINDS:
+            raise ValueError(f"--dependency: unknown type {kind!r} in {item.strip()!r}: use {', '.join(KINDS)}")
+        jobs = tuple(ref.strip() for ref in refs.split(":")) if refs else ()
+        if not jobs:
+            raise ValueError(f"--dependency: {kind} names no job")
+        for ref in jobs:
+            if not _JOB_REF.fullmatch(ref):
+                raise ValueError(f"--dependency: {ref!r} is not a job id (12, or 12_3 for an array task)")
+        count += len(jobs)
+        items.append(Dependency(kind, jobs))
+    if count > MAX_DEPENDENCY_JOBS:
+        raise ValueError(f"--dependency: at most {MAX_DEPENDENCY_JOBS} jobs, got {count}")
+    return tuple(items)
+
+
+def format_dependency(items: Sequence[Dependency]) -> str:
+    return ",".join(f"{item.kind}:{':'.join(item.jobs)}" for item in items)
+
+
+def dependency_reason(items: Sequence[Dependency], jobs_for: Callable[[str], Sequence[Job]]) -> str:
+    """SATISFIED, WAITING or NEVER for a pending job's dependency list. ``jobs_for`` gives the jobs a
+    reference stands for ([] when none is known any more)."""
+    reason = SATISFIED
+    for item in items:
+        for ref in item.jobs:
+            jobs = jobs_for(ref)
+            if not jobs:
+                if item.kind in ("afterok", "afternotok"):
+                    return NEVER
+                continue
+            for job in jobs:
+                verdict = _holds(item.kind, job.state)
+                if verdict is None:
+                    return NEVER
+                if not verdict:
+                    reason = WAITING
+    return reason
+
+
+def _holds(kind: str, state: JobState) -> bool | None:
+    """Whether a job in ``state`` satisfies ``kind`` now (True), may later (False), or never will (None)."""
+    if kind == "after":
+        return state != JobState.PENDING
+    if not state.is_terminal:
+        return False
+    if kind == "afterany":
+        return True
+    if kind == "afterok":
+        return True if state == JobState.COMPLETED else None
+    return True if state != JobState.COMPLETED else None  # afternotok

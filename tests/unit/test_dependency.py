@@ -1,0 +1,78 @@
+"""Job dependencies (gsub -d): the syntax, and when a dependency holds, may hold later, or never will."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from garrison.controller.dependency import (
+    NEVER,
+    SATISFIED,
+    WAITING,
+    Dependency,
+    dependency_reason,
+    format_dependency,
+    parse_dependency,
+)
+from garrison.controller.domain import Job, JobSpec, JobState
+
+
+def test_lists_of_types_and_jobs() -> None:
+    items = parse_dependency("afterok:12:13, AfterAny:14_2")
+    assert items == (Dependency("afterok", ("12", "13")), Dependency("afterany", ("14_2",)))
+    assert format_dependency(items) == "afterok:12:13,afterany:14_2"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("afterok", "--dependency: afterok names no job"),
+    ("before:12", "--dependency: unknown type 'before' in 'before:12': use after, afterany, afterok, afternotok"),
+    ("afterok:12:x", "--dependency: 'x' is not a job id (12, or 12_3 for an array task)"),
+    ("afterok:12?afterany:13", "--dependency: '?' (any of) is not supported; ',' (all of) is"),
+    ("afterok:" + ":".join(str(i) for i in range(101)), "--dependency: at most 100 jobs, got 101"),
+    ("12", "--dependency: unknown type '12' in '12': use after, afterany, afterok, afternotok"),
+])
+def test_bad_dependencies_are_named(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        parse_dependency(text)
+    assert str(caught.value) == message
+
+
+def job(job_id: int, state: JobState, array_job_id: int | None = None) -> Job:
+    return Job(job_id=job_id, spec=JobSpec(name="j", command=("true",)), user="u", uid=1, gid=1,
+               account="default", partition="main", time_limit_s=60, submit_time=0.0, state=state,
+               array_job_id=array_job_id, array_task_id=job_id if array_job_id is not None else None)
+
+
+STATES = [JobState.PENDING, JobState.RUNNING, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED]
+EXPECTED = {  # kind -> reason for a job in each of STATES
+    "after": [WAITING, SATISFIED, SATISFIED, SATISFIED, SATISFIED],
+    "afterany": [WAITING, WAITING, SATISFIED, SATISFIED, SATISFIED],
+    "afterok": [WAITING, WAITING, SATISFIED, NEVER, NEVER],
+    "afternotok": [WAITING, WAITING, NEVER, SATISFIED, SATISFIED],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED))
+def test_each_type_against_each_state(kind: str) -> None:
+    for state, expected in zip(STATES, EXPECTED[kind], strict=True):
+        reason = dependency_reason(parse_dependency(f"{kind}:7"), lambda ref, s=state: [job(7, s)])
+        assert reason == expected, (kind, state)
+
+
+def test_every_item_and_every_array_task_must_hold() -> None:
+    tasks = [job(10, JobState.COMPLETED, 10), job(11, JobState.RUNNING, 10)]
+    known = {"10": tasks, "10_1": tasks[:1], "20": [job(20, JobState.COMPLETED)]}
+    assert dependency_reason(parse_dependency("afterok:10"), known.__getitem__) == WAITING
+    assert dependency_reason(parse_dependency("afterok:10_1,afterany:20"), known.__getitem__) == SATISFIED
+    finished = {**known, "10": [tasks[0], replace(tasks[1], state=JobState.FAILED)]}
+    assert dependency_reason(parse_dependency("afterany:20,afterok:10"), finished.__getitem__) == NEVER
+
+
+def test_a_forgotten_job_has_ended_but_how_is_not_known() -> None:
+    def forgotten(ref: str) -> list[Job]:
+        return []
+
+    assert dependency_reason(parse_dependency("after:5,afterany:6"), forgotten) == SATISFIED
+    assert dependency_reason(parse_dependency("afterok:5"), forgotten) == NEVER
+    assert dependency_reason(parse_dependency("afternotok:5"), forgotten) == NEVER
