@@ -110,6 +110,7 @@ def _gsub_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-requeue", dest="requeue", action="store_const", const=False,
                         help="The job is not requeued after a node failure.")
     _option(parser, "--max-restarts", metavar="N", help_text="Times a failed job is restarted (default: 0).")
+    _option(parser, "-x", "--exclude", metavar="NODES", help_text="Nodes not to run on: a comma list, e.g. node3,node7.")
     _option(parser, "-d", "--dependency", metavar="TYPE:JOB[:JOB...][,...]",
             help_text="Start only after these jobs: after, afterany, afterok or afternotok, e.g. afterok:12.")
     _option(parser, "--signal", metavar="[R:]SIG@SECS",
@@ -325,6 +326,7 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
         qos=qos,
         signal=chosen.nonempty_text("signal"),
         dependency=chosen.nonempty_text("dependency"),
+        exclude=tuple(name for name in (chosen.text("exclude") or "").split(",") if name),
         umask=_current_umask(),
         array_max_running=array.max_running if array is not None else None,
     )

@@ -65,6 +65,8 @@ def check_spec_limits(spec: JobSpec) -> None:
     for option, pattern in (("--output", spec.output), ("--error", spec.error)):
         if pattern is not None and (len(pattern) > MAX_PATH_CHARS or "\0" in pattern or "\n" in pattern):
             raise ValidationError(f"{option} pattern is invalid (NUL, newline or over {MAX_PATH_CHARS} characters)")
+    if len(spec.exclude) > MAX_LIST_ITEMS:
+        raise ValidationError(f"--exclude: too many nodes: {len(spec.exclude)} (at most {MAX_LIST_ITEMS})")
     _check_name(spec.account, "account")
     _check_name(spec.partition, "partition")
     _check_name(spec.qos, "QoS")

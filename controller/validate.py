@@ -73,7 +73,7 @@ def validate_submission(
     if not spec.name or not JOB_NAME.match(spec.name):
         raise ValidationError("job name must be 1-128 characters of letters, digits, space and ._+@:=,-")
     # Sizes and characters of every field (limits.py imports this module, hence the late import).
-    from garrison.controller.limits import check_spec_limits
+    from garrison.controller.limits import check_spec_limits, shown
 
     check_spec_limits(spec)
     if spec.script is None and not spec.command:
@@ -108,6 +108,10 @@ def validate_submission(
             parse_signal_request(spec.signal)
         except ValueError as exc:
             raise ValidationError(str(exc)) from None
+    if spec.exclude:
+        unknown = [name for name in spec.exclude if name not in nodes]
+        if unknown:
+            raise ValidationError(f"--exclude: no such node {shown(unknown[0])}")
     if spec.dependency is not None:
         try:
             parse_dependency(spec.dependency)

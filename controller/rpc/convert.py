@@ -101,6 +101,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         qos=msg.qos or None,
         signal=msg.signal or None,
         dependency=msg.dependency or None,
+        exclude=tuple(msg.exclude),
         umask=msg.umask if msg.HasField("umask") else None,
         gpu_mem_mb=msg.gpu_mem_mb,
     )

@@ -33,6 +33,7 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "qos": spec.qos or "",
         "signal": spec.signal or "",
         "dependency": spec.dependency or "",
+        "exclude": list(spec.exclude),
         "gpu_mem_mb": spec.gpu_mem_mb,
     }
     optional = {

@@ -148,9 +148,9 @@ class _IdleFit:
     def reason(self, request: Request) -> str | None:
         """None if it fits on idle up nodes; else NodesDrained or NodesUnavailable."""
         key = (request.partition, request.shape, request.gpu_type, request.gpu_mem_mib, request.cpus_per_gpu,
-               request.cpus_per_node, request.mem_mb)
+               request.cpus_per_node, request.mem_mb, request.exclude)
         if key not in self.cache:
-            members = [n for n in self.nodes if request.partition in n.partitions]
+            members = [n for n in self.nodes if request.partition in n.partitions and n.name not in request.exclude]
             up = [n for n in members if n.schedulable and not n.drained]
             if self._fits(request, up):
                 self.cache[key] = None

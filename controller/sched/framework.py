@@ -81,6 +81,7 @@ class Request:
     cpus_per_node: int = 0  # for a job without GPUs
     mem_mb: int = 0  # host memory per node
     duration_s: float = 0.0  # the job's time limit: how long it holds what it gets
+    exclude: frozenset[str] = frozenset()  # nodes the job must not run on (gsub -x)
 
 
 @dataclass(slots=True)

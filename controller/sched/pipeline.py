@@ -14,7 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from garrison.controller.sched.filters import CpuMemoryFit, GpuCapacity, GpuFree, NodeReady, PartitionMember
+from garrison.controller.sched.filters import (
+    CpuMemoryFit,
+    GpuCapacity,
+    GpuFree,
+    NodeNotExcluded,
+    NodeReady,
+    PartitionMember,
+)
 from garrison.controller.sched.framework import OK, Candidate, Filter, QueueOrder, Request, Scorer, Status
 from garrison.controller.sched.priority import PriorityOrder
 from garrison.controller.sched.scorers import BinPack, GpuTopology, NumaLocality
@@ -24,6 +31,8 @@ FILTERS: tuple[Filter, ...] = (
     NodeReady(),
     # 2. Partition membership: a set lookup, and in a partitioned cluster most nodes fail here.
     PartitionMember(),
+    # 2b. Nodes the job asked to stay off (gsub -x): a set lookup, usually in an empty set.
+    NodeNotExcluded(),
     # 3. GPU type, GPU memory and GPU count of the node itself, busy or not: fails for good.
     GpuCapacity(),
     # 4. CPUs and host memory: checks the node's totals (for good) before what is free (for now).

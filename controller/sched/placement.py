@@ -84,6 +84,7 @@ def request_for(job_id: int, spec: JobSpec, partition: str, duration_s: float) -
         cpus_per_gpu=spec.cpus_per_gpu,
         mem_mb=spec.mem_mb,
         duration_s=duration_s,
+        exclude=frozenset(spec.exclude),
     )
 
 

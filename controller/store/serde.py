@@ -37,6 +37,7 @@ _SPEC_FIELDS = tuple(f.name for f in fields(JobSpec))
 # (str, int, bool, None). A new field of some other type makes json.dumps fail loudly, not lose data.
 _SPEC_DECODERS: Mapping[str, Callable[[Any], Any]] = {
     "command": tuple,
+    "exclude": tuple,
     "env": dict,
     "launch": LaunchMode,
 }
@@ -45,6 +46,7 @@ _SPEC_DECODERS: Mapping[str, Callable[[Any], Any]] = {
 def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
     data: dict[str, Any] = {name: getattr(spec, name) for name in _SPEC_FIELDS}
     data["command"] = list(spec.command)
+    data["exclude"] = list(spec.exclude)
     data["env"] = dict(spec.env)  # any Mapping, e.g. a MappingProxyType, which json cannot encode
     data["launch"] = spec.launch.value
     return data

@@ -201,6 +201,7 @@ class JobSpec(_message.Message):
     SIGNAL_FIELD_NUMBER: _builtins.int
     UMASK_FIELD_NUMBER: _builtins.int
     DEPENDENCY_FIELD_NUMBER: _builtins.int
+    EXCLUDE_FIELD_NUMBER: _builtins.int
     GPU_MEM_MB_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     script: _builtins.str
@@ -234,6 +235,10 @@ class JobSpec(_message.Message):
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def exclude(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """-x: nodes the job must not run on"""
+
     def __init__(
         self,
         *,
@@ -261,11 +266,12 @@ class JobSpec(_message.Message):
         signal: _builtins.str = ...,
         umask: _builtins.int | None = ...,
         dependency: _builtins.str = ...,
+        exclude: _abc.Iterable[_builtins.str] | None = ...,
         gpu_mem_mb: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "script", b"script", "time_limit_s", b"time_limit_s", "umask", b"umask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "command", b"command", "cpus_per_gpu", b"cpus_per_gpu", "dependency", b"dependency", "env", b"env", "error", b"error", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "no_requeue", b"no_requeue", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "command", b"command", "cpus_per_gpu", b"cpus_per_gpu", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "no_requeue", b"no_requeue", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gpus: _TypeAlias = _typing.Literal["gpus"]  # noqa: Y015
     _WhichOneofArgType__gpus: _TypeAlias = _typing.Literal["_gpus", b"_gpus"]  # noqa: Y015

@@ -126,6 +126,17 @@ def test_dependencies_start_a_job_after_others_or_say_they_never_will(cluster: C
     assert (unknown.returncode, unknown.stderr.strip()) == (2, "gsub: error: --dependency: no such job 999999")
 
 
+def test_exclude_keeps_a_job_off_the_named_nodes(cluster: Cluster) -> None:
+    ids = [cluster.submit("-G", "1", "-x", "node1", "-o", f"exclude-{i}-%j.out", "--wrap", "echo $GARRISON_NODENAME")
+           for i in range(3)]
+    for i, job_id in enumerate(ids):
+        assert cluster.wait_done(job_id)["state"] == "COMPLETED"
+        assert (cluster.work / f"exclude-{i}-{job_id}.out").read_text() == "node2\n"
+    assert "ExcNodeList=node1" in cluster.run("gjob", ids[0]).stdout
+    unknown = cluster.run("gsub", "-x", "node1,nodeX", "--wrap", "true", check=False)
+    assert (unknown.returncode, unknown.stderr.strip()) == (2, "gsub: error: --exclude: no such node 'nodeX'")
+
+
 def test_gqueue_filters_and_formats(cluster: Cluster) -> None:
     job_id = cluster.submit("-G", "1", "--wrap", "sleep 300")
     cluster.wait_state(job_id, {"RUNNING"})

@@ -393,6 +393,18 @@ def test_a_job_waiting_on_a_dependency_neither_starts_nor_holds_gpus() -> None:
     assert (plan.waiting[1], plan.waiting[2]) == (Reason.DEPENDENCY, Reason.DEPENDENCY_NEVER_SATISFIED)
 
 
+def test_excluded_nodes_are_never_used_not_even_for_a_reservation() -> None:
+    # Node a is free, b is busy for an hour: the job that excludes a waits for b (and reserves b, not a);
+    # a job that excludes every node can never run.
+    busy_b = running(50, {"b": tuple(range(8))}, start=NOW - 100, limit=3700)
+    nodes = [node("a"), busy(node("b"), busy_b)]
+    jobs = [pending(1, gpus=8, exclude=("a",)), pending(2, gpus=1, exclude=("a", "b")), pending(3, gpus=8)]
+    plan = schedule(snap(nodes, jobs, [busy_b]), NOW, GARRISON)
+    assert [(s.job_id, s.allocation.node_names) for s in plan.starts] == [(3, ("a",))]
+    assert plan.waiting[1] == Reason.RESOURCES
+    assert plan.waiting[2] == Reason.NODES_UNAVAILABLE
+
+
 def test_every_pending_job_gets_a_reason_position_and_priority() -> None:
     nodes, jobs, run = backfill_case()
     plan = schedule(snap(nodes, jobs, run), NOW, GARRISON)

@@ -108,6 +108,7 @@ def full_spec() -> JobSpec:
         qos="high",
         signal="USR1@90",
         dependency="afterok:1:2,afterany:3_1",
+        exclude=("node-7", "node-9"),
         umask=0o027,
         array_max_running=4,
     )
