@@ -19,6 +19,8 @@ def build_request(submission: Submission) -> dict[str, Any]:
     from garrison.controller.rpc.convert_spec import spec_to_plain
 
     request: dict[str, Any] = {"spec": spec_to_plain(submission.spec)}
+    if submission.hold:
+        request["hold"] = True
     if submission.array is not None:
         request["array_indices"] = list(submission.array.indices)
         if submission.array.max_running is not None:

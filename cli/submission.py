@@ -63,6 +63,7 @@ class Submission:
     array: ArraySpec | None
     parsable: bool
     qos: str | None
+    hold: bool = False  # -H: submitted held
 
 
 def _option(parser: argparse.ArgumentParser, *flags: str, metavar: str, help_text: str) -> None:
@@ -101,6 +102,7 @@ def _gsub_parser() -> argparse.ArgumentParser:
             help_text="Environment to pass: ALL (default), NONE, or NAME[=VALUE],... with optional ALL.")
     _option(parser, "-a", "--array", metavar="INDICES", help_text="Job array: 1-1000%%50, 1,3,5 or 0-15:4.")
     parser.add_argument("--parsable", action="store_true", help="Print only the job id.")
+    parser.add_argument("-H", "--hold", action="store_true", help="Submit held: it starts once released (gcontrol release).")
     _option(parser, "--wrap", metavar="CMD", help_text="Run CMD with /bin/sh instead of a script.")
     parser.add_argument("--launch", choices=[mode.value for mode in LaunchMode],
                         help="rank: a process per GPU; node: one per node; single: once, like an sbatch script.")
@@ -330,4 +332,5 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
         umask=_current_umask(),
         array_max_running=array.max_running if array is not None else None,
     )
-    return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos)
+    return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos,
+                      hold=bool(chosen.flag("hold")))

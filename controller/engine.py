@@ -278,7 +278,10 @@ class Engine:
         else:
             jobs = [Job(job_id=first, **common)]  # type: ignore[arg-type]
         self.state.add_jobs(jobs)
-        log.info("submitted job=%d node=- tasks=%d user=%s", first, count, principal.user)
+        if request.hold:
+            self.state.hold([job.job_id for job in jobs], by_admin=False)
+        log.info("submitted job=%d node=- tasks=%d user=%s%s", first, count, principal.user,
+                 " held" if request.hold else "")
         self.request_schedule()
         return first, count
 

@@ -387,7 +387,10 @@ class SubmitJobRequest(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     ARRAY_INDICES_FIELD_NUMBER: _builtins.int
     ARRAY_MAX_RUNNING_FIELD_NUMBER: _builtins.int
+    HOLD_FIELD_NUMBER: _builtins.int
     array_max_running: _builtins.int
+    hold: _builtins.bool
+    """-H: submit held; `gcontrol release` lets it start"""
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -400,10 +403,11 @@ class SubmitJobRequest(_message.Message):
         spec: Global___JobSpec | None = ...,
         array_indices: _abc.Iterable[_builtins.int] | None = ...,
         array_max_running: _builtins.int | None = ...,
+        hold: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_array_max_running", b"_array_max_running", "array_max_running", b"array_max_running", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_max_running", b"_array_max_running", "array_indices", b"array_indices", "array_max_running", b"array_max_running", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_max_running", b"_array_max_running", "array_indices", b"array_indices", "array_max_running", b"array_max_running", "hold", b"hold", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__array_max_running: _TypeAlias = _typing.Literal["array_max_running"]  # noqa: Y015
     _WhichOneofArgType__array_max_running: _TypeAlias = _typing.Literal["_array_max_running", b"_array_max_running"]  # noqa: Y015

@@ -137,6 +137,16 @@ def test_exclude_keeps_a_job_off_the_named_nodes(cluster: Cluster) -> None:
     assert (unknown.returncode, unknown.stderr.strip()) == (2, "gsub: error: --exclude: no such node 'nodeX'")
 
 
+def test_a_job_submitted_held_starts_once_released(cluster: Cluster) -> None:
+    job_id = cluster.submit("-H", "-G", "1", "--array", "1-2", "--wrap", "true")
+    tasks = wait_until("both tasks to wait as held", lambda: (lambda ts: ts if all(t["reason"] for t in ts) else None)(
+        cluster.jobs(job_id)))
+    assert [(t["state"], t["reason"]) for t in tasks] == [("PENDING", "Held")] * 2
+    cluster.run("gcontrol", "release", job_id)
+    for task in tasks:
+        assert cluster.wait_done(task["job_id"])["state"] == "COMPLETED"
+
+
 def test_gqueue_filters_and_formats(cluster: Cluster) -> None:
     job_id = cluster.submit("-G", "1", "--wrap", "sleep 300")
     cluster.wait_state(job_id, {"RUNNING"})
