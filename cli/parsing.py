@@ -44,6 +44,40 @@ def parse_count(text: str, *, minimum: int = 1) -> int:
     return value
 
 
+_BEGIN_RELATIVE = re.compile(r"now\+(\d{1,9})(seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|h|days|day|d|weeks|week|w)?")
+_BEGIN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_BEGIN_FORMATS = "now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS]"
+
+
+def parse_begin_time(text: str, now: float) -> float:
+    """sbatch --begin's common forms, as an epoch time on this machine's clock (local time).
+
+    "now+90" (seconds), "now+2hours", "now+1d"; "16:00" or "16:00:30" (today, or tomorrow once that time
+    has passed today); "2026-12-24"; "2026-12-24T08:00[:00]".
+    """
+    import time
+
+    spec = text.strip()
+    relative = _BEGIN_RELATIVE.fullmatch(spec.lower())
+    if relative:
+        unit = (relative[2] or "s")[0]
+        return now + int(relative[1]) * _BEGIN_UNITS[unit]
+    formats = ("%H:%M", "%H:%M:%S") if "-" not in spec else ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S")
+    for form in formats:
+        try:
+            parsed = time.strptime(spec, form)
+        except ValueError:
+            continue
+        if "-" in spec:
+            return time.mktime(parsed)
+        today = time.localtime(now)
+        at = time.mktime((today.tm_year, today.tm_mon, today.tm_mday, parsed.tm_hour, parsed.tm_min,
+                          parsed.tm_sec, 0, 0, -1))
+        return at if at > now else time.mktime((today.tm_year, today.tm_mon, today.tm_mday + 1, parsed.tm_hour,
+                                                 parsed.tm_min, parsed.tm_sec, 0, 0, -1))
+    raise UsageError(f"invalid begin time {text!r}: expected {_BEGIN_FORMATS}")
+
+
 def parse_time_limit(text: str) -> int:
     """Slurm's time formats, returned in seconds.
 

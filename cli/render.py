@@ -136,7 +136,8 @@ def job_detail(job: Any) -> str:
         f"   GpuType={spec.gpu_type or '(any)'} GpuMem={_mb(spec.gpu_mem_mb)} CpusPerGpu={spec.cpus_per_gpu or '-'} "
         f"MemPerNode={_mb(spec.mem_mb)}",
         f"   Launch={spec.launch or 'rank'} WorkDir={spec.workdir} Dependency={spec.dependency or '(null)'}",
-        f"   ExcNodeList={','.join(spec.exclude) or '(null)'}",
+        f"   ExcNodeList={','.join(spec.exclude) or '(null)'} "
+        f"BeginTime={_ts(spec.begin_time) if spec.HasField('begin_time') else '(null)'}",
         f"   Command={' '.join(spec.command) if spec.command else '(script)'}",
         f"   StdOut={spec.output or '(default)'} StdErr={spec.error or '(stdout)'}",
     ]

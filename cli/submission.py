@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from .parsing import (
     ArraySpec,
     UsageError,
     parse_array,
+    parse_begin_time,
     parse_count,
     parse_export,
     parse_gpu_request,
@@ -113,6 +115,8 @@ def _gsub_parser() -> argparse.ArgumentParser:
                         help="The job is not requeued after a node failure.")
     _option(parser, "--max-restarts", metavar="N", help_text="Times a failed job is restarted (default: 0).")
     _option(parser, "-x", "--exclude", metavar="NODES", help_text="Nodes not to run on: a comma list, e.g. node3,node7.")
+    _option(parser, "-b", "--begin", metavar="TIME",
+            help_text="Not before TIME: now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS].")
     _option(parser, "-d", "--dependency", metavar="TYPE:JOB[:JOB...][,...]",
             help_text="Start only after these jobs: after, afterany, afterok or afternotok, e.g. afterok:12.")
     _option(parser, "--signal", metavar="[R:]SIG@SECS",
@@ -329,6 +333,7 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
         signal=chosen.nonempty_text("signal"),
         dependency=chosen.nonempty_text("dependency"),
         exclude=tuple(name for name in (chosen.text("exclude") or "").split(",") if name),
+        begin_time=converted("begin", lambda text: parse_begin_time(text, time.time())),
         umask=_current_umask(),
         array_max_running=array.max_running if array is not None else None,
     )

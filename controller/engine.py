@@ -69,6 +69,7 @@ def master_port(job_id: int, attempt: int) -> int:
     return 20000 + (job_id * 7919 + attempt * 104729) % 20000
 
 
+MAX_BEGIN_AHEAD_S = 366 * 86400  # gsub --begin
 MAX_ID = 2**63 - 1  # ids are stored as signed 64-bit integers (SQLite INTEGER, PostgreSQL BIGINT)
 
 
@@ -258,6 +259,9 @@ class Engine:
         if resolved.spec.dependency is not None:
             resolved = replace(resolved, spec=replace(resolved.spec, dependency=self._known_dependency(resolved.spec.dependency)))
         now = self.clock.now()
+        begin = resolved.spec.begin_time
+        if begin is not None and not (math.isfinite(begin) and begin <= now + MAX_BEGIN_AHEAD_S):
+            raise ValidationError("--begin: at most a year ahead")
         count = len(indices) or 1
         first = self.state.store.allocate_job_ids(count)
         common = dict(

@@ -44,6 +44,7 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "time_limit_s": spec.time_limit_s,
         "ntasks_per_node": spec.ntasks_per_node,
         "umask": spec.umask,
+        "begin_time": spec.begin_time,
     }
     fields.update((name, value) for name, value in optional.items() if value is not None)
     return fields

@@ -52,6 +52,7 @@ class Reason:
     RESOURCES = "Resources"  # the highest-priority blocked job(s): waiting for GPUs to come free
     PRIORITY = "Priority"  # higher-priority jobs wait for resources first
     HELD = "Held"
+    BEGIN_TIME = "BeginTime"  # gsub --begin: not before its begin time
     DEPENDENCY = "Dependency"  # its -d dependency does not hold yet
     DEPENDENCY_NEVER_SATISFIED = "DependencyNeverSatisfied"  # and never will: its owner should cancel it
     ARRAY_LIMIT = "JobArrayTaskLimit"
@@ -287,6 +288,8 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
         partition = partitions.get(job.partition)
         limit = time_limit_of(job, partition)
         static = _static_reason(job, accounting, partition, limit, default_qos)
+        if static is None and job.spec.begin_time is not None and job.spec.begin_time > now:
+            static = Reason.BEGIN_TIME
         if static is not None:
             waiting[job.job_id] = static
             continue

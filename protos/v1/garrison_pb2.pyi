@@ -202,6 +202,7 @@ class JobSpec(_message.Message):
     UMASK_FIELD_NUMBER: _builtins.int
     DEPENDENCY_FIELD_NUMBER: _builtins.int
     EXCLUDE_FIELD_NUMBER: _builtins.int
+    BEGIN_TIME_FIELD_NUMBER: _builtins.int
     GPU_MEM_MB_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     script: _builtins.str
@@ -229,6 +230,8 @@ class JobSpec(_message.Message):
     """the submitter's umask"""
     dependency: _builtins.str
     """-d TYPE:JOB[:JOB...][,...]: after, afterany, afterok, afternotok"""
+    begin_time: _builtins.float
+    """--begin: epoch seconds before which the job does not start"""
     gpu_mem_mb: _builtins.int
     """--gpu-mem: the least memory (MiB) each allocated GPU must have"""
     @_builtins.property
@@ -267,12 +270,15 @@ class JobSpec(_message.Message):
         umask: _builtins.int | None = ...,
         dependency: _builtins.str = ...,
         exclude: _abc.Iterable[_builtins.str] | None = ...,
+        begin_time: _builtins.float | None = ...,
         gpu_mem_mb: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "script", b"script", "time_limit_s", b"time_limit_s", "umask", b"umask"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "begin_time", b"begin_time", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "script", b"script", "time_limit_s", b"time_limit_s", "umask", b"umask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "command", b"command", "cpus_per_gpu", b"cpus_per_gpu", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "no_requeue", b"no_requeue", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "begin_time", b"begin_time", "command", b"command", "cpus_per_gpu", b"cpus_per_gpu", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "no_requeue", b"no_requeue", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__begin_time: _TypeAlias = _typing.Literal["begin_time"]  # noqa: Y015
+    _WhichOneofArgType__begin_time: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time"]  # noqa: Y015
     _WhichOneofReturnType__gpus: _TypeAlias = _typing.Literal["gpus"]  # noqa: Y015
     _WhichOneofArgType__gpus: _TypeAlias = _typing.Literal["_gpus", b"_gpus"]  # noqa: Y015
     _WhichOneofReturnType__gpus_per_node: _TypeAlias = _typing.Literal["gpus_per_node"]  # noqa: Y015
@@ -287,6 +293,8 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__time_limit_s: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s"]  # noqa: Y015
     _WhichOneofReturnType__umask: _TypeAlias = _typing.Literal["umask"]  # noqa: Y015
     _WhichOneofArgType__umask: _TypeAlias = _typing.Literal["_umask", b"_umask"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__begin_time) -> _WhichOneofReturnType__begin_time | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpus) -> _WhichOneofReturnType__gpus | None: ...
     @_typing.overload

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -145,6 +146,16 @@ def test_a_job_submitted_held_starts_once_released(cluster: Cluster) -> None:
     cluster.run("gcontrol", "release", job_id)
     for task in tasks:
         assert cluster.wait_done(task["job_id"])["state"] == "COMPLETED"
+
+
+def test_a_job_waits_for_its_begin_time(cluster: Cluster) -> None:
+    submitted = time.time()
+    job_id = cluster.submit("--begin", "now+3", "-G", "1", "-o", "begin-%j.out", "--wrap", "date +%s.%N")
+    wait_until("the job to wait for its begin time", lambda: cluster.job(job_id)["reason"] == "BeginTime")
+    assert cluster.wait_done(job_id)["state"] == "COMPLETED"
+    started = float((cluster.work / f"begin-{job_id}.out").read_text())
+    assert submitted + 3 <= started  # and, with a cycle each second, soon after
+    assert "BeginTime=" in cluster.run("gjob", job_id).stdout
 
 
 def test_gqueue_filters_and_formats(cluster: Cluster) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from garrison.cli.parsing import (
     UsageError,
     expand_output_pattern,
     parse_array,
+    parse_begin_time,
     parse_export,
     parse_gpu_request,
     parse_memory_mb,
@@ -23,6 +25,22 @@ from garrison.cli.submission import HelpRequested, parse_submission
 from garrison.controller.domain import LaunchMode
 
 # ---------------------------------------------------------------------------------------------- time
+
+
+def test_begin_times() -> None:
+    import time
+
+    now = time.mktime((2026, 12, 1, 18, 0, 0, 0, 0, -1))  # 18:00 local time
+    assert parse_begin_time("now+90", now) == now + 90
+    assert parse_begin_time("now+2hours", now) == now + 7200
+    assert parse_begin_time("NOW+1d", now) == now + 86400
+    assert parse_begin_time("19:30", now) == now + 5400  # later today
+    assert parse_begin_time("17:00:00", now) == now + 23 * 3600  # passed today: tomorrow
+    assert parse_begin_time("2026-12-24", now) == time.mktime((2026, 12, 24, 0, 0, 0, 0, 0, -1))
+    assert parse_begin_time("2026-12-24T08:30", now) == time.mktime((2026, 12, 24, 8, 30, 0, 0, 0, -1))
+    for bad in ("tomorrow", "now+", "25:00", "2026-13-01", "now-5"):
+        with pytest.raises(UsageError, match=re.escape(f"invalid begin time '{bad}': expected now+N")):
+            parse_begin_time(bad, now)
 
 
 @pytest.mark.parametrize(

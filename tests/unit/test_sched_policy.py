@@ -405,6 +405,15 @@ def test_excluded_nodes_are_never_used_not_even_for_a_reservation() -> None:
     assert plan.waiting[2] == Reason.NODES_UNAVAILABLE
 
 
+def test_a_job_does_not_start_before_its_begin_time() -> None:
+    jobs = [pending(1, gpus=1, begin_time=NOW + 60), pending(2, gpus=1, begin_time=NOW)]
+    plan = schedule(snap([node("a", gpus=1)], jobs), NOW, GARRISON)
+    assert [s.job_id for s in plan.starts] == [2]
+    assert plan.waiting[1] == Reason.BEGIN_TIME
+    later = schedule(snap([node("a", gpus=1)], jobs[:1]), NOW + 60, GARRISON)
+    assert [s.job_id for s in later.starts] == [1]
+
+
 def test_every_pending_job_gets_a_reason_position_and_priority() -> None:
     nodes, jobs, run = backfill_case()
     plan = schedule(snap(nodes, jobs, run), NOW, GARRISON)
