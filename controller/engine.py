@@ -293,12 +293,10 @@ class Engine:
         """The dependency list, written the one way, once every job it names is known here (as sbatch
         refuses a dependency on a job that does not exist)."""
         items = parse_dependency(text)  # validate_submission has checked the syntax
-        for item in items:
-            for ref in item.jobs:
-                try:
-                    self._resolve_refs([ref])
-                except NotFound:
-                    raise ValidationError(f"--dependency: no such job {ref}") from None
+        try:
+            self._resolve_refs([ref for item in items for ref in item.jobs])
+        except NotFound as exc:
+            raise ValidationError(f"--dependency: {exc}") from None
         return format_dependency(items)
 
     def _resolve_refs(self, refs: Sequence[str]) -> list[Job]:
