@@ -78,6 +78,55 @@ def parse_begin_time(text: str, now: float) -> float:
     raise UsageError(f"invalid begin time {text!r}: expected {_BEGIN_FORMATS}")
 
 
+MAX_HOSTLIST_NAMES = 10_000
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's host lists: ``"node3,gpu[01-03,7]"`` -> ``["node3", "gpu01", "gpu02", "gpu03", "gpu7"]``.
+
+    A range keeps the zero padding of its first number; names are kept in the order given, each once.
+    """
+
+    def bad(reason: str) -> UsageError:
+        return UsageError(f"invalid host list {text!r}: {reason}")
+
+    items: list[str] = []
+    depth = start = 0
+    for index, char in enumerate(text):  # split at the commas outside brackets
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise bad("unmatched or nested brackets")
+        if char == "," and depth == 0:
+            items.append(text[start:index])
+            start = index + 1
+    if depth:
+        raise bad("unmatched or nested brackets")
+    items.append(text[start:])
+    names: dict[str, None] = {}
+    for item in (item.strip() for item in items):
+        if not item:
+            continue
+        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\]([^\[\]]*)", item)
+        if match is None:
+            if "[" in item or "]" in item:
+                raise bad(f"{item!r} has more than one bracket")
+            names[item] = None
+            continue
+        prefix, ranges, suffix = match.groups()
+        for part in ranges.split(","):
+            low, dash, high = part.strip().partition("-")
+            if not _DIGITS.fullmatch(low) or (dash and not _DIGITS.fullmatch(high)):
+                raise bad(f"{part.strip()!r} is not a number or a range of numbers")
+            last = int(high) if dash else int(low)
+            if last < int(low):
+                raise bad(f"{part.strip()!r} counts down")
+            if len(names) + last - int(low) >= MAX_HOSTLIST_NAMES:
+                raise bad(f"more than {MAX_HOSTLIST_NAMES} names")
+            for number in range(int(low), last + 1):
+                names[f"{prefix}{number:0{len(low)}d}{suffix}"] = None
+    return list(names)
+
+
 def parse_time_limit(text: str) -> int:
     """Slurm's time formats, returned in seconds.
 

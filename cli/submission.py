@@ -23,6 +23,7 @@ from garrison.controller.jobspec import JobSpec, LaunchMode
 from .parsing import (
     ArraySpec,
     UsageError,
+    expand_hostlist,
     parse_array,
     parse_begin_time,
     parse_count,
@@ -114,7 +115,7 @@ def _gsub_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-requeue", dest="requeue", action="store_const", const=False,
                         help="The job is not requeued after a node failure.")
     _option(parser, "--max-restarts", metavar="N", help_text="Times a failed job is restarted (default: 0).")
-    _option(parser, "-x", "--exclude", metavar="NODES", help_text="Nodes not to run on: a comma list, e.g. node3,node7.")
+    _option(parser, "-x", "--exclude", metavar="NODES", help_text="Nodes not to run on, e.g. node3,gpu[01-04].")
     _option(parser, "-b", "--begin", metavar="TIME",
             help_text="Not before TIME: now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS].")
     _option(parser, "-d", "--dependency", metavar="TYPE:JOB[:JOB...][,...]",
@@ -332,7 +333,7 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
         qos=qos,
         signal=chosen.nonempty_text("signal"),
         dependency=chosen.nonempty_text("dependency"),
-        exclude=tuple(name for name in (chosen.text("exclude") or "").split(",") if name),
+        exclude=tuple(converted("exclude", expand_hostlist) or ()),
         begin_time=converted("begin", lambda text: parse_begin_time(text, time.time())),
         umask=_current_umask(),
         array_max_running=array.max_running if array is not None else None,

@@ -128,7 +128,7 @@ def test_dependencies_start_a_job_after_others_or_say_they_never_will(cluster: C
 
 
 def test_exclude_keeps_a_job_off_the_named_nodes(cluster: Cluster) -> None:
-    ids = [cluster.submit("-G", "1", "-x", "node1", "-o", f"exclude-{i}-%j.out", "--wrap", "echo $GARRISON_NODENAME")
+    ids = [cluster.submit("-G", "1", "-x", "node[1]", "-o", f"exclude-{i}-%j.out", "--wrap", "echo $GARRISON_NODENAME")
            for i in range(3)]
     for i, job_id in enumerate(ids):
         assert cluster.wait_done(job_id)["state"] == "COMPLETED"

@@ -11,6 +11,7 @@ from garrison.cli.parsing import (
     MAX_ARRAY_ELEMENTS,
     ArraySpec,
     UsageError,
+    expand_hostlist,
     expand_output_pattern,
     parse_array,
     parse_begin_time,
@@ -25,6 +26,18 @@ from garrison.cli.submission import HelpRequested, parse_submission
 from garrison.controller.domain import LaunchMode
 
 # ---------------------------------------------------------------------------------------------- time
+
+
+def test_host_lists() -> None:
+    assert expand_hostlist("node3, gpu[01-03,7]") == ["node3", "gpu01", "gpu02", "gpu03", "gpu7"]
+    assert expand_hostlist("n[9-11]x,n10x") == ["n9x", "n10x", "n11x"]  # padding kept, each name once
+    for bad, reason in (("n[3-1]", "'3-1' counts down"), ("n[1-2", "unmatched or nested brackets"),
+                        ("n[a]", "'a' is not a number or a range of numbers"),
+                        ("n[1]x[2]", "'n[1]x[2]' has more than one bracket"),
+                        ("n[0-99999]", "more than 10000 names")):
+        with pytest.raises(UsageError) as caught:
+            expand_hostlist(bad)
+        assert str(caught.value) == f"invalid host list {bad!r}: {reason}"
 
 
 def test_begin_times() -> None:
