@@ -119,7 +119,7 @@ def _gsub_parser() -> argparse.ArgumentParser:
     _option(parser, "-b", "--begin", metavar="TIME",
             help_text="Not before TIME: now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS].")
     _option(parser, "-d", "--dependency", metavar="TYPE:JOB[:JOB...][,...]",
-            help_text="Start only after these jobs: after, afterany, afterok or afternotok, e.g. afterok:12.")
+            help_text="Start only after these jobs: after, afterany, afterok or afternotok, e.g. afterok:12,afterany:13.")
     _option(parser, "--signal", metavar="[R:]SIG@SECS",
             help_text="Send SIG (e.g. USR1) SECS seconds before the time limit and before preemption.")
     parser.add_argument("script", nargs="?", help="The batch script (it starts with #!).")

@@ -1,8 +1,9 @@
 """Job dependencies, `gsub -d afterok:12:13,afterany:14` (sbatch --dependency): parsing and evaluation.
 
-Pure: no I/O, the jobs are passed in. A dependency list is a comma-separated list of TYPE:JOB[:JOB...]; every
-item must hold (Slurm's ',' meaning "and"; its '?' meaning "any of" is not supported). JOB is a job id, an
-array's id (every task of it) or one array task (12_3). The types, as in Slurm:
+Pure: no I/O, the jobs are passed in. A dependency list is a list of TYPE:JOB[:JOB...] items separated by
+',' (every item must hold) or by '?' (one must), as in Slurm, which does not mix the two either. Within an
+item every job must satisfy the type. JOB is a job id, an array's id (every task of it) or one array task
+(12_3). The types, as in Slurm:
 
 - ``after``: each job has started (or was cancelled before it could);
 - ``afterany``: each job has ended, however;
@@ -40,13 +41,24 @@ class Dependency:
     jobs: tuple[str, ...]  # job references: "12" or "12_3"
 
 
-def parse_dependency(text: str) -> tuple[Dependency, ...]:
-    """``"afterok:12:13,afterany:14_2"`` -> its items. ValueError with one line if it is not that."""
-    if "?" in text:
-        raise ValueError("--dependency: '?' (any of) is not supported; ',' (all of) is")
+@dataclass(frozen=True, slots=True)
+class DependencyList:
+    items: tuple[Dependency, ...]
+    any_of: bool = False  # '?': one item must hold; ',': every item must
+
+    def job_refs(self) -> list[str]:
+        return [ref for item in self.items for ref in item.jobs]
+
+
+def parse_dependency(text: str) -> DependencyList:
+    """``"afterok:12:13,afterany:14_2"`` or ``"afterok:12?afternotok:13"`` -> its items. ValueError with one
+    line if it is neither."""
+    any_of = "?" in text
+    if any_of and "," in text:
+        raise ValueError("--dependency: use ',' (all of) or '?' (any of), not both")
     items: list[Dependency] = []
     count = 0
-    for item in text.split(","):
+    for item in text.split("?" if any_of else ","):
         kind, _, refs = item.strip().partition(":")
         kind = kind.strip().lower()
         if kind not in KINDS:
@@ -61,30 +73,38 @@ def parse_dependency(text: str) -> tuple[Dependency, ...]:
         items.append(Dependency(kind, jobs))
     if count > MAX_DEPENDENCY_JOBS:
         raise ValueError(f"--dependency: at most {MAX_DEPENDENCY_JOBS} jobs, got {count}")
-    return tuple(items)
+    return DependencyList(tuple(items), any_of)
 
 
-def format_dependency(items: Sequence[Dependency]) -> str:
-    return ",".join(f"{item.kind}:{':'.join(item.jobs)}" for item in items)
+def format_dependency(dependencies: DependencyList) -> str:
+    return ("?" if dependencies.any_of else ",").join(
+        f"{item.kind}:{':'.join(item.jobs)}" for item in dependencies.items
+    )
 
 
-def dependency_reason(items: Sequence[Dependency], jobs_for: Callable[[str], Sequence[Job]]) -> str:
+def dependency_reason(dependencies: DependencyList, jobs_for: Callable[[str], Sequence[Job]]) -> str:
     """SATISFIED, WAITING or NEVER for a pending job's dependency list. ``jobs_for`` gives the jobs a
     reference stands for ([] when none is known any more)."""
+    reasons = {_item_reason(item, jobs_for) for item in dependencies.items}
+    if dependencies.any_of:
+        return SATISFIED if SATISFIED in reasons else WAITING if WAITING in reasons else NEVER
+    return NEVER if NEVER in reasons else WAITING if WAITING in reasons else SATISFIED
+
+
+def _item_reason(item: Dependency, jobs_for: Callable[[str], Sequence[Job]]) -> str:
     reason = SATISFIED
-    for item in items:
-        for ref in item.jobs:
-            jobs = jobs_for(ref)
-            if not jobs:
-                if item.kind in ("afterok", "afternotok"):
-                    return NEVER
-                continue
-            for job in jobs:
-                verdict = _holds(item.kind, job.state)
-                if verdict is None:
-                    return NEVER
-                if not verdict:
-                    reason = WAITING
+    for ref in item.jobs:
+        jobs = jobs_for(ref)
+        if not jobs:
+            if item.kind in ("afterok", "afternotok"):
+                return NEVER
+            continue
+        for job in jobs:
+            verdict = _holds(item.kind, job.state)
+            if verdict is None:
+                return NEVER
+            if not verdict:
+                reason = WAITING
     return reason
 
 

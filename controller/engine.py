@@ -292,12 +292,12 @@ class Engine:
     def _known_dependency(self, text: str) -> str:
         """The dependency list, written the one way, once every job it names is known here (as sbatch
         refuses a dependency on a job that does not exist)."""
-        items = parse_dependency(text)  # validate_submission has checked the syntax
+        dependencies = parse_dependency(text)  # validate_submission has checked the syntax
         try:
-            self._resolve_refs([ref for item in items for ref in item.jobs])
+            self._resolve_refs(dependencies.job_refs())
         except NotFound as exc:
             raise ValidationError(f"--dependency: {exc}") from None
-        return format_dependency(items)
+        return format_dependency(dependencies)
 
     def _resolve_refs(self, refs: Sequence[str]) -> list[Job]:
         # One pass over the jobs however many references there are (gqueue -j and gcancel take lists).

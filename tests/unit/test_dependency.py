@@ -11,6 +11,7 @@ from garrison.controller.dependency import (
     SATISFIED,
     WAITING,
     Dependency,
+    DependencyList,
     dependency_reason,
     format_dependency,
     parse_dependency,
@@ -20,15 +21,18 @@ from garrison.controller.domain import Job, JobSpec, JobState
 
 def test_lists_of_types_and_jobs() -> None:
     items = parse_dependency("afterok:12:13, AfterAny:14_2")
-    assert items == (Dependency("afterok", ("12", "13")), Dependency("afterany", ("14_2",)))
+    assert items == DependencyList((Dependency("afterok", ("12", "13")), Dependency("afterany", ("14_2",))))
     assert format_dependency(items) == "afterok:12:13,afterany:14_2"
+    either = parse_dependency("afterok:12?afternotok:13")
+    assert either == DependencyList((Dependency("afterok", ("12",)), Dependency("afternotok", ("13",))), any_of=True)
+    assert format_dependency(either) == "afterok:12?afternotok:13"
 
 
 @pytest.mark.parametrize(("text", "message"), [
     ("afterok", "--dependency: afterok names no job"),
     ("before:12", "--dependency: unknown type 'before' in 'before:12': use after, afterany, afterok, afternotok"),
     ("afterok:12:x", "--dependency: 'x' is not a job id (12, or 12_3 for an array task)"),
-    ("afterok:12?afterany:13", "--dependency: '?' (any of) is not supported; ',' (all of) is"),
+    ("afterok:12?afterany:13,after:14", "--dependency: use ',' (all of) or '?' (any of), not both"),
     ("afterok:" + ":".join(str(i) for i in range(101)), "--dependency: at most 100 jobs, got 101"),
     ("12", "--dependency: unknown type '12' in '12': use after, afterany, afterok, afternotok"),
 ])
@@ -67,6 +71,13 @@ def test_every_item_and_every_array_task_must_hold() -> None:
     assert dependency_reason(parse_dependency("afterok:10_1,afterany:20"), known.__getitem__) == SATISFIED
     finished = {**known, "10": [tasks[0], replace(tasks[1], state=JobState.FAILED)]}
     assert dependency_reason(parse_dependency("afterany:20,afterok:10"), finished.__getitem__) == NEVER
+
+
+def test_any_of_holds_when_one_item_does_and_never_when_none_can() -> None:
+    known = {"1": [job(1, JobState.FAILED)], "2": [job(2, JobState.RUNNING)], "3": [job(3, JobState.COMPLETED)]}
+    assert dependency_reason(parse_dependency("afterok:1?afterok:2"), known.__getitem__) == WAITING
+    assert dependency_reason(parse_dependency("afterok:1?afterok:3"), known.__getitem__) == SATISFIED
+    assert dependency_reason(parse_dependency("afterok:1?afternotok:3"), known.__getitem__) == NEVER
 
 
 def test_a_forgotten_job_has_ended_but_how_is_not_known() -> None:
