@@ -8,7 +8,9 @@ item every job must satisfy the type. JOB is a job id, an array's id (every task
 - ``after``: each job has started (or was cancelled before it could);
 - ``afterany``: each job has ended, however;
 - ``afterok``: each job has completed with exit code 0;
-- ``afternotok``: each job has ended otherwise (failed, timed out, cancelled, node failure).
+- ``afternotok``: each job has ended otherwise (failed, timed out, cancelled, node failure);
+- ``singleton`` (no jobs): no other job of the same user and name is running; of several pending ones, one
+  starts at a time.
 
 A job whose dependency can no longer hold (``afterok`` on a job that failed) stays pending with the reason
 ``DependencyNeverSatisfied``, as in Slurm, until its owner cancels it. A job that is no longer known (its
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from garrison.controller.domain import Job, JobState
 from garrison.controller.sched.cycle import Reason
 
-KINDS = ("after", "afterany", "afterok", "afternotok")
+KINDS = ("after", "afterany", "afterok", "afternotok", "singleton")
 MAX_DEPENDENCY_JOBS = 100
 _JOB_REF = re.compile(r"[0-9]{1,18}(_[0-9]{1,9})?")
 
@@ -49,6 +51,10 @@ class DependencyList:
     def job_refs(self) -> list[str]:
         return [ref for item in self.items for ref in item.jobs]
 
+    @property
+    def singleton(self) -> bool:
+        return any(item.kind == "singleton" for item in self.items)
+
 
 def parse_dependency(text: str) -> DependencyList:
     """``"afterok:12:13,afterany:14_2"`` or ``"afterok:12?afternotok:13"`` -> its items. ValueError with one
@@ -63,6 +69,11 @@ def parse_dependency(text: str) -> DependencyList:
         kind = kind.strip().lower()
         if kind not in KINDS:
             raise ValueError(f"--dependency: unknown type {kind!r} in {item.strip()!r}: use {', '.join(KINDS)}")
+        if kind == "singleton":
+            if refs:
+                raise ValueError("--dependency: singleton names no job")
+            items.append(Dependency(kind, ()))
+            continue
         jobs = tuple(ref.strip() for ref in refs.split(":")) if refs else ()
         if not jobs:
             raise ValueError(f"--dependency: {kind} names no job")
@@ -78,14 +89,20 @@ def parse_dependency(text: str) -> DependencyList:
 
 def format_dependency(dependencies: DependencyList) -> str:
     return ("?" if dependencies.any_of else ",").join(
-        f"{item.kind}:{':'.join(item.jobs)}" for item in dependencies.items
+        f"{item.kind}:{':'.join(item.jobs)}" if item.jobs else item.kind for item in dependencies.items
     )
 
 
-def dependency_reason(dependencies: DependencyList, jobs_for: Callable[[str], Sequence[Job]]) -> str:
+def dependency_reason(
+    dependencies: DependencyList, jobs_for: Callable[[str], Sequence[Job]], *, namesake_running: bool = False
+) -> str:
     """SATISFIED, WAITING or NEVER for a pending job's dependency list. ``jobs_for`` gives the jobs a
-    reference stands for ([] when none is known any more)."""
-    reasons = {_item_reason(item, jobs_for) for item in dependencies.items}
+    reference stands for ([] when none is known any more); ``namesake_running``, whether another job of
+    the same user and name is running (for singleton)."""
+    reasons = {
+        (WAITING if namesake_running else SATISFIED) if item.kind == "singleton" else _item_reason(item, jobs_for)
+        for item in dependencies.items
+    }
     if dependencies.any_of:
         return SATISFIED if SATISFIED in reasons else WAITING if WAITING in reasons else NEVER
     return NEVER if NEVER in reasons else WAITING if WAITING in reasons else SATISFIED

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from garrison.controller.state import ClusterState, LiveAttempt
 
 
+_ACTIVE = frozenset({JobState.CONFIGURING, JobState.RUNNING, JobState.COMPLETING})
+
+
 class SnapshotCache:
     def __init__(self) -> None:
         self._pending: dict[int, PendingJob] | None = None  # None until the first build reads every job
@@ -65,8 +68,8 @@ class SnapshotCache:
             patched = dict(views)
             for job_id in held:
                 patched[job_id] = replace(views[job_id], held=True)
-            for job_id, reason in waiting.items():
-                patched[job_id] = replace(patched[job_id], dependency_reason=reason)
+            for job_id, (reason, singleton_key) in waiting.items():
+                patched[job_id] = replace(patched[job_id], dependency_reason=reason, singleton_key=singleton_key)
             pending = list(patched.values())
         return Snapshot(
             nodes=nodes,
@@ -76,11 +79,19 @@ class SnapshotCache:
             usage=usage if usage is not None else {},
         )
 
-    def _dependency_reasons(self, state: ClusterState) -> dict[int, str]:
-        """Why each pending job with a -d dependency that does not hold yet waits (few jobs have one)."""
+    def _dependency_reasons(self, state: ClusterState) -> dict[int, tuple[str, tuple[str, str] | None]]:
+        """For each pending job with a -d dependency (few jobs have one): why it waits ("" if it need not),
+        and its (user, name) if it is a singleton, so that one cycle starts one of its namesakes."""
         assert self._pending is not None
-        reasons: dict[int, str] = {}
+        reasons: dict[int, tuple[str, tuple[str, str] | None]] = {}
         members: dict[int, list[Job]] | None = None
+        running_names: set[tuple[str, str]] | None = None
+
+        def namesake_running(key: tuple[str, str]) -> bool:
+            nonlocal running_names
+            if running_names is None:  # built once per cycle, and only when some job is a singleton
+                running_names = {(j.user, j.spec.name) for j in state.jobs.values() if j.state in _ACTIVE}
+            return key in running_names
 
         def jobs_for(ref: str) -> list[Job]:
             nonlocal members
@@ -100,9 +111,11 @@ class SnapshotCache:
             view = self._pending.get(job_id)
             if view is None or view.spec.dependency is None:
                 continue
-            reason = dependency_reason(parse_dependency(view.spec.dependency), jobs_for)
-            if reason:
-                reasons[job_id] = reason
+            dependencies = parse_dependency(view.spec.dependency)
+            key = (view.user, view.spec.name) if dependencies.singleton else None
+            reason = dependency_reason(dependencies, jobs_for, namesake_running=key is not None and namesake_running(key))
+            if reason or key is not None:
+                reasons[job_id] = (reason, key)
         return reasons
 
     def job_changed(self, before: Job | None, job: Job) -> None:

@@ -263,6 +263,7 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     pricing = PriorityContext(snapshot, now, config.weights)
     quotas = QuotaTally(accounting, snapshot.running, snapshot.usage, now, default_qos)
     array_running = Counter(dict(snapshot.running_array_tasks))
+    singletons_started: set[tuple[str, str]] = set()  # -d singleton: one of a user's namesakes per cycle
     for running in snapshot.running:
         if running.array_job_id is not None:
             array_running[running.array_job_id] += 1
@@ -292,6 +293,9 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
             static = Reason.BEGIN_TIME
         if static is not None:
             waiting[job.job_id] = static
+            continue
+        if job.singleton_key is not None and job.singleton_key in singletons_started:
+            waiting[job.job_id] = Reason.DEPENDENCY
             continue
         array_limit = job.spec.array_max_running
         if job.array_job_id is not None and array_limit is not None and array_running[job.array_job_id] >= array_limit:
@@ -323,6 +327,8 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
             quotas.started(job, gpus, limit)
             if job.array_job_id is not None:
                 array_running[job.array_job_id] += 1
+            if job.singleton_key is not None:
+                singletons_started.add(job.singleton_key)
             if timeline is not None:
                 timeline.hold(allocation, end)
             else:

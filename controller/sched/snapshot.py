@@ -54,6 +54,7 @@ class PendingJob:
     array_job_id: int | None = None
     held: bool = False
     dependency_reason: str = ""  # why its -d dependency does not hold yet ("" when none or it holds)
+    singleton_key: tuple[str, str] | None = None  # (user, name) of a -d singleton job: one starts at a time
     user: str = ""
     account: str = ""  # "" : spec.account, else "default"
     qos: str = ""  # "" : spec.qos, else the accounting's default QoS

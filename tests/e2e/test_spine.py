@@ -127,6 +127,18 @@ def test_dependencies_start_a_job_after_others_or_say_they_never_will(cluster: C
     assert (unknown.returncode, unknown.stderr.strip()) == (2, "gsub: error: --dependency: no such job 999999")
 
 
+def test_singleton_jobs_of_one_name_run_one_at_a_time(cluster: Cluster) -> None:
+    go = cluster.work / "singleton-go"
+    first = cluster.submit("-J", "chain", "-d", "singleton", "-G", "1", "--wrap",
+                           f"while [ ! -e {go} ]; do sleep 0.05; done")
+    second = cluster.submit("-J", "chain", "-d", "singleton", "-G", "1", "--wrap", "true")
+    cluster.wait_state(first, {"RUNNING"})
+    wait_until("the second to wait for the first", lambda: cluster.job(second)["reason"] == "Dependency")
+    go.touch()
+    assert cluster.wait_done(second)["state"] == "COMPLETED"
+    assert cluster.job(second)["start_time"] >= cluster.job(first)["end_time"]
+
+
 def test_exclude_keeps_a_job_off_the_named_nodes(cluster: Cluster) -> None:
     ids = [cluster.submit("-G", "1", "-x", "node[1]", "-o", f"exclude-{i}-%j.out", "--wrap", "echo $GARRISON_NODENAME")
            for i in range(3)]

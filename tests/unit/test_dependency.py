@@ -30,11 +30,12 @@ def test_lists_of_types_and_jobs() -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("afterok", "--dependency: afterok names no job"),
-    ("before:12", "--dependency: unknown type 'before' in 'before:12': use after, afterany, afterok, afternotok"),
+    ("before:12", "--dependency: unknown type 'before' in 'before:12': use after, afterany, afterok, afternotok, "
+                  "singleton"),
     ("afterok:12:x", "--dependency: 'x' is not a job id (12, or 12_3 for an array task)"),
     ("afterok:12?afterany:13,after:14", "--dependency: use ',' (all of) or '?' (any of), not both"),
     ("afterok:" + ":".join(str(i) for i in range(101)), "--dependency: at most 100 jobs, got 101"),
-    ("12", "--dependency: unknown type '12' in '12': use after, afterany, afterok, afternotok"),
+    ("12", "--dependency: unknown type '12' in '12': use after, afterany, afterok, afternotok, singleton"),
 ])
 def test_bad_dependencies_are_named(text: str, message: str) -> None:
     with pytest.raises(ValueError) as caught:
@@ -78,6 +79,16 @@ def test_any_of_holds_when_one_item_does_and_never_when_none_can() -> None:
     assert dependency_reason(parse_dependency("afterok:1?afterok:2"), known.__getitem__) == WAITING
     assert dependency_reason(parse_dependency("afterok:1?afterok:3"), known.__getitem__) == SATISFIED
     assert dependency_reason(parse_dependency("afterok:1?afternotok:3"), known.__getitem__) == NEVER
+
+
+def test_singleton_waits_while_a_namesake_runs() -> None:
+    dependencies = parse_dependency("singleton,afterany:4")
+    assert dependencies.singleton and format_dependency(dependencies) == "singleton,afterany:4"
+    ended = {"4": [job(4, JobState.COMPLETED)]}
+    assert dependency_reason(dependencies, ended.__getitem__, namesake_running=True) == WAITING
+    assert dependency_reason(dependencies, ended.__getitem__, namesake_running=False) == SATISFIED
+    with pytest.raises(ValueError, match="singleton names no job"):
+        parse_dependency("singleton:4")
 
 
 def test_a_forgotten_job_has_ended_but_how_is_not_known() -> None:

@@ -414,6 +414,18 @@ def test_a_job_does_not_start_before_its_begin_time() -> None:
     assert [s.job_id for s in later.starts] == [1]
 
 
+def test_one_singleton_of_a_name_starts_per_cycle() -> None:
+    jobs = [
+        replace(pending(1, gpus=1), singleton_key=("u", "chain")),
+        replace(pending(2, gpus=1), singleton_key=("u", "chain")),
+        replace(pending(3, gpus=1), singleton_key=("v", "chain")),  # another user's namesake
+        pending(4, gpus=1),
+    ]
+    plan = schedule(snap([node("a", gpus=4)], jobs), NOW, GARRISON)
+    assert sorted(s.job_id for s in plan.starts) == [1, 3, 4]
+    assert plan.waiting[2] == Reason.DEPENDENCY
+
+
 def test_every_pending_job_gets_a_reason_position_and_priority() -> None:
     nodes, jobs, run = backfill_case()
     plan = schedule(snap(nodes, jobs, run), NOW, GARRISON)
