@@ -300,12 +300,17 @@ class Engine:
         return format_dependency(dependencies)
 
     def _resolve_refs(self, refs: Sequence[str]) -> list[Job]:
+        jobs = [job for found in self._resolve_each(refs) for job in found]
+        return list({job.job_id: job for job in jobs}.values())  # a job named twice (5 and 5_2) counts once
+
+    def _resolve_each(self, refs: Sequence[str]) -> list[list[Job]]:
+        """The jobs each reference stands for, in order. NotFound for one that stands for none."""
         # One pass over the jobs however many references there are (gqueue -j and gcancel take lists).
         members: dict[int, list[Job]] = {}
         for job in self.state.jobs.values():
             if job.array_job_id is not None:
                 members.setdefault(job.array_job_id, []).append(job)
-        jobs: list[Job] = []
+        resolved: list[list[Job]] = []
         for text in refs:
             try:
                 job_id, task = parse_job_ref(text)
@@ -321,8 +326,8 @@ class Engine:
                     found = [direct]
             if not found:
                 raise NotFound(f"no such job {text}")
-            jobs.extend(found)
-        return list({job.job_id: job for job in jobs}.values())  # a job named twice (5 and 5_2) counts once
+            resolved.append(found)
+        return resolved
 
     def is_admin(self, principal: Principal) -> bool:
         """Whether ``principal`` may run admin operations (gadmin) and manage every job: root, the
@@ -344,7 +349,7 @@ class Engine:
                 raise ValidationError(str(exc)) from None
         jobs = self._jobs_to_control(principal, request, "signal" if signum is not None else "cancel")
         if signum is not None:
-            return self._signal_jobs(principal, jobs, signum, named=bool(request.job_ids))
+            return self._signal_jobs(principal, jobs, signum, list(request.job_ids))
         cancelled, instructions = self.state.cancel([j.job_id for j in jobs], self.clock.now())
         self.execute(instructions)
         if cancelled:
@@ -375,15 +380,20 @@ class Engine:
                 raise PermissionDenied(f"job {job.display_id} belongs to {job.user}; only its owner may {verb} it")
         return jobs
 
-    def _signal_jobs(self, principal: Principal, jobs: list[Job], signum: int, *, named: bool) -> pb.CancelJobsResponse:
+    def _signal_jobs(self, principal: Principal, jobs: list[Job], signum: int, refs: list[str]) -> pb.CancelJobsResponse:
+        """Signal the running ones of ``jobs``; report each of ``refs`` (the ids the user named) of which none
+        was running: an array with some tasks running counts as signalled."""
         response = pb.CancelJobsResponse()
         for job in jobs:
             instructions = self.state.signal_running(job.job_id, signum)
             if instructions:
                 self.execute(instructions)
                 response.signalled.append(job.job_id)
-            elif named:
-                response.not_running.append(job.display_id)
+        signalled = set(response.signalled)
+        selected = {job.job_id for job in jobs}
+        for ref, found in zip(refs, self._resolve_each(refs), strict=True):
+            if not any(job.job_id in signalled for job in found if job.job_id in selected):
+                response.not_running.append(ref)
         if response.signalled:
             log.info("%s sent signal %d to %d job(s)", principal.user, signum, len(response.signalled))
         return response

@@ -83,6 +83,17 @@ def test_gcancel_signal_reaches_the_ranks_and_leaves_the_job_to_finish(cluster: 
     bogus = cluster.run("gcancel", "-s", "BOGUS", job_id, check=False)
     assert bogus.returncode != 0 and bogus.stderr.splitlines() == ["gcancel: error: signal: unknown signal 'BOGUS'"]
 
+    # An array counts as signalled when some of its tasks run; a task named on its own must be running.
+    go = cluster.work / "usr1-array-go"
+    array = cluster.submit("--array", "1-2%1", "-G", "1", "--wrap", f"while [ ! -e {go} ]; do sleep 0.05; done")
+    cluster.wait_state(f"{array}_1", {"RUNNING"})
+    assert cluster.run("gcancel", "-s", "CONT", array, check=False).returncode == 0
+    pending_task = cluster.run("gcancel", "-s", "CONT", f"{array}_2", check=False)
+    assert (pending_task.returncode, pending_task.stderr.strip()) == (
+        1, f"gcancel: error: not running, so not signalled: {array}_2")
+    go.touch()
+    assert {j["state"] for j in (cluster.wait_done(f"{array}_1"), cluster.wait_done(f"{array}_2"))} == {"COMPLETED"}
+
 
 def test_time_limit_kills_the_job(cluster: Cluster) -> None:
     job_id = cluster.submit("-G", "1", "-t", "0:02", "--wrap", "sleep 300")
