@@ -46,14 +46,17 @@ def parse_count(text: str, *, minimum: int = 1) -> int:
 
 _BEGIN_RELATIVE = re.compile(r"now\+(\d{1,9})(seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|h|days|day|d|weeks|week|w)?")
 _BEGIN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_BEGIN_FORMATS = "now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS]"
+_BEGIN_FORMATS = "now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS], midnight, noon, teatime, today or tomorrow"
+# sbatch's words for times of day (fika, 15:00, is Slurm's too); the next such time from now.
+_BEGIN_WORDS = {"midnight": "00:00", "noon": "12:00", "fika": "15:00", "teatime": "16:00"}
 
 
 def parse_begin_time(text: str, now: float) -> float:
     """sbatch --begin's common forms, as an epoch time on this machine's clock (local time).
 
     "now+90" (seconds), "now+2hours", "now+1d"; "16:00" or "16:00:30" (today, or tomorrow once that time
-    has passed today); "2026-12-24"; "2026-12-24T08:00[:00]".
+    has passed today), and the same for "midnight", "noon", "fika" (15:00) and "teatime" (16:00);
+    "today" and "tomorrow" (their first second); "2026-12-24"; "2026-12-24T08:00[:00]".
     """
     import time
 
@@ -62,6 +65,10 @@ def parse_begin_time(text: str, now: float) -> float:
     if relative:
         unit = (relative[2] or "s")[0]
         return now + int(relative[1]) * _BEGIN_UNITS[unit]
+    if spec.lower() in ("today", "tomorrow"):
+        day = time.localtime(now)
+        return time.mktime((day.tm_year, day.tm_mon, day.tm_mday + (spec.lower() == "tomorrow"), 0, 0, 0, 0, 0, -1))
+    spec = _BEGIN_WORDS.get(spec.lower(), spec)
     formats = ("%H:%M", "%H:%M:%S") if "-" not in spec else ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S")
     for form in formats:
         try:

@@ -117,7 +117,7 @@ def _gsub_parser() -> argparse.ArgumentParser:
     _option(parser, "--max-restarts", metavar="N", help_text="Times a failed job is restarted (default: 0).")
     _option(parser, "-x", "--exclude", metavar="NODES", help_text="Nodes not to run on, e.g. node3,gpu[01-04].")
     _option(parser, "-b", "--begin", metavar="TIME",
-            help_text="Not before TIME: now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS].")
+            help_text="Not before TIME: now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD[THH:MM[:SS]], noon, tomorrow...")
     _option(parser, "-d", "--dependency", metavar="TYPE:JOB[:JOB...][,...]",
             help_text="Start only after these jobs: after, afterany, afterok or afternotok, e.g. afterok:12,afterany:13.")
     _option(parser, "--signal", metavar="[R:]SIG@SECS",

@@ -49,9 +49,13 @@ def test_begin_times() -> None:
     assert parse_begin_time("NOW+1d", now) == now + 86400
     assert parse_begin_time("19:30", now) == now + 5400  # later today
     assert parse_begin_time("17:00:00", now) == now + 23 * 3600  # passed today: tomorrow
+    assert parse_begin_time("noon", now) == now + 18 * 3600  # 12:00 has passed: tomorrow's
+    assert parse_begin_time("Midnight", now) == now + 6 * 3600
+    assert parse_begin_time("today", now) == now - 18 * 3600  # in the past: the job may start now
+    assert parse_begin_time("tomorrow", now) == now + 6 * 3600
     assert parse_begin_time("2026-12-24", now) == time.mktime((2026, 12, 24, 0, 0, 0, 0, 0, -1))
     assert parse_begin_time("2026-12-24T08:30", now) == time.mktime((2026, 12, 24, 8, 30, 0, 0, 0, -1))
-    for bad in ("tomorrow", "now+", "25:00", "2026-13-01", "now-5"):
+    for bad in ("someday", "now+", "25:00", "2026-13-01", "now-5"):
         with pytest.raises(UsageError, match=re.escape(f"invalid begin time '{bad}': expected now+N")):
             parse_begin_time(bad, now)
 
