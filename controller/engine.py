@@ -23,6 +23,7 @@ from garrison.controller import metrics
 from garrison.controller.clock import Clock
 from garrison.controller.dependency import format_dependency, parse_dependency
 from garrison.controller.domain import Job, JobState, Principal
+from garrison.controller.jobrefs import JobLookup, parse_job_ref
 from garrison.controller.policy import Policy
 from garrison.controller.rpc import convert
 from garrison.controller.sched.cycle import Plan, SchedulerConfig, schedule
@@ -70,20 +71,6 @@ def master_port(job_id: int, attempt: int) -> int:
 
 
 MAX_BEGIN_AHEAD_S = 366 * 86400  # gsub --begin
-MAX_ID = 2**63 - 1  # ids are stored as signed 64-bit integers (SQLite INTEGER, PostgreSQL BIGINT)
-
-
-def parse_job_ref(text: str) -> tuple[int, int | None]:
-    """"12" -> (12, None); "12_3" -> (12, 3). ValueError on anything else."""
-    head, sep, tail = text.strip().partition("_")
-    if not head.isascii() or not head.isdigit() or (sep and not (tail.isascii() and tail.isdigit())) or len(text) > 40:
-        raise ValueError(f"invalid job id {text!r}")
-    job_id, task = int(head), (int(tail) if sep else None)
-    if job_id > MAX_ID or (task is not None and task > MAX_ID):
-        raise ValueError(f"invalid job id {text!r}: too large")
-    return job_id, task
-
-
 class Engine:
     def __init__(self, config: ControllerConfig, state: ClusterState, clock: Clock) -> None:
         self.config = config
@@ -305,25 +292,13 @@ class Engine:
 
     def _resolve_each(self, refs: Sequence[str]) -> list[list[Job]]:
         """The jobs each reference stands for, in order. NotFound for one that stands for none."""
-        # One pass over the jobs however many references there are (gqueue -j and gcancel take lists).
-        members: dict[int, list[Job]] = {}
-        for job in self.state.jobs.values():
-            if job.array_job_id is not None:
-                members.setdefault(job.array_job_id, []).append(job)
+        lookup = JobLookup(self.state.jobs)  # one pass over the jobs however many references there are
         resolved: list[list[Job]] = []
         for text in refs:
             try:
-                job_id, task = parse_job_ref(text)
+                found = lookup.find(*parse_job_ref(text))
             except ValueError as exc:
                 raise ValidationError(str(exc)) from None
-            array = members.get(job_id, [])
-            if task is not None:
-                found = [j for j in array if j.array_task_id == task]
-            else:
-                found = array
-                direct = self.state.jobs.get(job_id)
-                if not found and direct is not None:
-                    found = [direct]
             if not found:
                 raise NotFound(f"no such job {text}")
             resolved.append(found)

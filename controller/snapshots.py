@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from garrison.controller.accounts import Accounting
 from garrison.controller.dependency import dependency_reason, parse_dependency
 from garrison.controller.domain import Job, JobState, Node, NodeState
+from garrison.controller.jobrefs import JobLookup, parse_job_ref
 from garrison.controller.sched.snapshot import (
     EMPTY_ACCOUNTING,
     NodeView,
@@ -29,9 +30,6 @@ from garrison.controller.sched.snapshot import (
 
 if TYPE_CHECKING:
     from garrison.controller.state import ClusterState, LiveAttempt
-
-
-_ACTIVE = frozenset({JobState.CONFIGURING, JobState.RUNNING, JobState.COMPLETING})
 
 
 class SnapshotCache:
@@ -84,28 +82,17 @@ class SnapshotCache:
         and its (user, name) if it is a singleton, so that one cycle starts one of its namesakes."""
         assert self._pending is not None
         reasons: dict[int, tuple[str, tuple[str, str] | None]] = {}
-        members: dict[int, list[Job]] | None = None
+        lookup = JobLookup(state.jobs)
         running_names: set[tuple[str, str]] | None = None
 
         def namesake_running(key: tuple[str, str]) -> bool:
             nonlocal running_names
             if running_names is None:  # built once per cycle, and only when some job is a singleton
-                running_names = {(j.user, j.spec.name) for j in state.jobs.values() if j.state in _ACTIVE}
+                running_names = {(j.user, j.spec.name) for j in state.jobs.values() if j.state.holds_resources}
             return key in running_names
 
         def jobs_for(ref: str) -> list[Job]:
-            nonlocal members
-            if members is None:  # built once per cycle, and only when some job depends on an array
-                members = {}
-                for job in state.jobs.values():
-                    if job.array_job_id is not None:
-                        members.setdefault(job.array_job_id, []).append(job)
-            job_id, _, task = ref.partition("_")
-            array = members.get(int(job_id), [])
-            if task:
-                return [j for j in array if j.array_task_id == int(task)]
-            direct = state.jobs.get(int(job_id))
-            return array or ([direct] if direct is not None else [])
+            return lookup.find(*parse_job_ref(ref))
 
         for job_id in self._dependent:
             view = self._pending.get(job_id)

@@ -16,7 +16,7 @@ import grpc
 
 from garrison.controller.clock import Clock
 from garrison.controller.domain import JobState
-from garrison.controller.engine import MAX_ID, parse_job_ref
+from garrison.controller.jobrefs import MAX_ID, parse_job_ref
 from garrison.controller.rpc import convert_admin
 from garrison.controller.rpc.services import Authenticator, mapped_errors
 from garrison.controller.store.interface import JobQuery, Store

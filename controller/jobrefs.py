@@ -1,0 +1,44 @@
+"""Job references as users write them ("12", "12_3") and the jobs they stand for: one reading for gqueue -j,
+gcancel, gcontrol, gacct and -d dependencies. Pure; the jobs are passed in."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from garrison.controller.domain import Job
+
+MAX_ID = 2**63 - 1  # ids are stored as signed 64-bit integers (SQLite INTEGER, PostgreSQL BIGINT)
+
+
+def parse_job_ref(text: str) -> tuple[int, int | None]:
+    """"12" -> (12, None); "12_3" -> (12, 3). ValueError on anything else."""
+    head, sep, tail = text.strip().partition("_")
+    if not head.isascii() or not head.isdigit() or (sep and not (tail.isascii() and tail.isdigit())) or len(text) > 40:
+        raise ValueError(f"invalid job id {text!r}")
+    job_id, task = int(head), (int(tail) if sep else None)
+    if job_id > MAX_ID or (task is not None and task > MAX_ID):
+        raise ValueError(f"invalid job id {text!r}: too large")
+    return job_id, task
+
+
+class JobLookup:
+    """The jobs a reference stands for: "12" is every task of array 12, or else job 12; "12_3" is task 3 of
+    array 12. The index of array tasks is built on the first question, with one pass over the jobs."""
+
+    def __init__(self, jobs: Mapping[int, Job]) -> None:
+        self._jobs = jobs
+        self._members: dict[int, list[Job]] | None = None
+
+    def find(self, job_id: int, task: int | None) -> list[Job]:
+        if self._members is None:
+            self._members = {}
+            for job in self._jobs.values():
+                if job.array_job_id is not None:
+                    self._members.setdefault(job.array_job_id, []).append(job)
+        array = self._members.get(job_id, [])
+        if task is not None:
+            return [job for job in array if job.array_task_id == task]
+        if array:
+            return list(array)
+        direct = self._jobs.get(job_id)
+        return [direct] if direct is not None else []
