@@ -250,7 +250,10 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
             issued = spb_grpc.SecurityStub(channel).IssueToken(
                 spb.IssueTokenRequest(user="nobody", lifetime_s=3600), metadata=admin
             )
-            yield Fuzzed(controller, channel, admin, (("x-garrison-token", issued.token),))
+            fuzz = Fuzzed(controller, channel, admin, (("x-garrison-token", issued.token),))
+            yield fuzz
+            # After every test of this module that used this controller (on this worker, under xdist):
+            check_aftermath(fuzz)
 
 
 def identities(fuzz: Fuzzed) -> st.SearchStrategy[tuple[str, tuple[tuple[str, str], ...]]]:
@@ -400,15 +403,17 @@ def test_agent_stream_answers_hostile_input_clearly(fuzzed: Fuzzed, first: bytes
 # ------------------------------------------------------------------------------------- afterwards
 
 
-def test_zz_controller_survived_and_stored_nothing_invalid(fuzzed: Fuzzed) -> None:
-    """Runs last in this module (pytest keeps file order): the aftermath of everything above."""
+def check_aftermath(fuzzed: Fuzzed) -> None:
+    """The controller survived everything sent to it, and stored nothing invalid. Run by the fixture's
+    teardown, so it follows the fuzz tests on whichever worker ran them (a failure is a teardown error)."""
     controller = fuzzed.controller
     assert controller.process.poll() is None, "the controller died"
     hello = pb_grpc.ControllerStub(fuzzed.channel).Hello(pb.HelloRequest(), timeout=5)
     assert hello.version
     log = controller.log_text()
     assert "internal error" not in log and "Traceback" not in log, log[-3000:]
-    assert fuzzed.calls >= 2500
+    if fuzzed.calls:  # the hypothesis test ran against this controller: all of its examples did
+        assert fuzzed.calls >= 2500, fuzzed.calls
 
     assert controller.stop() == 0
     config = load_config(controller.config).controller
