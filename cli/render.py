@@ -53,20 +53,20 @@ def job_row(job: Any) -> tuple[str, ...]:
     )
 
 
-def plain_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def plain_table(headers: Sequence[str], rows: Sequence[Sequence[str]], header: bool = True) -> str:
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()] if header else []
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return "\n".join(lines)
 
 
-def rich_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Any:
+def rich_table(headers: Sequence[str], rows: Sequence[Sequence[str]], show_header: bool = True) -> Any:
     from rich.table import Table
 
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    table = Table(box=None, header_style="bold", pad_edge=False, show_header=show_header)
     for header in headers:
         table.add_column(header)
     for row in rows:

@@ -70,6 +70,24 @@ def master_port(job_id: int, attempt: int) -> int:
     return 20000 + (job_id * 7919 + attempt * 104729) % 20000
 
 
+def _matches(
+    job: Job,
+    users: set[str],
+    states: set[str],
+    names: Sequence[str],
+    partitions: Sequence[str],
+    accounts: Sequence[str],
+) -> bool:
+    """squeue's and scancel's filters: each one given must hold (an empty one holds for every job)."""
+    return (
+        (not users or job.user in users)
+        and (not states or job.state.value in states)
+        and (not names or job.spec.name in names)
+        and (not partitions or job.partition in partitions)
+        and (not accounts or job.account in accounts)
+    )
+
+
 MAX_BEGIN_AHEAD_S = 366 * 86400  # gsub --begin
 class Engine:
     def __init__(self, config: ControllerConfig, state: ClusterState, clock: Clock) -> None:
@@ -337,16 +355,15 @@ class Engine:
         unknown = states - {s.value for s in JobState}
         if unknown:
             raise ValidationError(f"unknown job state {sorted(unknown)[0]!r}")
+        filtered = bool(request.user or states or request.names or request.partitions or request.accounts)
         if request.job_ids:
             jobs = self._resolve_refs(request.job_ids)
-        elif request.user or states:
+        elif filtered:
             jobs = list(self.state.jobs.values())
         else:
-            raise ValidationError(f"nothing to {verb}: give job ids, a user or states")
-        if request.user:
-            jobs = [j for j in jobs if j.user == request.user]
-        if states:
-            jobs = [j for j in jobs if j.state.value in states]
+            raise ValidationError(f"nothing to {verb}: give job ids, a user, states, names, partitions or accounts")
+        users = {request.user} if request.user else set()
+        jobs = [j for j in jobs if _matches(j, users, states, request.names, request.partitions, request.accounts)]
         if not request.job_ids:
             # Filters alone select only the caller's jobs unless an admin asks.
             jobs = [j for j in jobs if self.may_manage(principal, j)]
@@ -381,9 +398,7 @@ class Engine:
         jobs: Iterable[Job]
         jobs = self._resolve_refs(request.job_ids) if request.job_ids else self.state.jobs.values()
         users = set(request.users)
-        selected = [
-            j for j in jobs if (not users or j.user in users) and (not states or j.state.value in states)
-        ]
+        selected = [j for j in jobs if _matches(j, users, states, request.names, request.partitions, request.accounts)]
         return sorted(selected, key=lambda j: j.job_id)
 
     def get_job(self, ref: str) -> Job:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from garrison.controller.domain import JobSpec, NodeInventory
 from garrison.controller.validate import ValidationError
+
+if TYPE_CHECKING:
+    from garrison.protos.v1 import garrison_pb2 as pb
 
 MAX_ARGS = 10_000
 MAX_ENV_VARS = 10_000
@@ -84,6 +88,16 @@ def check_list(values: Sequence[str], what: str, max_chars: int = MAX_USER_CHARS
     for value in values:
         if len(value) > max_chars or not _printable(value):
             raise ValidationError(f"invalid {what[:-1] if what.endswith('s') else what} {shown(value)}")
+
+
+MAX_JOB_NAME_CHARS = 128  # validate.py's JOB_NAME
+
+
+def check_filters(request: pb.ListJobsRequest | pb.CancelJobsRequest) -> None:
+    """The name, partition and account filters of a ListJobs or CancelJobs request."""
+    check_list(request.names, "names", MAX_JOB_NAME_CHARS)
+    check_list(request.partitions, "partitions", MAX_NAME_CHARS)
+    check_list(request.accounts, "accounts", MAX_NAME_CHARS)
 
 
 def validate_registration(node_name: str, inventory: NodeInventory, address: str) -> None:

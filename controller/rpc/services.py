@@ -13,7 +13,13 @@ import grpc
 from garrison.auth import AuthError, verify_credential
 from garrison.controller.domain import Principal
 from garrison.controller.engine import AgentSession, Engine, NotFound, PermissionDenied
-from garrison.controller.limits import MAX_JOB_REF_CHARS, MAX_STATE_CHARS, check_list, validate_registration
+from garrison.controller.limits import (
+    MAX_JOB_REF_CHARS,
+    MAX_STATE_CHARS,
+    check_filters,
+    check_list,
+    validate_registration,
+)
 from garrison.controller.ratelimit import AuthFailureLimiter, RateLimited, RateLimiter, peer_host
 from garrison.controller.rpc import convert
 from garrison.controller.validate import ValidationError
@@ -184,6 +190,7 @@ class ControllerService(pb_grpc.ControllerServicer):
         check_list(request.states, "states", MAX_STATE_CHARS)
         check_list([request.user], "users")
         check_list([request.signal], "signal", MAX_STATE_CHARS)
+        check_filters(request)
         return self.engine.cancel(principal, request)
 
     @mapped_errors
@@ -192,6 +199,7 @@ class ControllerService(pb_grpc.ControllerServicer):
         check_list(request.job_ids, "job ids", MAX_JOB_REF_CHARS)
         check_list(request.states, "states", MAX_STATE_CHARS)
         check_list(request.users, "users")
+        check_filters(request)
         now = self.engine.clock.now()
         return pb.ListJobsResponse(jobs=[convert.job_to_pb(j, now) for j in self.engine.list_jobs(request)])
 

@@ -454,6 +454,9 @@ class CancelJobsRequest(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     STATES_FIELD_NUMBER: _builtins.int
     SIGNAL_FIELD_NUMBER: _builtins.int
+    NAMES_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    ACCOUNTS_FIELD_NUMBER: _builtins.int
     user: _builtins.str
     """cancel every job of this user"""
     signal: _builtins.str
@@ -468,6 +471,16 @@ class CancelJobsRequest(_message.Message):
     def states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """restrict to these states"""
 
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """scancel --name, --partition, --account: only jobs with one of these names, in one of these partitions,
+        charged to one of these accounts (each an empty list: no restriction).
+        """
+
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def accounts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -475,10 +488,13 @@ class CancelJobsRequest(_message.Message):
         user: _builtins.str = ...,
         states: _abc.Iterable[_builtins.str] | None = ...,
         signal: _builtins.str = ...,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+        partitions: _abc.Iterable[_builtins.str] | None = ...,
+        accounts: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids", "signal", b"signal", "states", b"states", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accounts", b"accounts", "job_ids", b"job_ids", "names", b"names", "partitions", b"partitions", "signal", b"signal", "states", b"states", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -523,22 +539,40 @@ class ListJobsRequest(_message.Message):
     USERS_FIELD_NUMBER: _builtins.int
     STATES_FIELD_NUMBER: _builtins.int
     JOB_IDS_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    ACCOUNTS_FIELD_NUMBER: _builtins.int
+    NAMES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def users(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """squeue -p: only jobs in these partitions"""
+
+    @_builtins.property
+    def accounts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """squeue -A: only jobs charged to these accounts"""
+
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """squeue -n: only jobs with these names"""
+
     def __init__(
         self,
         *,
         users: _abc.Iterable[_builtins.str] | None = ...,
         states: _abc.Iterable[_builtins.str] | None = ...,
         job_ids: _abc.Iterable[_builtins.str] | None = ...,
+        partitions: _abc.Iterable[_builtins.str] | None = ...,
+        accounts: _abc.Iterable[_builtins.str] | None = ...,
+        names: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids", "states", b"states", "users", b"users"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accounts", b"accounts", "job_ids", b"job_ids", "names", b"names", "partitions", b"partitions", "states", b"states", "users", b"users"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -199,6 +199,24 @@ def test_gqueue_filters_and_formats(cluster: Cluster) -> None:
     assert job_id not in listed["default"] and all(job_id in listed[name] for name in ("all", "by id", "cancelled"))
 
 
+def test_gqueue_and_gcancel_select_by_name_partition_and_account(cluster: Cluster) -> None:
+    held = [cluster.submit("-H", "-J", name, "-G", "1", "--wrap", "true") for name in ("sel-a", "sel-b", "sel-a")]
+    # squeue -h -n NAME -o %i, the way scripts collect ids: no header line, only the matching jobs.
+    lines = cluster.run("gqueue", "-h", "-n", "sel-a").stdout.splitlines()
+    assert [line.split()[0] for line in lines] == [held[0], held[2]]
+    assert cluster.run("gqueue", "-h", "-n", "sel-a", "-p", "nosuch").stdout == ""
+    by_account = json.loads(cluster.run("gqueue", "--json", "-A", "default", "-n", "sel-b").stdout)["jobs"]
+    assert [j["job_id"] for j in by_account] == [held[1]]
+    start_view = cluster.run("gqueue", "--start", "-h", "-n", "sel-b").stdout.splitlines()
+    assert [line.split()[0] for line in start_view] == [held[1]]
+    # scancel --me -n NAME: only those jobs go.
+    cluster.run("gcancel", "--me", "-n", "sel-a")
+    for job_id in (held[0], held[2]):
+        cluster.wait_done(job_id)
+    assert cluster.run("gqueue", "-h", "-j", held[1]).stdout.split()[4] == "PENDING"
+    cluster.run("gcancel", held[1])
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

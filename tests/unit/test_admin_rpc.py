@@ -178,6 +178,39 @@ def test_list_jobs_by_reference_mixes_arrays_tasks_and_plain_jobs(call: Caller) 
     assert missing == f"no such job {array}_9"
 
 
+def test_list_and_cancel_select_by_name_partition_and_account(call: Caller) -> None:
+    def submit_as(who: Principal, name: str, account: str = "") -> int:
+        spec = pb.JobSpec(name=name, command=["true"], workdir="/", account=account)
+        return int(call(who, "SubmitJob", pb.SubmitJobRequest(spec=spec), service="client").job_id)
+
+    alpha_a = submit_as(MALLORY, "filter-alpha", "teamA")
+    beta_b = submit_as(MALLORY, "filter-beta", "teamB")
+    alpha_eve = submit_as(EVE, "filter-alpha")
+    mine = {alpha_a, beta_b, alpha_eve}
+
+    def listed(**filters: list[str]) -> set[int]:
+        jobs = call(CAROL, "ListJobs", pb.ListJobsRequest(**filters), service="client").jobs
+        return {job.job_id for job in jobs} & mine
+
+    assert listed(names=["filter-alpha"]) == {alpha_a, alpha_eve}
+    assert listed(accounts=["teamB"]) == {beta_b}
+    assert listed(names=["filter-alpha"], accounts=["teamA"]) == {alpha_a}  # every filter given must hold
+    assert listed(partitions=["main"]) == mine and listed(partitions=["nosuch"]) == set()
+    too_long = call.refused(CAROL, "ListJobs", pb.ListJobsRequest(names=["x" * 200]),
+                            code=grpc.StatusCode.INVALID_ARGUMENT, service="client")
+    assert too_long.startswith("invalid name 'xxx") and "\n" not in too_long
+
+    # scancel --name: filters alone select only the caller's own jobs (eve's alpha stays pending).
+    cancelled = call(MALLORY, "CancelJobs", pb.CancelJobsRequest(names=["filter-alpha"]), service="client").cancelled
+    assert list(cancelled) == [alpha_a]
+    assert listed(states=["PENDING"]) == {beta_b, alpha_eve}
+    by_account = call(MALLORY, "CancelJobs", pb.CancelJobsRequest(
+        accounts=["teamB"], partitions=["main"], names=["filter-beta", "filter-alpha"]), service="client")
+    assert list(by_account.cancelled) == [beta_b]
+    assert call(CAROL, "CancelJobs", pb.CancelJobsRequest(names=["filter-alpha"], states=["PENDING"]),
+                service="client").cancelled == [alpha_eve]  # an admin's filters reach every user's jobs
+
+
 def test_accounting_and_holds_survive_a_restart(controller: ControllerProcess, tmp_path: Path) -> None:
     with controller.client_channel() as channel:
         call = Caller(controller, channel)
@@ -195,4 +228,5 @@ def test_accounting_and_holds_survive_a_restart(controller: ControllerProcess, t
         wait_for("the hold to show after the restart", lambda: reason(call, job) == "Held")
         release = adminpb.JobControlRequest(action="release", job_ids=[str(job)])
         assert "held by an admin" in call.refused(MALLORY, "ControlJobs", release)
+
 
