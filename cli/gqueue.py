@@ -36,6 +36,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--name", dest="names", action="append", default=[], metavar="NAMES",
                    help="Only jobs with these names (comma list).")
     p.add_argument("-h", "--noheader", action="store_true", help="Print the table without its header line.")
+    p.add_argument("-o", "--format", dest="format", default=None, metavar="FORMAT",
+                   help='Lay out each job as squeue -o does, e.g. "%%.10i %%.9P %%.20j %%.2t %%.10M %%R".')
     p.add_argument("--json", dest="as_json", action="store_true", help='Print {"jobs": [...]} as JSON.')
     p.add_argument("--start", dest="show_start", action="store_true",
                    help="Pending jobs with their queue position and estimated start (from the last cycle).")
@@ -70,6 +72,17 @@ def gqueue(argv: list[str]) -> None:
         fail("gqueue", CliError(f"{exc} (see gqueue --help)", EXIT_USAGE))
     wanted_users = _split(args.users) + ([getpass.getuser()] if args.me else [])
     filters = JobFilters(_split(args.names), _split(args.partitions), _split(args.accounts))
+    layout = None
+    if args.format is not None:
+        if args.show_start or args.show_priority or args.as_json:
+            fail("gqueue", CliError("-o/--format lays out the plain queue; it does not go with --start, --priority "
+                                    "or --json", EXIT_USAGE))
+        from garrison.cli.queue_format import QueueFormat
+
+        try:
+            layout = QueueFormat(args.format)
+        except UsageError as exc:
+            fail("gqueue", CliError(str(exc), EXIT_USAGE))
     if args.show_start or args.show_priority:
         _pending_view(wanted_users, _split(args.jobs), filters, args.as_json, args.show_priority, args.noheader)
         return
@@ -84,6 +97,11 @@ def gqueue(argv: list[str]) -> None:
         fail("gqueue", exc)
     if args.as_json:
         print(jobs_json(response.jobs))
+        return
+    if layout is not None:
+        text = layout.render(list(response.jobs), header=not args.noheader)
+        if text:
+            print(text)
         return
     _print_table(JOB_COLUMNS, [job_row(j) for j in response.jobs], args.noheader)
 

@@ -207,6 +207,10 @@ def test_gqueue_and_gcancel_select_by_name_partition_and_account(cluster: Cluste
     assert cluster.run("gqueue", "-h", "-n", "sel-a", "-p", "nosuch").stdout == ""
     by_account = json.loads(cluster.run("gqueue", "--json", "-A", "default", "-n", "sel-b").stdout)["jobs"]
     assert [j["job_id"] for j in by_account] == [held[1]]
+    assert cluster.run("gqueue", "-h", "-o", "%i %.2t", "-n", "sel-a").stdout.splitlines() == [
+        f"{held[0]} PD", f"{held[2]} PD"]
+    bad = cluster.run("gqueue", "-o", "%Z", check=False)
+    assert bad.returncode == 2 and "unknown field %Z" in bad.stderr and bad.stderr.count("\n") == 1
     start_view = cluster.run("gqueue", "--start", "-h", "-n", "sel-b").stdout.splitlines()
     assert [line.split()[0] for line in start_view] == [held[1]]
     # scancel --me -n NAME: only those jobs go.
