@@ -8,6 +8,8 @@ and exiting, so the command decides how to report it; and its help formatter doe
 
 An option that takes a value takes the next word, whatever it looks like, as click and sbatch do
 (``--wrap -x``, ``-J -dash-``); argparse alone would read a value that begins with ``-`` as an option.
+An option listed in ``bare_values`` takes its value only attached (``--nice=50``); alone it stands for
+its listed value, as sbatch's ``--nice`` alone means 100.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def _formatter(prog: str) -> argparse.HelpFormatter:
 class Parser(argparse.ArgumentParser):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(formatter_class=_formatter, allow_abbrev=False, **kwargs)  # type: ignore[arg-type]
+        # Options whose value is optional and must be attached (sbatch's --nice[=N]): alone, they mean this.
+        self.bare_values: dict[str, str] = {}
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
@@ -59,7 +63,10 @@ class Parser(argparse.ArgumentParser):
             word = words[index]
             if word == "--" or not word.startswith("-") or word == "-":
                 return joined + words[index:]
-            if word in takes_value and index + 1 < len(words):
+            if word in self.bare_values:
+                joined.append(f"{word}={self.bare_values[word]}")
+                index += 1
+            elif word in takes_value and index + 1 < len(words):
                 joined.append(f"{word}={words[index + 1]}")
                 index += 2
             else:

@@ -44,6 +44,20 @@ def parse_count(text: str, *, minimum: int = 1) -> int:
     return value
 
 
+MAX_NICE = 2_147_483_645  # sbatch's range (the controller checks it again)
+
+
+def parse_nice(text: str) -> int:
+    """--nice=N: a whole number, negative allowed (admins only; the controller decides)."""
+    digits = text[1:] if text[:1] in "+-" else text
+    if not _DIGITS.fullmatch(digits):
+        raise UsageError(f"must be a whole number, got {text!r}")
+    value = int(text)
+    if abs(value) > MAX_NICE:
+        raise UsageError(f"must be between -{MAX_NICE} and {MAX_NICE}, got {text!r}")
+    return value
+
+
 _BEGIN_RELATIVE = re.compile(r"now\+(\d{1,9})(seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|h|days|day|d|weeks|week|w)?")
 _BEGIN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _BEGIN_FORMATS = "now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS], midnight, noon, teatime, today or tomorrow"

@@ -10,7 +10,7 @@ from typing import Any
 
 START_COLUMNS = ("JOBID", "PARTITION", "NAME", "USER", "ACCOUNT", "POS", "START_TIME", "NODES(REASON)")
 PRIORITY_COLUMNS = ("JOBID", "USER", "ACCOUNT", "PRIORITY", "AGE", "FAIRSHARE", "QOS", "JOBSIZE", "PARTITION",
-                    "TIMELIMIT", "ADMIN")
+                    "TIMELIMIT", "ADMIN", "NICE")
 
 
 def _when(epoch: float, now: float) -> str:
@@ -38,14 +38,14 @@ def priority_rows(response: Any) -> list[tuple[str, ...]]:
     for detail in response.jobs:
         job, f = detail.job, detail.factors
         if not detail.HasField("factors"):
-            rows.append((job.display_id, job.user, job.account, "-", "-", "-", "-", "-", "-", "-", "-"))
+            rows.append((job.display_id, job.user, job.account, "-", "-", "-", "-", "-", "-", "-", "-", "-"))
             continue
         rows.append((
             job.display_id, job.user, job.account,
             str(detail.priority) if detail.HasField("priority") else "-",
             str(round(w.age * f.age)), str(round(w.fair_share * f.fair_share)), str(round(w.qos * f.qos)),
             str(round(w.job_size * f.job_size)), str(round(w.partition * f.partition)),
-            str(round(w.time_limit * f.time_limit)), str(f.admin),
+            str(round(w.time_limit * f.time_limit)), str(f.admin), str(f.nice),
         ))
     return rows
 
@@ -64,7 +64,8 @@ def details_json(response: Any) -> str:
             "estimated_start": detail.estimated_start if detail.HasField("estimated_start") else None,
             "priority": detail.priority if detail.HasField("priority") else None,
             "factors": {"age": f.age, "fair_share": f.fair_share, "qos": f.qos, "job_size": f.job_size,
-                        "partition": f.partition, "time_limit": f.time_limit, "admin": f.admin}
+                        "partition": f.partition, "time_limit": f.time_limit, "admin": f.admin,
+                        "nice": f.nice}
             if detail.HasField("factors") else None,
         })
     w = response.weights

@@ -137,7 +137,7 @@ def job_detail(job: Any) -> str:
         f"MemPerNode={_mb(spec.mem_mb)}",
         f"   Launch={spec.launch or 'rank'} WorkDir={spec.workdir} Dependency={spec.dependency or '(null)'}",
         f"   ExcNodeList={','.join(spec.exclude) or '(null)'} "
-        f"BeginTime={_ts(spec.begin_time) if spec.HasField('begin_time') else '(null)'}",
+        f"BeginTime={_ts(spec.begin_time) if spec.HasField('begin_time') else '(null)'} Nice={spec.nice}",
         f"   Command={' '.join(spec.command) if spec.command else '(script)'}",
         f"   StdOut={spec.output or '(default)'} StdErr={spec.error or '(stdout)'}",
     ]

@@ -30,6 +30,7 @@ from .parsing import (
     parse_export,
     parse_gpu_request,
     parse_memory_mb,
+    parse_nice,
     parse_time_limit,
     read_directive_lines,
 )
@@ -116,6 +117,10 @@ def _gsub_parser() -> argparse.ArgumentParser:
                         help="The job is not requeued after a node failure.")
     _option(parser, "--max-restarts", metavar="N", help_text="Times a failed job is restarted (default: 0).")
     _option(parser, "-x", "--exclude", metavar="NODES", help_text="Nodes not to run on, e.g. node3,gpu[01-04].")
+    _option(parser, "--nice", metavar="[=N]",
+            help_text="Lower the job's priority by N (100 if alone; only admins may give a negative N). "
+                      "The value must be attached: --nice=500.")
+    parser.bare_values["--nice"] = "100"
     _option(parser, "-b", "--begin", metavar="TIME",
             help_text="Not before TIME: now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD[THH:MM[:SS]], noon, tomorrow...")
     _option(parser, "-d", "--dependency", metavar="TYPE:JOB[:JOB...][,...]",
@@ -335,6 +340,7 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
         dependency=chosen.nonempty_text("dependency"),
         exclude=tuple(converted("exclude", expand_hostlist) or ()),
         begin_time=converted("begin", lambda text: parse_begin_time(text, time.time())),
+        nice=converted("nice", parse_nice) or 0,
         umask=_current_umask(),
         array_max_running=array.max_running if array is not None else None,
     )

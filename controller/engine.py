@@ -261,6 +261,8 @@ class Engine:
         resolved = validate_submission(
             spec, principal, self.config, self.state.nodes, indices, self.policy.accounting
         )
+        if spec.nice < 0 and not self.is_admin(principal):
+            raise PermissionDenied("only admins may give a negative --nice (it raises the job's priority)")
         if resolved.spec.dependency is not None:
             resolved = replace(resolved, spec=replace(resolved.spec, dependency=self._known_dependency(resolved.spec.dependency)))
         now = self.clock.now()

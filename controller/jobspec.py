@@ -48,6 +48,7 @@ class JobSpec:
     dependency: str | None = None  # -d afterok:12,afterany:13_2, validated by controller/dependency.py
     exclude: tuple[str, ...] = ()  # -x: nodes the job must not run on
     begin_time: float | None = None  # --begin: epoch seconds before which the job does not start
+    nice: int = 0  # --nice: subtracted from the job's priority (negative only for admins)
     umask: int | None = None  # the submitter's umask, applied to the ranks
     array_max_running: int | None = None  # %N of --array: tasks of this array running at once
 

@@ -19,6 +19,7 @@ MAX_ARGS_BYTES = 256 << 10
 MAX_GPUS = 1 << 16
 MAX_NODES = 1 << 14
 MAX_PATTERN_LEN = 4096
+MAX_NICE = 2_147_483_645  # sbatch's range
 JOB_NAME = re.compile(r"^[A-Za-z0-9._+@:=,-][A-Za-z0-9._+@:=, -]{0,127}$")
 
 
@@ -76,6 +77,8 @@ def validate_submission(
     from garrison.controller.limits import check_spec_limits, shown
 
     check_spec_limits(spec)
+    if abs(spec.nice) > MAX_NICE:
+        raise ValidationError(f"--nice must be between -{MAX_NICE} and {MAX_NICE}")
     if spec.script is None and not spec.command:
         raise ValidationError("nothing to run: give a script or a command")
     if spec.script is not None and len(spec.script.encode()) > MAX_SCRIPT_BYTES:

@@ -103,6 +103,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         dependency=msg.dependency or None,
         exclude=tuple(msg.exclude),
         begin_time=msg.begin_time if msg.HasField("begin_time") else None,
+        nice=msg.nice,
         umask=msg.umask if msg.HasField("umask") else None,
         gpu_mem_mb=msg.gpu_mem_mb,
     )

@@ -247,7 +247,8 @@ def pending_detail_to_pb(line: PendingLine, now: float) -> adminpb.PendingDetail
     if factors is not None:
         msg.factors.CopyFrom(adminpb.PriorityFactors(age=factors.age, fair_share=factors.fair_share, qos=factors.qos,
                                                  job_size=factors.job_size, partition=factors.partition,
-                                                 admin=factors.admin, time_limit=factors.time_limit))
+                                                 admin=factors.admin, time_limit=factors.time_limit,
+                                                 nice=factors.nice))
     return msg
 
 

@@ -35,6 +35,7 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "dependency": spec.dependency or "",
         "exclude": list(spec.exclude),
         "gpu_mem_mb": spec.gpu_mem_mb,
+        "nice": spec.nice,
     }
     optional = {
         "script": spec.script,

@@ -2,6 +2,7 @@
 
     priority = w_age * age + w_fairshare * fairshare + w_qos * qos + w_size * size + w_partition * partition
                + w_time_limit * time_limit + the admin's adjustment (gcontrol update JOB --priority)
+               - the owner's nice value (gsub --nice)
 
 - age: time pending over ``max_age_s``, capped at 1;
 - fairshare: fairshare.py's classic factor for the job's (account, user);
@@ -74,6 +75,7 @@ class PriorityFactors:
     admin: int
     total: int
     time_limit: float = 0.0
+    nice: int = 0
 
 
 class PriorityOrder:
@@ -119,7 +121,8 @@ class PriorityContext:
         short = time_limit_factor(self._limit(job), w.short_limit_s, w.long_limit_s)
         total = round(w.age * age + w.fair_share * fair + w.qos * qos + w.job_size * size + w.partition * part
                       + w.time_limit * short)
-        return PriorityFactors(age, fair, qos, size, part, job.priority, total + job.priority, short)
+        nice = job.spec.nice
+        return PriorityFactors(age, fair, qos, size, part, job.priority, total + job.priority - nice, short, nice)
 
     def _limit(self, job: PendingJob) -> float:
         if job.time_limit_s is not None:
@@ -155,5 +158,5 @@ class PriorityContext:
             )
             if w.time_limit:
                 value += w.time_limit * time_limit_factor(self._limit(job), short_s, long_s)
-            out[job.job_id] = round(value) + job.priority
+            out[job.job_id] = round(value) + job.priority - spec.nice
         return out

@@ -872,6 +872,7 @@ class PriorityFactors(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     ADMIN_FIELD_NUMBER: _builtins.int
     TIME_LIMIT_FIELD_NUMBER: _builtins.int
+    NICE_FIELD_NUMBER: _builtins.int
     age: _builtins.float
     """each factor in [0, 1]"""
     fair_share: _builtins.float
@@ -882,6 +883,8 @@ class PriorityFactors(_message.Message):
     """an admin's adjustment, added as is"""
     time_limit: _builtins.float
     """1: a time limit at or below the short bound, 0: at or above the long bound"""
+    nice: _builtins.int
+    """the owner's --nice, subtracted as is"""
     def __init__(
         self,
         *,
@@ -892,10 +895,11 @@ class PriorityFactors(_message.Message):
         partition: _builtins.float = ...,
         admin: _builtins.int = ...,
         time_limit: _builtins.float = ...,
+        nice: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "age", b"age", "fair_share", b"fair_share", "job_size", b"job_size", "partition", b"partition", "qos", b"qos", "time_limit", b"time_limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "age", b"age", "fair_share", b"fair_share", "job_size", b"job_size", "nice", b"nice", "partition", b"partition", "qos", b"qos", "time_limit", b"time_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -203,6 +203,7 @@ class JobSpec(_message.Message):
     DEPENDENCY_FIELD_NUMBER: _builtins.int
     EXCLUDE_FIELD_NUMBER: _builtins.int
     BEGIN_TIME_FIELD_NUMBER: _builtins.int
+    NICE_FIELD_NUMBER: _builtins.int
     GPU_MEM_MB_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     script: _builtins.str
@@ -232,6 +233,8 @@ class JobSpec(_message.Message):
     """-d TYPE:JOB[:JOB...][,...]: after, afterany, afterok, afternotok"""
     begin_time: _builtins.float
     """--begin: epoch seconds before which the job does not start"""
+    nice: _builtins.int
+    """--nice: subtracted from the job's priority; negative only for admins"""
     gpu_mem_mb: _builtins.int
     """--gpu-mem: the least memory (MiB) each allocated GPU must have"""
     @_builtins.property
@@ -271,11 +274,12 @@ class JobSpec(_message.Message):
         dependency: _builtins.str = ...,
         exclude: _abc.Iterable[_builtins.str] | None = ...,
         begin_time: _builtins.float | None = ...,
+        nice: _builtins.int = ...,
         gpu_mem_mb: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "begin_time", b"begin_time", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "script", b"script", "time_limit_s", b"time_limit_s", "umask", b"umask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "begin_time", b"begin_time", "command", b"command", "cpus_per_gpu", b"cpus_per_gpu", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "no_requeue", b"no_requeue", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "begin_time", b"begin_time", "command", b"command", "cpus_per_gpu", b"cpus_per_gpu", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "nice", b"nice", "no_requeue", b"no_requeue", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__begin_time: _TypeAlias = _typing.Literal["begin_time"]  # noqa: Y015
     _WhichOneofArgType__begin_time: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time"]  # noqa: Y015

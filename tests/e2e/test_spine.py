@@ -199,6 +199,17 @@ def test_gqueue_filters_and_formats(cluster: Cluster) -> None:
     assert job_id not in listed["default"] and all(job_id in listed[name] for name in ("all", "by id", "cancelled"))
 
 
+def test_nice_lowers_a_jobs_priority(cluster: Cluster) -> None:
+    job_id = cluster.submit("-H", "--nice", "-G", "1", "--wrap", "true")  # --nice alone: 100
+    assert "Nice=100" in cluster.run("gjob", job_id).stdout
+    negative = cluster.run("gsub", "--nice=-5", "--wrap", "true", check=False)
+    if os.getuid() == 0:  # root is an admin, and may raise priorities (test_admin_rpc covers other users)
+        assert negative.returncode == 0, negative.stderr
+    else:
+        assert negative.returncode != 0 and "only admins may give a negative --nice" in negative.stderr
+    cluster.run("gcancel", job_id)
+
+
 def test_gqueue_and_gcancel_select_by_name_partition_and_account(cluster: Cluster) -> None:
     held = [cluster.submit("-H", "-J", name, "-G", "1", "--wrap", "true") for name in ("sel-a", "sel-b", "sel-a")]
     # squeue -h -n NAME -o %i, the way scripts collect ids: no header line, only the matching jobs.

@@ -211,6 +211,28 @@ def test_list_and_cancel_select_by_name_partition_and_account(call: Caller) -> N
                 service="client").cancelled == [alpha_eve]  # an admin's filters reach every user's jobs
 
 
+def test_only_admins_may_raise_a_priority_with_a_negative_nice(call: Caller) -> None:
+    def submit_nice(who: Principal, nice: int) -> int:
+        spec = pb.JobSpec(name="nice", command=["true"], workdir="/", nice=nice)
+        return int(call(who, "SubmitJob", pb.SubmitJobRequest(spec=spec), service="client").job_id)
+
+    refused = call.refused(MALLORY, "SubmitJob", pb.SubmitJobRequest(spec=pb.JobSpec(
+        name="nice", command=["true"], workdir="/", nice=-10)), service="client")
+    assert refused == "only admins may give a negative --nice (it raises the job's priority)"
+    out_of_range = call.refused(CAROL, "SubmitJob", pb.SubmitJobRequest(spec=pb.JobSpec(
+        name="nice", command=["true"], workdir="/", nice=-2_147_483_647)), code=grpc.StatusCode.INVALID_ARGUMENT,
+        service="client")
+    assert "--nice must be between" in out_of_range
+    lowered, raised = submit_nice(MALLORY, 300), submit_nice(CAROL, -300)
+
+    def factors() -> dict[int, int]:
+        details = call(CAROL, "QueueDetails", adminpb.QueueDetailsRequest(job_ids=[str(lowered), str(raised)])).jobs
+        return {d.job.job_id: d.factors.nice for d in details if d.HasField("factors")}
+
+    assert wait_for("a cycle to price both jobs", lambda: len(factors()) == 2 and factors()) == {
+        lowered: 300, raised: -300}
+
+
 def test_accounting_and_holds_survive_a_restart(controller: ControllerProcess, tmp_path: Path) -> None:
     with controller.client_channel() as channel:
         call = Caller(controller, channel)

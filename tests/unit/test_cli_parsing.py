@@ -381,6 +381,22 @@ def test_script_submission_defaults(workdir: Path) -> None:
     assert submission.qos is None
 
 
+def test_nice_alone_means_100_and_takes_only_an_attached_value(workdir: Path) -> None:
+    def nice(*argv: str) -> int:
+        return parse_submission([*argv, "--wrap", "x"], {}, str(workdir)).spec.nice
+
+    assert nice() == 0 and nice("--nice") == 100 and nice("--nice=5") == 5 and nice("--nice=-20") == -20
+    (workdir / "job.sh").write_text("#!/bin/sh\n#GSUB --nice\ntrue\n")
+    assert parse_submission(["job.sh"], {}, str(workdir)).spec.nice == 100
+    assert parse_submission(["--nice=7", "job.sh"], {}, str(workdir)).spec.nice == 7  # the command line wins
+    # As sbatch: a separate word after --nice is not its value but the script.
+    with pytest.raises(UsageError, match="script not found: 50"):
+        parse_submission(["--nice", "50"], {}, str(workdir))
+    for bad in ("--nice=abc", "--nice=", "--nice=99999999999"):
+        with pytest.raises(UsageError, match="--nice"):
+            nice(bad)
+
+
 def test_wrap_submission(workdir: Path) -> None:
     submission = parse_submission(["--wrap", "nvidia-smi -L && hostname"], {"A": "1"}, str(workdir))
     assert submission.spec.name == "wrap"

@@ -56,7 +56,7 @@ def test_queue_views_show_positions_estimates_and_weighted_factors() -> None:
     job = Job(job_id=7, spec=JobSpec(name="train", command=("x",), gpus=8), user="ann", uid=1, gid=1,
               account="team", partition="main", time_limit_s=60, submit_time=0.0, reason="Resources")
     factors = PriorityFactors(age=0.5, fair_share=0.25, qos=1.0, job_size=0.1, partition=0.0, admin=3, total=0,
-                              time_limit=0.25)
+                              time_limit=0.25, nice=-7)
     detail = convert_admin.pending_detail_to_pb(PendingLine(job, 2, 1000.0, 4103, factors), now=10.0)
     unknown = convert_admin.pending_detail_to_pb(PendingLine(job, 0, None, None, None), now=10.0)
     response = adminpb.QueueDetailsResponse(
@@ -66,7 +66,7 @@ def test_queue_views_show_positions_estimates_and_weighted_factors() -> None:
     rows = start_rows(response)
     assert rows[0][5] == "2" and rows[0][6] != "N/A" and rows[0][7] == "(Resources)"
     assert rows[1][5:7] == ("-", "N/A")
-    assert priority_rows(response)[0] == ("7", "ann", "team", "4103", "500", "2500", "2000", "100", "0", "1000", "3")
+    assert priority_rows(response)[0] == ("7", "ann", "team", "4103", "500", "2500", "2000", "100", "0", "1000", "3", "-7")
     assert '"time_limit": 0.25' in details_json(response) and '"time_limit": 4000' in details_json(response)
     assert '"position": 2' in details_json(response) and '"estimated_start": null' in details_json(response)
 

@@ -98,6 +98,19 @@ def test_qos_partition_size_and_age_raise_priority() -> None:
     assert plan.order == (4, 2, 3, 1)
 
 
+def test_nice_lowers_priority_and_a_negative_nice_raises_it() -> None:
+    weights = PriorityWeights(age=1000, fair_share=0, qos=0, job_size=0, partition=0, max_age_s=1000)
+    config = replace(GARRISON, weights=weights)
+    jobs = [pending(1, submit=NOW - 500, gpus=1, nice=400), pending(2, submit=NOW - 200, gpus=1),
+            pending(3, submit=NOW, gpus=1, nice=-250, priority=10)]
+    snapshot = snap([node("a", gpus=1)], jobs)
+    plan = schedule(snapshot, NOW, config)
+    assert plan.priorities == {1: 500 - 400, 2: 200, 3: 250 + 10}
+    assert plan.order == (3, 2, 1)
+    pricing = PriorityContext(snapshot, NOW, weights)
+    assert [(pricing.factors(j).nice, pricing.factors(j).total) for j in jobs] == [(400, 100), (0, 200), (-250, 260)]
+
+
 def test_time_limit_factor_is_log_linear_between_the_bounds() -> None:
     short, long = 3600.0, 7 * 86400.0
     assert time_limit_factor(60, short, long) == 1.0 and time_limit_factor(short, short, long) == 1.0

@@ -110,6 +110,7 @@ def full_spec() -> JobSpec:
         dependency="afterok:1:2,afterany:3_1",
         exclude=("node-7", "node-9"),
         begin_time=1_700_003_600.25,
+        nice=-250,
         umask=0o027,
         array_max_running=4,
     )
