@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail
-from garrison.cli.parsing import UsageError, parse_time_limit
+from garrison.cli.parsing import UsageError, parse_nice, parse_time_limit
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
@@ -73,17 +73,25 @@ def requeue(job_ids: tuple[str, ...]) -> None:
               help="New time limit (owners may only lower it): M, M:S, H:M:S, D-H[:M[:S]].")
 @click.option("--priority", type=int, default=None, help="Admins: an adjustment added to the computed priority.")
 @click.option("-q", "--qos", default=None, help="New QoS, among those the job's account and partition allow.")
-def update(job_ids: tuple[str, ...], time_limit: str | None, priority: int | None, qos: str | None) -> None:
-    """Change a job's time limit, priority or QoS."""
-    seconds = None
+@click.option("--nice", "nice_text", default=None, metavar="N",
+              help="New nice value, subtracted from the priority (negative: admins only).")
+def update(job_ids: tuple[str, ...], time_limit: str | None, priority: int | None, qos: str | None,
+           nice_text: str | None) -> None:
+    """Change a job's time limit, priority, QoS or nice value."""
+    seconds = nice = None
+    if nice_text is not None:
+        try:
+            nice = parse_nice(nice_text)
+        except UsageError as exc:
+            fail("gcontrol", CliError(f"--nice: {exc}", EXIT_USAGE))
     if time_limit is not None:
         try:
             seconds = parse_time_limit(time_limit)
         except UsageError as exc:
             fail("gcontrol", CliError(f"--time-limit: {exc}", EXIT_USAGE))
-    if seconds is None and priority is None and qos is None:
-        fail("gcontrol", CliError("nothing to update: give --time-limit, --priority or --qos", EXIT_USAGE))
-    _control("update", job_ids, time_limit_s=seconds, priority=priority, qos=qos)
+    if seconds is None and priority is None and qos is None and nice is None:
+        fail("gcontrol", CliError("nothing to update: give --time-limit, --priority, --qos or --nice", EXIT_USAGE))
+    _control("update", job_ids, time_limit_s=seconds, priority=priority, qos=qos, nice=nice)
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from garrison.controller.domain import Job, JobState, Node, Principal
 from garrison.controller.engine import Engine, NotFound, PermissionDenied
 from garrison.controller.sched.fairshare import fair_share_factors, normalised_shares
 from garrison.controller.sched.priority import PriorityContext, PriorityFactors
-from garrison.controller.validate import ValidationError
+from garrison.controller.validate import MAX_NICE, ValidationError
 
 log = logging.getLogger("garrison.controller.admin")
 
@@ -311,9 +311,11 @@ class AdminOps:
         return requeued
 
     def update(self, principal: Principal, refs: Sequence[str], time_limit_s: int | None = None,
-               priority: int | None = None, qos: str | None = None) -> list[int]:
-        if time_limit_s is None and priority is None and qos is None:
-            raise ValidationError("nothing to update: give --time-limit, --priority or --qos")
+               priority: int | None = None, qos: str | None = None, nice: int | None = None) -> list[int]:
+        if time_limit_s is None and priority is None and qos is None and nice is None:
+            raise ValidationError("nothing to update: give --time-limit, --priority, --qos or --nice")
+        if nice is not None and abs(nice) > MAX_NICE:
+            raise ValidationError(f"--nice must be between -{MAX_NICE} and {MAX_NICE}")
         jobs = self._controlled(principal, refs, "update")
         accounting = self.policy.accounting
         changed: list[Job] = []
@@ -327,6 +329,12 @@ class AdminOps:
                 if job.state != JobState.PENDING:
                     raise ValidationError(f"job {job.display_id} is not pending; its priority no longer matters")
                 updated = replace(updated, priority=priority)
+            if nice is not None:
+                if nice < 0 and role != "admin":
+                    raise PermissionDenied(f"only admins may give a negative --nice ({principal.user} is not an admin)")
+                if job.state != JobState.PENDING:
+                    raise ValidationError(f"job {job.display_id} is not pending; its priority no longer matters")
+                updated = replace(updated, spec=replace(updated.spec, nice=nice))
             if time_limit_s is not None:
                 if time_limit_s <= 0:
                     raise ValidationError("the time limit must be positive")

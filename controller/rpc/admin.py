@@ -136,6 +136,7 @@ class AdminService(admin_grpc.AdminServicer):
                 time_limit_s=request.time_limit_s if request.HasField("time_limit_s") else None,
                 priority=request.priority if request.HasField("priority") else None,
                 qos=request.qos if request.HasField("qos") else None,
+                nice=request.nice if request.HasField("nice") else None,
             )
         else:
             raise ValidationError("action must be hold, release, requeue or update")

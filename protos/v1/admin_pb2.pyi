@@ -777,6 +777,7 @@ class JobControlRequest(_message.Message):
     TIME_LIMIT_S_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     QOS_FIELD_NUMBER: _builtins.int
+    NICE_FIELD_NUMBER: _builtins.int
     action: _builtins.str
     """hold | release | requeue | update"""
     time_limit_s: _builtins.int
@@ -785,6 +786,8 @@ class JobControlRequest(_message.Message):
     """update (admins)"""
     qos: _builtins.str
     """update"""
+    nice: _builtins.int
+    """update (negative: admins)"""
     @_builtins.property
     def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -795,17 +798,22 @@ class JobControlRequest(_message.Message):
         time_limit_s: _builtins.int | None = ...,
         priority: _builtins.int | None = ...,
         qos: _builtins.str | None = ...,
+        nice: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_nice", b"_nice", "_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "nice", b"nice", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "action", b"action", "job_ids", b"job_ids", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_nice", b"_nice", "_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "action", b"action", "job_ids", b"job_ids", "nice", b"nice", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__nice: _TypeAlias = _typing.Literal["nice"]  # noqa: Y015
+    _WhichOneofArgType__nice: _TypeAlias = _typing.Literal["_nice", b"_nice"]  # noqa: Y015
     _WhichOneofReturnType__priority: _TypeAlias = _typing.Literal["priority"]  # noqa: Y015
     _WhichOneofArgType__priority: _TypeAlias = _typing.Literal["_priority", b"_priority"]  # noqa: Y015
     _WhichOneofReturnType__qos: _TypeAlias = _typing.Literal["qos"]  # noqa: Y015
     _WhichOneofArgType__qos: _TypeAlias = _typing.Literal["_qos", b"_qos"]  # noqa: Y015
     _WhichOneofReturnType__time_limit_s: _TypeAlias = _typing.Literal["time_limit_s"]  # noqa: Y015
     _WhichOneofArgType__time_limit_s: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__nice) -> _WhichOneofReturnType__nice | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__priority) -> _WhichOneofReturnType__priority | None: ...
     @_typing.overload

@@ -232,6 +232,17 @@ def test_only_admins_may_raise_a_priority_with_a_negative_nice(call: Caller) -> 
     assert wait_for("a cycle to price both jobs", lambda: len(factors()) == 2 and factors()) == {
         lowered: 300, raised: -300}
 
+    # gcontrol update --nice: an owner may choose any nice value but a negative one; an admin any.
+    def update(who: Principal, job: int, nice: int) -> list[int]:
+        request = adminpb.JobControlRequest(action="update", job_ids=[str(job)], nice=nice)
+        return list(call(who, "ControlJobs", request).job_ids)
+
+    assert update(MALLORY, lowered, 0) == [lowered]
+    assert "only admins may give a negative --nice" in call.refused(MALLORY, "ControlJobs", adminpb.JobControlRequest(
+        action="update", job_ids=[str(lowered)], nice=-1))
+    assert update(CAROL, lowered, -40) == [lowered]
+    assert wait_for("the new nice values", lambda: factors() == {lowered: -40, raised: -300} and factors())
+
 
 def test_accounting_and_holds_survive_a_restart(controller: ControllerProcess, tmp_path: Path) -> None:
     with controller.client_channel() as channel:

@@ -85,6 +85,7 @@ def test_bad_arguments_exit_2_with_one_line() -> None:
         (("gcontrol", "update", "12"), "nothing to update"),
         (("gcontrol", "update", "12", "-t", "1:99"), "--time-limit: invalid time limit"),
         (("gcontrol", "hold"), "nothing to hold: give job ids"),
+        (("gcontrol", "update", "12", "--nice", "99999999999"), "--nice"),
     ):
         proc = run(*args)
         assert proc.returncode == 2, (args, proc.stderr)
