@@ -21,6 +21,8 @@ def build_request(submission: Submission) -> dict[str, Any]:
     request: dict[str, Any] = {"spec": spec_to_plain(submission.spec)}
     if submission.hold:
         request["hold"] = True
+    if submission.test_only:
+        request["test_only"] = True
     if submission.array is not None:
         request["array_indices"] = list(submission.array.indices)
         if submission.array.max_running is not None:
@@ -45,10 +47,24 @@ def _gsub(args: list[str]) -> None:
             response = client.call_plain("SubmitJob", build_request(submission))
     except CliError as exc:
         fail("gsub", exc)
-    if submission.parsable:
+    if submission.test_only:
+        print(f"gsub: {estimate_line(response)} (not submitted)", file=sys.stderr)
+    elif submission.parsable:
         print(response.job_id)
     else:
         print(f"Submitted batch job {response.job_id}")
+
+
+def estimate_line(response: Any) -> str:
+    """What --test-only found, in one line, as sbatch --test-only says it."""
+    import time
+
+    where = f" on {','.join(response.nodes)}" if response.nodes else ""
+    if response.HasField("estimated_start"):
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(response.estimated_start))
+        return f"job would start at {when}{where} in partition {response.partition}"
+    why = f" ({response.reason})" if response.reason else ""
+    return f"job would wait{why} in partition {response.partition}; no start can be planned for it now"
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ class Submission:
     parsable: bool
     qos: str | None
     hold: bool = False  # -H: submitted held
+    test_only: bool = False  # --test-only: only estimate when and where it would start
 
 
 def _option(parser: argparse.ArgumentParser, *flags: str, metavar: str, help_text: str) -> None:
@@ -107,6 +108,8 @@ def _gsub_parser() -> argparse.ArgumentParser:
     _option(parser, "-a", "--array", metavar="INDICES", help_text="Job array: 1-1000%%50, 1,3,5 or 0-15:4.")
     parser.add_argument("--parsable", action="store_true", help="Print only the job id.")
     parser.add_argument("-H", "--hold", action="store_true", help="Submit held: it starts once released (gcontrol release).")
+    parser.add_argument("--test-only", action="store_true",
+                        help="Check the job and say when and where it would start, without submitting it.")
     _option(parser, "--wrap", metavar="CMD", help_text="Run CMD with /bin/sh instead of a script.")
     parser.add_argument("--launch", choices=[mode.value for mode in LaunchMode],
                         help="rank: a process per GPU; node: one per node; single: once, like an sbatch script.")
@@ -345,4 +348,4 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
         array_max_running=array.max_running if array is not None else None,
     )
     return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos,
-                      hold=bool(chosen.flag("hold")))
+                      hold=bool(chosen.flag("hold")), test_only=bool(chosen.flag("test_only")))

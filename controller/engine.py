@@ -23,12 +23,13 @@ from garrison.controller import metrics
 from garrison.controller.clock import Clock
 from garrison.controller.dependency import format_dependency, parse_dependency
 from garrison.controller.domain import Job, JobState, Principal
-from garrison.controller.jobrefs import JobLookup, parse_job_ref
+from garrison.controller.jobrefs import MAX_ID, JobLookup, parse_job_ref
 from garrison.controller.policy import Policy
 from garrison.controller.rpc import convert
 from garrison.controller.sched.cycle import Plan, SchedulerConfig, schedule
 from garrison.controller.sched.snapshot import Snapshot
 from garrison.controller.signals import DEFAULT_WARNING_SIGNAL, parse_signal_name, parse_signal_request
+from garrison.controller.snapshots import pending_view
 from garrison.controller.state import (
     AckResult,
     ClusterState,
@@ -37,7 +38,7 @@ from garrison.controller.state import (
     NodeResult,
     SignalAttempt,
 )
-from garrison.controller.validate import ValidationError, validate_submission
+from garrison.controller.validate import Resolved, ValidationError, validate_submission
 from garrison.protos.v1 import garrison_pb2 as pb
 
 log = logging.getLogger("garrison.controller")
@@ -89,6 +90,8 @@ def _matches(
 
 
 MAX_BEGIN_AHEAD_S = 366 * 86400  # gsub --begin
+TEST_JOB_ID = MAX_ID + 1  # gsub --test-only's job: an id no real job can have
+TEST_ONLY_MAX_RESERVATIONS = 500  # jobs a --test-only estimate plans ahead of the tested one, at most
 class Engine:
     def __init__(self, config: ControllerConfig, state: ClusterState, clock: Clock) -> None:
         self.config = config
@@ -253,7 +256,8 @@ class Engine:
     # ---------------------------------------------------------------------------------------------
     # Client operations
 
-    def submit(self, principal: Principal, request: pb.SubmitJobRequest) -> tuple[int, int]:
+    def _checked_submission(self, principal: Principal, request: pb.SubmitJobRequest) -> tuple[Resolved, list[int]]:
+        """Everything a submission is checked for, before anything is stored (submit and test_submit)."""
         spec = convert.spec_from_pb(request.spec)
         indices = list(request.array_indices)
         if request.HasField("array_max_running"):
@@ -265,10 +269,14 @@ class Engine:
             raise PermissionDenied("only admins may give a negative --nice (it raises the job's priority)")
         if resolved.spec.dependency is not None:
             resolved = replace(resolved, spec=replace(resolved.spec, dependency=self._known_dependency(resolved.spec.dependency)))
-        now = self.clock.now()
         begin = resolved.spec.begin_time
-        if begin is not None and not (math.isfinite(begin) and begin <= now + MAX_BEGIN_AHEAD_S):
+        if begin is not None and not (math.isfinite(begin) and begin <= self.clock.now() + MAX_BEGIN_AHEAD_S):
             raise ValidationError("--begin: at most a year ahead")
+        return resolved, indices
+
+    def submit(self, principal: Principal, request: pb.SubmitJobRequest) -> tuple[int, int]:
+        resolved, indices = self._checked_submission(principal, request)
+        now = self.clock.now()
         count = len(indices) or 1
         first = self.state.store.allocate_job_ids(count)
         common = dict(
@@ -295,6 +303,40 @@ class Engine:
                  " held" if request.hold else "")
         self.request_schedule()
         return first, count
+
+    async def test_submit(self, principal: Principal, request: pb.SubmitJobRequest) -> pb.SubmitJobResponse:
+        """sbatch --test-only: check the job as a submission is checked, then run the scheduling core on the
+        cluster as it is now with the job added, and say when and where it would start. Nothing is stored
+        and nothing starts: the core is pure, and its plan is only read. (An array is estimated as its
+        first task.)"""
+        resolved, _ = self._checked_submission(principal, request)
+        now = self.clock.now()
+        job = Job(job_id=TEST_JOB_ID, spec=resolved.spec, user=principal.user, uid=principal.uid, gid=principal.gid,
+                  account=resolved.account, partition=resolved.partition, time_limit_s=resolved.time_limit_s,
+                  submit_time=now)
+        response = pb.SubmitJobResponse(partition=resolved.partition)
+        if resolved.spec.dependency is not None:
+            response.reason = "Dependency"  # its start depends on other jobs' ends, which no plan knows
+            return response
+        snapshot = self.policy.snapshot()
+        snapshot = replace(snapshot, pending=(*snapshot.pending, pending_view(job)))
+        # Plan a reservation for every job up to this one (for as many as a test may cost), so the estimate
+        # does not depend on how deep in the queue it lands.
+        depth = min(len(snapshot.pending), TEST_ONLY_MAX_RESERVATIONS)
+        config = self.policy.scheduler
+        config = replace(config, reservations=max(config.reservations, depth),
+                         max_job_test=max(config.max_job_test, depth))
+        plan = await asyncio.get_running_loop().run_in_executor(self._pool, self._compute_plan, snapshot, now, config)
+        allocation = next((s.allocation for s in plan.starts if s.job_id == TEST_JOB_ID), None)
+        if allocation is None:
+            allocation = next((r.allocation for r in plan.reservations if r.job_id == TEST_JOB_ID), None)
+            response.reason = plan.waiting.get(TEST_JOB_ID, "")
+        start = plan.estimated_starts.get(TEST_JOB_ID)
+        if start is not None:
+            response.estimated_start = max(start, now)
+        if allocation is not None:
+            response.nodes.extend(node.node for node in allocation.nodes)
+        return response
 
     def _known_dependency(self, text: str) -> str:
         """The dependency list, written the one way, once every job it names is known here (as sbatch

@@ -32,6 +32,22 @@ if TYPE_CHECKING:
     from garrison.controller.state import ClusterState, LiveAttempt
 
 
+def pending_view(job: Job) -> PendingJob:
+    """What the scheduling core sees of a pending job."""
+    return PendingJob(
+        job_id=job.job_id,
+        spec=job.spec,
+        partition=job.partition,
+        submit_time=job.submit_time,
+        priority=job.priority,
+        array_job_id=job.array_job_id,
+        user=job.user,
+        account=job.account,
+        qos=job.spec.qos or "",
+        time_limit_s=job.time_limit_s,
+    )
+
+
 class SnapshotCache:
     def __init__(self) -> None:
         self._pending: dict[int, PendingJob] | None = None  # None until the first build reads every job
@@ -115,18 +131,7 @@ class SnapshotCache:
             return
         if job.spec.dependency is not None:
             self._dependent.add(job.job_id)
-        self._pending[job.job_id] = PendingJob(
-            job_id=job.job_id,
-            spec=job.spec,
-            partition=job.partition,
-            submit_time=job.submit_time,
-            priority=job.priority,
-            array_job_id=job.array_job_id,
-            user=job.user,
-            account=job.account,
-            qos=job.spec.qos or "",
-            time_limit_s=job.time_limit_s,
-        )
+        self._pending[job.job_id] = pending_view(job)
 
     def _node_view(
         self, state: ClusterState, node: Node, used_cpus: frozenset[int], used_memory: int, switches: tuple[str, ...]

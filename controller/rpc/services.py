@@ -180,6 +180,8 @@ class ControllerService(pb_grpc.ControllerServicer):
     @mapped_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext) -> pb.SubmitJobResponse:
         principal = self.auth.principal(context)
+        if request.test_only:
+            return await self.engine.test_submit(principal, request)
         job_id, count = self.engine.submit(principal, request)
         return pb.SubmitJobResponse(job_id=job_id, task_count=count)
 

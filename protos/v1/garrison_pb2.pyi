@@ -400,9 +400,12 @@ class SubmitJobRequest(_message.Message):
     ARRAY_INDICES_FIELD_NUMBER: _builtins.int
     ARRAY_MAX_RUNNING_FIELD_NUMBER: _builtins.int
     HOLD_FIELD_NUMBER: _builtins.int
+    TEST_ONLY_FIELD_NUMBER: _builtins.int
     array_max_running: _builtins.int
     hold: _builtins.bool
     """-H: submit held; `gcontrol release` lets it start"""
+    test_only: _builtins.bool
+    """sbatch --test-only: validate the job and estimate when and where it would start, without submitting it"""
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -416,10 +419,11 @@ class SubmitJobRequest(_message.Message):
         array_indices: _abc.Iterable[_builtins.int] | None = ...,
         array_max_running: _builtins.int | None = ...,
         hold: _builtins.bool = ...,
+        test_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_array_max_running", b"_array_max_running", "array_max_running", b"array_max_running", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_max_running", b"_array_max_running", "array_indices", b"array_indices", "array_max_running", b"array_max_running", "hold", b"hold", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_max_running", b"_array_max_running", "array_indices", b"array_indices", "array_max_running", b"array_max_running", "hold", b"hold", "spec", b"spec", "test_only", b"test_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__array_max_running: _TypeAlias = _typing.Literal["array_max_running"]  # noqa: Y015
     _WhichOneofArgType__array_max_running: _TypeAlias = _typing.Literal["_array_max_running", b"_array_max_running"]  # noqa: Y015
@@ -433,20 +437,38 @@ class SubmitJobResponse(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     TASK_COUNT_FIELD_NUMBER: _builtins.int
+    ESTIMATED_START_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
-    """for an array: the array job id (the first task's id)"""
+    """for an array: the array job id (the first task's id); 0 with test_only"""
     task_count: _builtins.int
+    estimated_start: _builtins.float
+    """test_only: when the job would start (absent: no estimate), on which nodes, in which partition, and why
+    it would wait ("" if it would start now)
+    """
+    partition: _builtins.str
+    reason: _builtins.str
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         job_id: _builtins.int = ...,
         task_count: _builtins.int = ...,
+        estimated_start: _builtins.float | None = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        partition: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_estimated_start", b"_estimated_start", "estimated_start", b"estimated_start"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "task_count", b"task_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_estimated_start", b"_estimated_start", "estimated_start", b"estimated_start", "job_id", b"job_id", "nodes", b"nodes", "partition", b"partition", "reason", b"reason", "task_count", b"task_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__estimated_start: _TypeAlias = _typing.Literal["estimated_start"]  # noqa: Y015
+    _WhichOneofArgType__estimated_start: _TypeAlias = _typing.Literal["_estimated_start", b"_estimated_start"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__estimated_start) -> _WhichOneofReturnType__estimated_start | None: ...
 
 Global___SubmitJobResponse: _TypeAlias = SubmitJobResponse  # noqa: Y015
 
