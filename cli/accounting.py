@@ -114,6 +114,51 @@ def record_rows(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
     return rows
 
 
+# sacct's --format field names (and the table's own headers) -> the table column they choose.
+FORMAT_FIELDS = {
+    "jobid": "JOBID", "jobname": "NAME", "name": "NAME", "user": "USER", "account": "ACCOUNT",
+    "partition": "PARTITION", "state": "STATE", "start": "START", "end": "END", "elapsed": "ELAPSED",
+    "gpus": "GPUS", "allocgpus": "GPUS", "cpus": "CPUS", "alloccpus": "CPUS", "ncpus": "CPUS",
+    "gpuhours": "GPU-HOURS", "gpu-hours": "GPU-HOURS", "nodelist": "NODELIST", "exitcode": "EXITCODE",
+}
+
+
+class FormatError(ValueError):
+    """A --format gacct cannot read; the message names the field."""
+
+
+def format_columns(spec: str) -> list[tuple[int, int | None]]:
+    """sacct's ``--format FIELD[%WIDTH],...``: each field's column in RECORD_COLUMNS, and its width."""
+    chosen: list[tuple[int, int | None]] = []
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        name, percent, width = item.partition("%")
+        column = FORMAT_FIELDS.get(name.strip().lower())
+        if column is None:
+            known = ", ".join(sorted({f for f in FORMAT_FIELDS if f.isalpha()}))
+            raise FormatError(f"unknown field {name.strip()!r} (known: {known})")
+        if percent and not (width.isascii() and width.isdigit() and 0 < int(width) <= 1000):
+            raise FormatError(f"the width in {item!r} must be a number from 1 to 1000")
+        chosen.append((RECORD_COLUMNS.index(column), int(width) if percent else None))
+    if not chosen:
+        raise FormatError("no fields given")
+    return chosen
+
+
+def select_columns(rows: Sequence[Sequence[str]], chosen: Sequence[tuple[int, int | None]]
+                   ) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The headers and rows with only the chosen columns, in that order; a value longer than its width is
+    cut and ends with ``+``, as sacct shows it."""
+    def fit(text: str, width: int | None) -> str:
+        if width is None or len(text) <= width:
+            return text
+        return text[: width - 1] + "+" if width > 1 else "+"
+
+    headers = tuple(fit(RECORD_COLUMNS[index], width) for index, width in chosen)
+    return headers, [tuple(fit(row[index], width) for index, width in chosen) for row in rows]
+
+
 def _cpus(allocation: Sequence[Any]) -> int:
     """CPUs the attempt held on all its nodes (sacct's AllocCPUS); 0 when it asked for none."""
     return sum(len(n.cpus) for n in allocation)

@@ -17,11 +17,14 @@ from garrison.cli.accounting import (
     RECORD_COLUMNS,
     TIME_FORMATS_HELP,
     USAGE_COLUMNS,
+    FormatError,
     TimeSpecError,
+    format_columns,
     parse_time,
     record_rows,
     records_csv,
     records_json,
+    select_columns,
     usage_csv,
     usage_header,
     usage_json,
@@ -58,13 +61,24 @@ def _print_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 @click.option("--usage", is_flag=True, help="GPU-hours per account and user in the period -S..-E instead of jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV with a header line.")
+@click.option("-o", "--format", "fields", default=None, metavar="FIELD[%WIDTH],...",
+              help="Only these columns of the table, in this order, as sacct's --format: e.g. JobID,JobName%20,State.")
 def gacct(jobs: tuple[str, ...], users: tuple[str, ...], allusers: bool, accounts: tuple[str, ...],
           states: tuple[str, ...], start: str | None, end: str | None, allocations: bool, usage: bool,
-          as_json: bool, as_csv: bool) -> None:
+          as_json: bool, as_csv: bool, fields: str | None) -> None:
     """Show accounting records: finished and running jobs with each attempt, or GPU usage with --usage."""
     try:
         if as_json and as_csv:
             raise CliError("choose one of --json and --csv", EXIT_USAGE)
+        chosen = None
+        if fields is not None:
+            if as_json or as_csv or usage:
+                raise CliError("--format chooses the table's columns; it does not go with --json, --csv or --usage",
+                               EXIT_USAGE)
+            try:
+                chosen = format_columns(fields)
+            except FormatError as exc:
+                raise CliError(f"--format: {exc}", EXIT_USAGE) from None
         now = datetime.now().astimezone()
         try:
             start_time = parse_time(start, now) if start is not None else None
@@ -86,14 +100,14 @@ def gacct(jobs: tuple[str, ...], users: tuple[str, ...], allusers: bool, account
         if start_time is not None and end_time is not None and start_time > end_time:
             raise CliError("the start time (-S) is after the end time (-E)", EXIT_USAGE)
         _show_records(job_refs, wanted_users, _split(accounts), wanted_states, start_time, end_time,
-                      allocations, as_json, as_csv, now)
+                      allocations, as_json, as_csv, now, chosen)
     except CliError as exc:
         fail("gacct", exc)
 
 
 def _show_records(job_refs: list[str], users: list[str], accounts: list[str], states: list[str],
                   start_time: float | None, end_time: float | None, allocations: bool, as_json: bool,
-                  as_csv: bool, now: datetime) -> None:
+                  as_csv: bool, now: datetime, chosen: list[tuple[int, int | None]] | None = None) -> None:
     from garrison.protos.v1 import accounting_pb2 as apb
     from garrison.protos.v1 import accounting_pb2_grpc as apb_grpc
 
@@ -118,7 +132,11 @@ def _show_records(job_refs: list[str], users: list[str], accounts: list[str], st
     elif as_csv:
         click.echo(records_csv(records, controller_now, zone, with_attempts=not allocations), nl=False)
     else:
-        _print_table(RECORD_COLUMNS, record_rows(records, controller_now, zone, with_attempts=not allocations))
+        rows = record_rows(records, controller_now, zone, with_attempts=not allocations)
+        if chosen is None:
+            _print_table(RECORD_COLUMNS, rows)
+        else:
+            _print_table(*select_columns(rows, chosen))
 
 
 def _show_usage(now: datetime, start_time: float | None, end_time: float | None, users: list[str],

@@ -21,11 +21,14 @@ import pytest
 from daemon_helpers import NotifySocket, free_port
 
 from garrison.cli.accounting import (
+    FormatError,
     TimeSpecError,
+    format_columns,
     parse_time,
     record_rows,
     records_csv,
     records_json,
+    select_columns,
     usage_rows,
 )
 from garrison.controller.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation
@@ -102,6 +105,18 @@ def test_record_rows_show_each_attempt() -> None:
     assert second[9:12] == ("4", "16", "4.00")
     assert rows[5][5:] == ("CANCELLED", "-", "2024-03-01T12:01:00", "0:00", "4", "-", "0.00", "-", "-")
     assert [row[0] for row in record_rows(records, T0, UTC, with_attempts=False)] == ["1", "2", "3"]
+
+
+def test_format_chooses_orders_and_cuts_columns_as_sacct() -> None:
+    records = [job_record_to_pb(job, now=T0 + 10 * 3600) for job in sample_jobs()]
+    rows = record_rows(records, now=T0 + 10 * 3600, zone=UTC, with_attempts=False)
+    headers, chosen = select_columns(rows, format_columns("State,JobID, jobname%5,ExitCode%1,AllocCPUS"))
+    assert headers == ("STATE", "JOBID", "NAME", "+", "CPUS")
+    assert chosen[0] == ("COMPLETED", "1", "trai+", "0", "16")  # train-1, cut to 5 with sacct's '+'
+    for bad, message in (("JobID,Nope", "unknown field 'Nope'"), ("State%x", "must be a number"),
+                         ("State%0", "must be a number"), (" , ", "no fields")):
+        with pytest.raises(FormatError, match=message):
+            format_columns(bad)
 
 
 def test_records_json_and_csv() -> None:
@@ -232,6 +247,11 @@ def test_gacct_filters(controller: Controller) -> None:
     assert ids("-a", "-S", "2024-03-01T12:30", "-E", "2024-03-01T12:45") == ["1", "2"]  # 3 ended at 12:01
     assert ids("-a", "-S", "2024-03-02") == []
     assert ids("-a") == []  # today (the default -S) has none of them
+    assert controller.ok("gacct", "-X", "-j", "1,2", "-o", "JobID,State").splitlines() == [
+        "JOBID  STATE", "1      COMPLETED", "2      FAILED"]
+    refused = controller.run("gacct", "-j", "1", "-o", "JobID,Bogus")
+    assert refused.returncode == 2 and "--format: unknown field 'Bogus'" in refused.stderr
+    assert refused.stderr.count("\n") == 1
     csv_lines = controller.ok("gacct", "--csv", "-X", "-j", "2").splitlines()
     assert csv_lines[0].startswith("job_id,attempt,name,user") and len(csv_lines) == 2
     assert csv_lines[1].startswith("2,,train-2,bob,default,gpu,FAILED,")
