@@ -38,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-h", "--noheader", action="store_true", help="Print the table without its header line.")
     p.add_argument("-o", "--format", dest="format", default=None, metavar="FORMAT",
                    help='Lay out each job as squeue -o does, e.g. "%%.10i %%.9P %%.20j %%.2t %%.10M %%R".')
+    p.add_argument("-i", "--iterate", default=None, metavar="SECONDS",
+                   help="Show the queue again every SECONDS seconds, the time above each (Ctrl-C stops).")
     p.add_argument("--json", dest="as_json", action="store_true", help='Print {"jobs": [...]} as JSON.')
     p.add_argument("--start", dest="show_start", action="store_true",
                    help="Pending jobs with their queue position and estimated start (from the last cycle).")
@@ -83,6 +85,29 @@ def gqueue(argv: list[str]) -> None:
             layout = QueueFormat(args.format)
         except UsageError as exc:
             fail("gqueue", CliError(str(exc), EXIT_USAGE))
+    if args.iterate is None:
+        _show(args, wanted_users, filters, layout)
+        return
+    from garrison.cli.parsing import parse_count  # only here: its imports cost every gqueue call ~7 ms
+
+    try:
+        interval = parse_count(args.iterate, minimum=1)
+    except UsageError as exc:
+        fail("gqueue", CliError(f"--iterate: {exc}", EXIT_USAGE))
+    import time
+
+    try:
+        while True:
+            print(time.strftime("%a %b %d %H:%M:%S %Y"))
+            _show(args, wanted_users, filters, layout)
+            print(flush=True)
+            time.sleep(interval)  # the interval the user asked for between two looks at the queue
+    except KeyboardInterrupt:
+        return  # Ctrl-C ends the watch, as it ends squeue -i
+
+
+def _show(args: argparse.Namespace, wanted_users: list[str], filters: JobFilters, layout: Any) -> None:
+    """One look at the queue, in the form the options ask for."""
     if args.show_start or args.show_priority:
         _pending_view(wanted_users, _split(args.jobs), filters, args.as_json, args.show_priority, args.noheader)
         return

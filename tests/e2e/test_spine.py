@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 
-from .conftest import Cluster, wait_until
+from .conftest import BIN, Cluster, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -223,6 +224,18 @@ def test_gqueue_and_gcancel_select_by_name_partition_and_account(cluster: Cluste
     bad = cluster.run("gqueue", "-o", "%Z", check=False)
     assert bad.returncode == 2 and "unknown field %Z" in bad.stderr and bad.stderr.count("\n") == 1
     start_view = cluster.run("gqueue", "--start", "-h", "-n", "sel-b").stdout.splitlines()
+    # squeue -i: the queue again every second, the time above each, until Ctrl-C (exit 0, no traceback).
+    watch = subprocess.Popen([str(BIN / "gqueue"), "-i", "1", "-h", "-o", "%i", "-n", "sel-b"], env=cluster.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert watch.stdout is not None
+    seen = [watch.stdout.readline() for _ in range(6)]  # twice: the time, the job, a blank line
+    watch.send_signal(signal.SIGINT)
+    _, errors = watch.communicate(timeout=10)
+    assert watch.returncode == 0 and errors == "", errors
+    assert [line.strip() for line in seen[1::3]] == [held[1], held[1]] and seen[2::3] == ["\n", "\n"]
+    assert all(time.strptime(line.strip(), "%a %b %d %H:%M:%S %Y") for line in seen[0::3])
+    never = cluster.run("gqueue", "-i", "0", check=False)
+    assert never.returncode == 2 and never.stderr.startswith("gqueue: error: --iterate: must be at least 1")
     assert [line.split()[0] for line in start_view] == [held[1]]
     # scancel --me -n NAME: only those jobs go.
     cluster.run("gcancel", "--me", "-n", "sel-a")
