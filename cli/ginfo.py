@@ -7,13 +7,22 @@ import sys
 import click
 
 from garrison.cli.client import Client, CliError, fail
-from garrison.cli.render import NODE_COLUMNS, node_row, plain_table, rich_table
+from garrison.cli.render import (
+    NODE_COLUMNS,
+    PARTITION_COLUMNS,
+    node_row,
+    partition_rows,
+    plain_table,
+    rich_table,
+)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--topology", "topology_node", default=None, metavar="NODE",
               help="Print NODE's GPU topology matrix like `nvidia-smi topo -m`.")
-def ginfo(topology_node: str | None) -> None:
+@click.option("-s", "--summarize", is_flag=True,
+              help="One line per partition: time limit, nodes and GPUs allocated/idle/other/total (sinfo -s).")
+def ginfo(topology_node: str | None, summarize: bool) -> None:
     """Show nodes: state (IDLE/MIXED/ALLOCATED/DRAIN/DOWN), GPUs, CPUs and memory allocated/total, and model."""
     from garrison.protos.v1 import garrison_pb2 as pb
 
@@ -31,13 +40,19 @@ def ginfo(topology_node: str | None) -> None:
 
         click.echo(render_topo_matrix(inventory_from_pb(node.inventory)))
         return
-    rows = [node_row(n) for n in response.nodes]
+    columns: tuple[str, ...] = NODE_COLUMNS
+    if summarize:
+        from garrison.cli.parsing import compress_hostlist
+
+        columns, rows = PARTITION_COLUMNS, partition_rows(response, compress_hostlist)
+    else:
+        rows = [node_row(n) for n in response.nodes]
     if sys.stdout.isatty():
         from rich.console import Console
 
-        Console().print(rich_table(NODE_COLUMNS, rows))
+        Console().print(rich_table(columns, rows))
     else:
-        click.echo(plain_table(NODE_COLUMNS, rows))
+        click.echo(plain_table(columns, rows))
 
 
 def main() -> None:

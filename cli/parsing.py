@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from garrison.cli.argparser import UsageError as UsageError  # raised by every parser here; re-exported
@@ -100,6 +100,34 @@ def parse_begin_time(text: str, now: float) -> float:
 
 
 MAX_HOSTLIST_NAMES = 10_000
+
+
+def compress_hostlist(names: Iterable[str]) -> str:
+    """The other way: ``["gpu01", "gpu02", "gpu03", "node3", "node4", "login"]`` ->
+    ``"gpu[01-03],login,node[3-4]"``. Names that end in a number share brackets with the names of the same
+    prefix and the same zero padding; the groups come in name order."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    plain: list[str] = []
+    for name in dict.fromkeys(names):
+        match = re.fullmatch(r"(.*?)(\d+)", name)
+        if match is None:
+            plain.append(name)
+            continue
+        prefix, digits = match.groups()
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        groups.setdefault((prefix, width), []).append(int(digits))
+    out = []
+    for (prefix, width), numbers in groups.items():
+        numbers.sort()
+        runs: list[list[int]] = []
+        for number in numbers:
+            if runs and number == runs[-1][1] + 1:
+                runs[-1][1] = number
+            else:
+                runs.append([number, number])
+        parts = [str(a).zfill(width) if a == b else f"{str(a).zfill(width)}-{str(b).zfill(width)}" for a, b in runs]
+        out.append(f"{prefix}{parts[0]}" if len(runs) == 1 and runs[0][0] == runs[0][1] else f"{prefix}[{','.join(parts)}]")
+    return ",".join(sorted(out + plain))
 
 
 def expand_hostlist(text: str) -> list[str]:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 TYPE_CHECKING = False  # not typing's: importing typing costs gqueue ~5 ms
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 JOB_COLUMNS = ("JOBID", "NAME", "USER", "ACCOUNT", "STATE", "TIME", "GPUS", "NODES(REASON)")
@@ -112,6 +113,33 @@ def node_row(node: Any) -> tuple[str, ...]:
     memory = format_memory_pair(node.allocated_memory_mb, node.inventory.memory_mb)
     return (node.name, state, f"{allocated}/{total}", cpus, memory, node.inventory.model or "-", gpu_model,
             node.reason)
+
+
+PARTITION_COLUMNS = ("PARTITION", "TIMELIMIT", "NODES(A/I/O/T)", "GPUS(A/I/O/T)", "NODELIST")
+
+
+def partition_rows(response: Any, compress: Callable[[list[str]], str]) -> list[tuple[str, ...]]:
+    """sinfo -s: per partition (the default one marked ``*``), its longest time limit, and its nodes and GPUs
+    allocated (a node with any GPU in use), idle, other (drained, down or not connected) and in total."""
+    rows: list[tuple[str, ...]] = []
+    for partition in response.partitions:
+        nodes = [n for n in response.nodes if partition.name in n.partitions]
+        node_count = [0, 0, 0]
+        gpu_count = [0, 0, 0]
+        for node in nodes:
+            total, used = len(node.inventory.gpus), len(node.allocated_gpus)
+            if node.state != "UP":
+                node_count[2] += 1
+                gpu_count[2] += total
+                continue
+            node_count[0 if used else 1] += 1
+            gpu_count[0] += used
+            gpu_count[1] += total - used
+        name = partition.name + ("*" if partition.default else "")
+        limit = format_duration(partition.max_time_s) if partition.max_time_s else "infinite"
+        rows.append((name, limit, "/".join(map(str, [*node_count, len(nodes)])),
+                     "/".join(map(str, [*gpu_count, sum(gpu_count)])), compress([n.name for n in nodes]) or "-"))
+    return rows
 
 
 def format_memory_pair(allocated_mb: int, total_mb: int) -> str:

@@ -527,6 +527,12 @@ class Engine:
         cpus, memory = self.state.held_cpus_and_memory()
         for node in sorted(self.state.nodes.values(), key=lambda n: n.name):
             allocated = list(self.state.gpu_owner.get(node.name, {}))
-            out.append(convert.node_to_pb(node, allocated, node.name in self.state.connected,
-                                          len(cpus.get(node.name, ())), memory.get(node.name, 0)))
+            info = convert.node_to_pb(node, allocated, node.name in self.state.connected,
+                                      len(cpus.get(node.name, ())), memory.get(node.name, 0))
+            info.partitions.extend(sorted(self.node_partitions(node.name)))
+            out.append(info)
         return out
+
+    def partitions_view(self) -> list[pb.PartitionSummary]:
+        return [pb.PartitionSummary(name=p.name, default=p.default, default_time_s=p.default_time_s, max_time_s=p.max_time_s)
+                for p in self.policy.accounting.partitions]

@@ -215,7 +215,7 @@ class ControllerService(pb_grpc.ControllerServicer):
     @mapped_errors
     async def ListNodes(self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext) -> pb.ListNodesResponse:
         self.auth.principal(context)
-        return pb.ListNodesResponse(nodes=self.engine.nodes_view())
+        return pb.ListNodesResponse(nodes=self.engine.nodes_view(), partitions=self.engine.partitions_view())
 
 
 class AgentLinkService(pb_grpc.AgentLinkServicer):

@@ -813,6 +813,7 @@ class NodeInfo(_message.Message):
     LAST_HEARTBEAT_FIELD_NUMBER: _builtins.int
     ALLOCATED_CPUS_FIELD_NUMBER: _builtins.int
     ALLOCATED_MEMORY_MB_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     state: _builtins.str
     reason: _builtins.str
@@ -825,6 +826,10 @@ class NodeInfo(_message.Message):
     def inventory(self) -> Global___NodeInventory: ...
     @_builtins.property
     def allocated_gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the partitions the node is in"""
+
     def __init__(
         self,
         *,
@@ -836,30 +841,65 @@ class NodeInfo(_message.Message):
         last_heartbeat: _builtins.float = ...,
         allocated_cpus: _builtins.int = ...,
         allocated_memory_mb: _builtins.int = ...,
+        partitions: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated_cpus", b"allocated_cpus", "allocated_gpus", b"allocated_gpus", "allocated_memory_mb", b"allocated_memory_mb", "inventory", b"inventory", "last_heartbeat", b"last_heartbeat", "name", b"name", "reason", b"reason", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated_cpus", b"allocated_cpus", "allocated_gpus", b"allocated_gpus", "allocated_memory_mb", b"allocated_memory_mb", "inventory", b"inventory", "last_heartbeat", b"last_heartbeat", "name", b"name", "partitions", b"partitions", "reason", b"reason", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___NodeInfo: _TypeAlias = NodeInfo  # noqa: Y015
 
 @_typing.final
+class PartitionSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DEFAULT_FIELD_NUMBER: _builtins.int
+    DEFAULT_TIME_S_FIELD_NUMBER: _builtins.int
+    MAX_TIME_S_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    default: _builtins.bool
+    default_time_s: _builtins.int
+    max_time_s: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        default: _builtins.bool = ...,
+        default_time_s: _builtins.int = ...,
+        max_time_s: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default", b"default", "default_time_s", b"default_time_s", "max_time_s", b"max_time_s", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionSummary: _TypeAlias = PartitionSummary  # noqa: Y015
+
+@_typing.final
 class ListNodesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NODES_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeInfo]: ...
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionSummary]:
+        """every partition, in the configured order"""
+
     def __init__(
         self,
         *,
         nodes: _abc.Iterable[Global___NodeInfo] | None = ...,
+        partitions: _abc.Iterable[Global___PartitionSummary] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes", "partitions", b"partitions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

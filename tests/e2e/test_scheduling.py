@@ -156,6 +156,10 @@ def test_job_control_and_priority_views(cluster: Cluster, tmp_path: Path) -> Non
     try:
         info = cluster.run("ginfo").stdout
         assert info.count("DRAIN") == 2 and "maintenance" in info
+        header, *partitions = cluster.run("ginfo", "-s").stdout.splitlines()
+        assert header.split() == ["PARTITION", "TIMELIMIT", "NODES(A/I/O/T)", "GPUS(A/I/O/T)", "NODELIST"]
+        default = next(line.split() for line in partitions if line.split()[0].endswith("*"))
+        assert default[2] == "0/0/2/2" and default[3].startswith("0/0/") and default[4] == "node[1-2]"  # drained
         job = cluster.submit("-G", "1", "-q", "high", "--wrap", "true")
         cluster.run("gcontrol", "hold", job)
         wait_until("the hold", lambda: cluster.job(job)["reason"] == "Held")

@@ -11,6 +11,7 @@ from garrison.cli.parsing import (
     MAX_ARRAY_ELEMENTS,
     ArraySpec,
     UsageError,
+    compress_hostlist,
     expand_hostlist,
     expand_output_pattern,
     parse_array,
@@ -38,6 +39,13 @@ def test_host_lists() -> None:
         with pytest.raises(UsageError) as caught:
             expand_hostlist(bad)
         assert str(caught.value) == f"invalid host list {bad!r}: {reason}"
+
+
+def test_host_lists_compress_back() -> None:
+    names = ["gpu01", "gpu02", "gpu03", "node4", "node3", "node9", "login", "node10", "gpu7"]
+    assert compress_hostlist(names) == "gpu7,gpu[01-03],login,node[3-4,9-10]"
+    assert sorted(expand_hostlist(compress_hostlist(names))) == sorted(names)
+    assert compress_hostlist(["node1"]) == "node1" and compress_hostlist([]) == ""
 
 
 def test_begin_times() -> None:

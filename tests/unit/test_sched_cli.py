@@ -95,3 +95,25 @@ def test_bad_arguments_exit_2_with_one_line() -> None:
 def test_an_unreachable_controller_is_one_line_and_status_1() -> None:
     proc = run("gadmin", "account", "list")
     assert proc.returncode == 1 and proc.stderr.startswith("gadmin: error: cannot reach the controller")
+
+
+def test_ginfo_summary_counts_nodes_and_gpus_per_partition() -> None:
+    from garrison.cli.parsing import compress_hostlist
+    from garrison.cli.render import partition_rows
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    def node(name: str, state: str, used: int, partitions: list[str]) -> pb.NodeInfo:
+        gpus = [pb.GpuInfo(index=i, name="A100") for i in range(8)]
+        return pb.NodeInfo(name=name, state=state, inventory=pb.NodeInventory(gpus=gpus),
+                           allocated_gpus=list(range(used)), partitions=partitions)
+
+    response = pb.ListNodesResponse(
+        nodes=[node("node1", "UP", 8, ["main"]), node("node2", "UP", 3, ["main", "long"]),
+               node("node3", "UP", 0, ["main", "long"]), node("node4", "DRAIN", 0, ["long"])],
+        partitions=[pb.PartitionSummary(name="main", default=True, max_time_s=7 * 86400),
+                    pb.PartitionSummary(name="long", max_time_s=0), pb.PartitionSummary(name="empty")])
+    assert partition_rows(response, compress_hostlist) == [
+        ("main*", "7-00:00:00", "2/1/0/3", "11/13/0/24", "node[1-3]"),
+        ("long", "infinite", "1/1/1/3", "3/13/8/24", "node[2-4]"),
+        ("empty", "infinite", "0/0/0/0", "0/0/0/0", "-"),
+    ]
