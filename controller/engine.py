@@ -92,6 +92,8 @@ def _matches(
 MAX_BEGIN_AHEAD_S = 366 * 86400  # gsub --begin
 TEST_JOB_ID = MAX_ID + 1  # gsub --test-only's job: an id no real job can have
 TEST_ONLY_MAX_RESERVATIONS = 500  # jobs a --test-only estimate plans ahead of the tested one, at most
+
+
 class Engine:
     def __init__(self, config: ControllerConfig, state: ClusterState, clock: Clock) -> None:
         self.config = config
@@ -534,5 +536,7 @@ class Engine:
         return out
 
     def partitions_view(self) -> list[pb.PartitionSummary]:
-        return [pb.PartitionSummary(name=p.name, default=p.default, default_time_s=p.default_time_s, max_time_s=p.max_time_s)
-                for p in self.policy.accounting.partitions]
+        return [
+            pb.PartitionSummary(name=p.name, default=p.default, default_time_s=p.default_time_s, max_time_s=p.max_time_s)
+            for p in self.policy.accounting.partitions
+        ]
