@@ -253,6 +253,27 @@ def _current_umask() -> int:
     return mask
 
 
+# sbatch's input environment variables, under gsub's name or sbatch's (GSUB_ACCOUNT, else SBATCH_ACCOUNT):
+# as in sbatch, they override the script's directives, and the command line overrides them.
+ENVIRONMENT_OPTIONS = {
+    "ACCOUNT": "account", "PARTITION": "partition", "QOS": "qos", "TIMELIMIT": "time", "JOB_NAME": "job_name",
+    "OUTPUT": "output", "ERROR": "error", "GPUS": "gpus", "GPUS_PER_NODE": "gpus_per_node",
+    "CPUS_PER_GPU": "cpus_per_gpu", "MEM_PER_NODE": "mem", "EXPORT": "export", "SIGNAL": "signal",
+}
+
+
+def _environment_options(environ: Mapping[str, str]) -> list[tuple[str, dict[str, str]]]:
+    """(the variable, the option it sets) for each input variable set to something."""
+    found = []
+    for suffix, option in ENVIRONMENT_OPTIONS.items():
+        for variable in (f"GSUB_{suffix}", f"SBATCH_{suffix}"):
+            value = environ.get(variable, "")
+            if value:
+                found.append((variable, {option: value}))
+                break
+    return found
+
+
 def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> Submission:
     """Build the Submission for ``gsub ARGV`` run in directory ``cwd`` with environment ``environ``.
 
@@ -297,6 +318,8 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
             raise UsageError("--wrap: the command is empty")
         script_text = WRAP_SHEBANG + wrap + "\n"
         command = ()
+    for variable, option in _environment_options(environ):
+        chosen.apply(option, f"${variable}: ")
     chosen.apply(command_line, "")
 
     def converted(name: str, parse: Callable[[str], _Value]) -> _Value | None:

@@ -24,7 +24,7 @@ from garrison.cli.parsing import (
     read_directives,
 )
 from garrison.cli.submission import HelpRequested, parse_submission
-from garrison.controller.domain import LaunchMode
+from garrison.controller.domain import JobSpec, LaunchMode
 
 # ---------------------------------------------------------------------------------------------- time
 
@@ -403,6 +403,23 @@ def test_nice_alone_means_100_and_takes_only_an_attached_value(workdir: Path) ->
     for bad in ("--nice=abc", "--nice=", "--nice=99999999999"):
         with pytest.raises(UsageError, match="--nice"):
             nice(bad)
+
+
+def test_input_environment_variables_sit_between_directives_and_the_command_line(workdir: Path) -> None:
+    (workdir / "env.sh").write_text("#!/bin/sh\n#GSUB -A from-script\n#GSUB -p script-part\n#GSUB -t 5\ntrue\n")
+
+    def spec(environ: dict[str, str], *argv: str) -> JobSpec:
+        return parse_submission([*argv, "env.sh"], environ, str(workdir)).spec
+
+    environ = {"GSUB_ACCOUNT": "from-env", "SBATCH_TIMELIMIT": "1:00:00", "SBATCH_PARTITION": "sb",
+               "GSUB_PARTITION": "gs", "GSUB_QOS": ""}
+    chosen = spec(environ)
+    assert (chosen.account, chosen.partition, chosen.time_limit_s, chosen.qos) == ("from-env", "gs", 3600, None)
+    assert spec(environ, "-A", "cli", "-t", "10").account == "cli" and spec(environ, "-t", "10").time_limit_s == 600
+    assert spec({}).account == "from-script"
+    with pytest.raises(UsageError) as caught:
+        spec({"GSUB_TIMELIMIT": "soon"})
+    assert str(caught.value).startswith("$GSUB_TIMELIMIT: --time: ")
 
 
 def test_wrap_submission(workdir: Path) -> None:
