@@ -113,8 +113,7 @@ def _show(args: argparse.Namespace, wanted_users: list[str], filters: JobFilters
         return
     # The plain form (garrison/plainmsg.py): the queue's one call never imports protobuf.
     job_ids = _split(args.jobs)
-    request = {"users": wanted_users, "states": _states(args.states, job_ids), "job_ids": job_ids,
-               "names": filters.names, "partitions": filters.partitions, "accounts": filters.accounts}
+    request = {"users": wanted_users, "states": _states(args.states, job_ids), "job_ids": job_ids, **filters.fields()}
     try:
         with Client() as client:
             response = client.call_plain("ListJobs", request)
@@ -132,15 +131,13 @@ def _show(args: argparse.Namespace, wanted_users: list[str], filters: JobFilters
 
 
 class JobFilters:
-    """-n, -p and -A: the controller applies them to the queue; the pending views apply them here."""
+    """-n, -p and -A, which the controller applies (ListJobs and QueueDetails take the same three)."""
 
     def __init__(self, names: list[str], partitions: list[str], accounts: list[str]) -> None:
         self.names, self.partitions, self.accounts = names, partitions, accounts
 
-    def keep(self, job: Any) -> bool:
-        return ((not self.names or job.name in self.names)
-                and (not self.partitions or job.partition in self.partitions)
-                and (not self.accounts or job.account in self.accounts))
+    def fields(self) -> dict[str, list[str]]:
+        return {"names": self.names, "partitions": self.partitions, "accounts": self.accounts}
 
 
 def _pending_view(users: list[str], job_ids: list[str], filters: JobFilters, as_json: bool, show_priority: bool,
@@ -157,15 +154,10 @@ def _pending_view(users: list[str], job_ids: list[str], filters: JobFilters, as_
 
     try:
         with Client() as client:
-            response = client.service_call(
-                admin_pb2_grpc.AdminStub, "QueueDetails", adminpb.QueueDetailsRequest(users=users, job_ids=job_ids)
-            )
+            request = adminpb.QueueDetailsRequest(users=users, job_ids=job_ids, **filters.fields())
+            response = client.service_call(admin_pb2_grpc.AdminStub, "QueueDetails", request)
     except CliError as exc:
         fail("gqueue", exc)
-    kept = [detail for detail in response.jobs if filters.keep(detail.job)]
-    if len(kept) != len(response.jobs):
-        del response.jobs[:]
-        response.jobs.extend(kept)
     if as_json:
         print(details_json(response))
         return

@@ -60,7 +60,7 @@ def parse_nice(text: str) -> int:
 
 _BEGIN_RELATIVE = re.compile(r"now\+(\d{1,9})(seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|h|days|day|d|weeks|week|w)?")
 _BEGIN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_BEGIN_FORMATS = "now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS], midnight, noon, teatime, today or tomorrow"
+_BEGIN_FORMATS = "now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS], midnight, noon, fika, teatime, today or tomorrow"
 # sbatch's words for times of day (fika, 15:00, is Slurm's too); the next such time from now.
 _BEGIN_WORDS = {"midnight": "00:00", "noon": "12:00", "fika": "15:00", "teatime": "16:00"}
 
@@ -126,7 +126,8 @@ def compress_hostlist(names: Iterable[str]) -> str:
             else:
                 runs.append([number, number])
         parts = [str(a).zfill(width) if a == b else f"{str(a).zfill(width)}-{str(b).zfill(width)}" for a, b in runs]
-        out.append(f"{prefix}{parts[0]}" if len(runs) == 1 and runs[0][0] == runs[0][1] else f"{prefix}[{','.join(parts)}]")
+        single_name = len(parts) == 1 and "-" not in parts[0]
+        out.append(f"{prefix}{parts[0]}" if single_name else f"{prefix}[{','.join(parts)}]")
     return ",".join(sorted(out + plain))
 
 

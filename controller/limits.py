@@ -16,6 +16,7 @@ from garrison.controller.domain import JobSpec, NodeInventory
 from garrison.controller.validate import ValidationError
 
 if TYPE_CHECKING:
+    from garrison.protos.v1 import admin_pb2 as adminpb
     from garrison.protos.v1 import garrison_pb2 as pb
 
 MAX_ARGS = 10_000
@@ -93,8 +94,8 @@ def check_list(values: Sequence[str], what: str, max_chars: int = MAX_USER_CHARS
 MAX_JOB_NAME_CHARS = 128  # validate.py's JOB_NAME
 
 
-def check_filters(request: pb.ListJobsRequest | pb.CancelJobsRequest) -> None:
-    """The name, partition and account filters of a ListJobs or CancelJobs request."""
+def check_filters(request: pb.ListJobsRequest | pb.CancelJobsRequest | adminpb.QueueDetailsRequest) -> None:
+    """The name, partition and account filters of a ListJobs, CancelJobs or QueueDetails request."""
     check_list(request.names, "names", MAX_JOB_NAME_CHARS)
     check_list(request.partitions, "partitions", MAX_NAME_CHARS)
     check_list(request.accounts, "accounts", MAX_NAME_CHARS)

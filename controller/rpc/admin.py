@@ -7,6 +7,7 @@ import grpc
 
 from garrison.controller.admin import AdminOps
 from garrison.controller.engine import Engine
+from garrison.controller.limits import MAX_JOB_REF_CHARS, check_filters, check_list
 from garrison.controller.rpc import convert, convert_admin
 from garrison.controller.rpc.services import Authenticator, mapped_errors
 from garrison.controller.validate import ValidationError
@@ -147,10 +148,14 @@ class AdminService(admin_grpc.AdminServicer):
         self, request: adminpb.QueueDetailsRequest, context: grpc.aio.ServicerContext
     ) -> adminpb.QueueDetailsResponse:
         self.auth.principal(context)
+        check_list(request.job_ids, "job ids", MAX_JOB_REF_CHARS)
+        check_list(request.users, "users")
+        check_filters(request)
         engine = self.engine
-        jobs = engine._resolve_refs(list(request.job_ids)) if request.job_ids else list(engine.state.jobs.values())
-        users = set(request.users)
-        jobs = [j for j in jobs if not users or j.user in users]
+        # The queue's own selection (ListJobs'), pending jobs only: those are the ones with a position.
+        jobs = engine.list_jobs(pb.ListJobsRequest(
+            users=request.users, job_ids=request.job_ids, states=["PENDING"], names=request.names,
+            partitions=request.partitions, accounts=request.accounts))
         now = engine.clock.now()
         last = engine.policy.last
         return adminpb.QueueDetailsResponse(

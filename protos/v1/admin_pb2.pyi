@@ -851,19 +851,33 @@ class QueueDetailsRequest(_message.Message):
 
     USERS_FIELD_NUMBER: _builtins.int
     JOB_IDS_FIELD_NUMBER: _builtins.int
+    NAMES_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    ACCOUNTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def users(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """as ListJobsRequest's filters"""
+
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def accounts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         users: _abc.Iterable[_builtins.str] | None = ...,
         job_ids: _abc.Iterable[_builtins.str] | None = ...,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+        partitions: _abc.Iterable[_builtins.str] | None = ...,
+        accounts: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids", "users", b"users"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accounts", b"accounts", "job_ids", b"job_ids", "names", b"names", "partitions", b"partitions", "users", b"users"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
