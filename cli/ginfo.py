@@ -35,14 +35,14 @@ def ginfo(topology_node: str | None, summarize: bool) -> None:
         node = next((n for n in response.nodes if n.name == topology_node), None)
         if node is None:
             fail("ginfo", CliError(f"no such node {topology_node!r}"))
-        from garrison.controller.rpc.convert import inventory_from_pb
-        from garrison.nodeagent.gpu.topo import render_topo_matrix
+        from garrison.cli.topo import render_topo_matrix
+        from garrison.wire.convert import inventory_from_pb
 
         click.echo(render_topo_matrix(inventory_from_pb(node.inventory)))
         return
     columns: tuple[str, ...] = NODE_COLUMNS
     if summarize:
-        from garrison.cli.parsing import compress_hostlist
+        from garrison.model.hostlist import compress_hostlist
 
         columns, rows = PARTITION_COLUMNS, partition_rows(response, compress_hostlist)
     else:

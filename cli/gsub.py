@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def build_request(submission: Submission) -> dict[str, Any]:
     """The SubmitJobRequest message in its plain form (garrison/plainmsg.py): gsub never imports protobuf."""
-    from garrison.controller.rpc.convert_spec import spec_to_plain
+    from garrison.wire.convert_spec import spec_to_plain
 
     request: dict[str, Any] = {"spec": spec_to_plain(submission.spec)}
     if submission.hold:

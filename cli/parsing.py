@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from garrison.cli.argparser import UsageError as UsageError  # raised by every parser here; re-exported
+from garrison.model import hostlist
 
 # Values end up in protobuf integer fields and database columns; refusing absurd numbers here gives the
 # user a clear message instead of an overflow somewhere further down.
@@ -25,8 +26,6 @@ _MEMORY = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE)
 _MB_PER_UNIT = {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 _ARRAY_ELEMENT = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_OUTPUT_SPECIFIER = re.compile(r"%(%|([0-9]*)([A-Za-z]))")
-_MAX_PAD_WIDTH = 32
 _TIME_FORMATS = "M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"
 
 
@@ -97,84 +96,6 @@ def parse_begin_time(text: str, now: float) -> float:
         return at if at > now else time.mktime((today.tm_year, today.tm_mon, today.tm_mday + 1, parsed.tm_hour,
                                                  parsed.tm_min, parsed.tm_sec, 0, 0, -1))
     raise UsageError(f"invalid begin time {text!r}: expected {_BEGIN_FORMATS}")
-
-
-MAX_HOSTLIST_NAMES = 10_000
-
-
-def compress_hostlist(names: Iterable[str]) -> str:
-    """The other way: ``["gpu01", "gpu02", "gpu03", "node3", "node4", "login"]`` ->
-    ``"gpu[01-03],login,node[3-4]"``. Names that end in a number share brackets with the names of the same
-    prefix and the same zero padding; the groups come in name order."""
-    groups: dict[tuple[str, int], list[int]] = {}
-    plain: list[str] = []
-    for name in dict.fromkeys(names):
-        match = re.fullmatch(r"(.*?)(\d+)", name)
-        if match is None:
-            plain.append(name)
-            continue
-        prefix, digits = match.groups()
-        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
-        groups.setdefault((prefix, width), []).append(int(digits))
-    out = []
-    for (prefix, width), numbers in groups.items():
-        numbers.sort()
-        runs: list[list[int]] = []
-        for number in numbers:
-            if runs and number == runs[-1][1] + 1:
-                runs[-1][1] = number
-            else:
-                runs.append([number, number])
-        parts = [str(a).zfill(width) if a == b else f"{str(a).zfill(width)}-{str(b).zfill(width)}" for a, b in runs]
-        single_name = len(parts) == 1 and "-" not in parts[0]
-        out.append(f"{prefix}{parts[0]}" if single_name else f"{prefix}[{','.join(parts)}]")
-    return ",".join(sorted(out + plain))
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm's host lists: ``"node3,gpu[01-03,7]"`` -> ``["node3", "gpu01", "gpu02", "gpu03", "gpu7"]``.
-
-    A range keeps the zero padding of its first number; names are kept in the order given, each once.
-    """
-
-    def bad(reason: str) -> UsageError:
-        return UsageError(f"invalid host list {text!r}: {reason}")
-
-    items: list[str] = []
-    depth = start = 0
-    for index, char in enumerate(text):  # split at the commas outside brackets
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if depth not in (0, 1):
-            raise bad("unmatched or nested brackets")
-        if char == "," and depth == 0:
-            items.append(text[start:index])
-            start = index + 1
-    if depth:
-        raise bad("unmatched or nested brackets")
-    items.append(text[start:])
-    names: dict[str, None] = {}
-    for item in (item.strip() for item in items):
-        if not item:
-            continue
-        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\]([^\[\]]*)", item)
-        if match is None:
-            if "[" in item or "]" in item:
-                raise bad(f"{item!r} has more than one bracket")
-            names[item] = None
-            continue
-        prefix, ranges, suffix = match.groups()
-        for part in ranges.split(","):
-            low, dash, high = part.strip().partition("-")
-            if not _DIGITS.fullmatch(low) or (dash and not _DIGITS.fullmatch(high)):
-                raise bad(f"{part.strip()!r} is not a number or a range of numbers")
-            last = int(high) if dash else int(low)
-            if last < int(low):
-                raise bad(f"{part.strip()!r} counts down")
-            if len(names) + last - int(low) >= MAX_HOSTLIST_NAMES:
-                raise bad(f"more than {MAX_HOSTLIST_NAMES} names")
-            for number in range(int(low), last + 1):
-                names[f"{prefix}{number:0{len(low)}d}{suffix}"] = None
-    return list(names)
 
 
 def parse_time_limit(text: str) -> int:
@@ -428,42 +349,9 @@ def parse_export(text: str, environ: Mapping[str, str]) -> dict[str, str]:
     return exported
 
 
-def expand_output_pattern(
-    pattern: str,
-    *,
-    job_id: int,
-    rank: int,
-    node_rank: int,
-    array_job_id: int | None,
-    array_task_id: int | None,
-    user: str,
-    job_name: str,
-) -> str:
-    """Expand sbatch's filename specifiers: %j job id, %t rank, %n node rank, %A array job id,
-    %a array task id, %u user, %x job name, %% a literal percent.
-
-    A width between % and a numeric specifier zero-pads it ("%4a" -> "0007"), as in Slurm. A job outside
-    any array counts as an array of one: %A is its own id and %a is 0, so one pattern fits both kinds.
-    Unknown specifiers are left as written rather than guessed at.
-    """
-    numbers = {
-        "j": job_id,
-        "t": rank,
-        "n": node_rank,
-        "A": array_job_id if array_job_id is not None else job_id,
-        "a": array_task_id if array_task_id is not None else 0,
-    }
-    words = {"u": user, "x": job_name}
-
-    def substitute(match: re.Match[str]) -> str:
-        if match.group(1) == "%":
-            return "%"
-        width, letter = match.group(2), match.group(3)
-        if letter in numbers:
-            # The width is capped so a typo like "%99999999j" cannot ask for a gigabyte of zeros.
-            return str(numbers[letter]).zfill(min(int(width), _MAX_PAD_WIDTH) if width else 0)
-        if letter in words:
-            return words[letter]
-        return match.group(0)
-
-    return _OUTPUT_SPECIFIER.sub(substitute, pattern)
+def expand_hostlist(text: str) -> list[str]:
+    """gsub's reading of a host list (-x, -w): the shared parser, its errors as usage errors."""
+    try:
+        return hostlist.expand_hostlist(text)
+    except hostlist.HostListError as err:
+        raise UsageError(str(err)) from None

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from garrison.cli.argparser import Parser
-from garrison.controller.jobspec import JobSpec, LaunchMode
+from garrison.model.jobspec import JobSpec, LaunchMode
 
 from .parsing import (
     ArraySpec,

@@ -30,11 +30,11 @@ from garrison.controller.accounts import (
     Qos,
     User,
 )
-from garrison.controller.domain import Job, JobState, Node, Principal
 from garrison.controller.engine import Engine, NotFound, PermissionDenied
 from garrison.controller.sched.fairshare import fair_share_factors, normalised_shares
 from garrison.controller.sched.priority import PriorityContext, PriorityFactors
 from garrison.controller.validate import MAX_NICE, ValidationError
+from garrison.model.domain import Job, JobState, Node, Principal
 
 log = logging.getLogger("garrison.controller.admin")
 

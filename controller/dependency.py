@@ -24,8 +24,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from garrison.controller.domain import Job, JobState
 from garrison.controller.sched.cycle import Reason
+from garrison.model.domain import Job, JobState
 
 KINDS = ("after", "afterany", "afterok", "afternotok", "singleton")
 MAX_DEPENDENCY_JOBS = 100

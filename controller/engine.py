@@ -22,10 +22,7 @@ from garrison.config import ControllerConfig
 from garrison.controller import metrics
 from garrison.controller.clock import Clock
 from garrison.controller.dependency import format_dependency, parse_dependency
-from garrison.controller.domain import Job, JobState, Principal
-from garrison.controller.jobrefs import MAX_ID, JobLookup, parse_job_ref
 from garrison.controller.policy import Policy
-from garrison.controller.rpc import convert
 from garrison.controller.sched.cycle import Plan, SchedulerConfig, schedule
 from garrison.controller.sched.snapshot import Snapshot
 from garrison.controller.signals import DEFAULT_WARNING_SIGNAL, parse_signal_name, parse_signal_request
@@ -39,7 +36,10 @@ from garrison.controller.state import (
     SignalAttempt,
 )
 from garrison.controller.validate import Resolved, ValidationError, validate_submission
+from garrison.model.domain import Job, JobState, Principal
+from garrison.model.jobrefs import MAX_ID, JobLookup, parse_job_ref
 from garrison.protos.v1 import garrison_pb2 as pb
+from garrison.wire import convert
 
 log = logging.getLogger("garrison.controller")
 

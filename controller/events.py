@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from garrison.controller.domain import Job
 from garrison.logs import kv
+from garrison.model.domain import Job
 
 log = logging.getLogger("garrison.controller.jobs")
 

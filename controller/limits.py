@@ -12,8 +12,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from garrison.controller.domain import JobSpec, NodeInventory
 from garrison.controller.validate import ValidationError
+from garrison.model.domain import JobSpec, NodeInventory
 
 if TYPE_CHECKING:
     from garrison.protos.v1 import admin_pb2 as adminpb

@@ -33,7 +33,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from garrison.controller.domain import Job, JobState, NodeState
+from garrison.model.domain import Job, JobState, NodeState
 
 if TYPE_CHECKING:
     from garrison.controller.clock import Clock

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-from garrison.controller.domain import Principal
+from garrison.model.domain import Principal
 
 K = TypeVar("K", bound=Hashable)
 

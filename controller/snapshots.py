@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING
 
 from garrison.controller.accounts import Accounting
 from garrison.controller.dependency import dependency_reason, parse_dependency
-from garrison.controller.domain import Job, JobState, Node, NodeState
-from garrison.controller.jobrefs import JobLookup, parse_job_ref
 from garrison.controller.sched.snapshot import (
     EMPTY_ACCOUNTING,
     NodeView,
@@ -27,6 +25,8 @@ from garrison.controller.sched.snapshot import (
     UsageView,
     parse_cpu_list,
 )
+from garrison.model.domain import Job, JobState, Node, NodeState
+from garrison.model.jobrefs import JobLookup, parse_job_ref
 
 if TYPE_CHECKING:
     from garrison.controller.state import ClusterState, LiveAttempt

@@ -17,7 +17,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from garrison.controller.domain import (
+from garrison.controller.sched.snapshot import EMPTY_ACCOUNTING, Snapshot, UsageView
+from garrison.controller.signals import parse_signal_request
+from garrison.controller.snapshots import SnapshotCache
+from garrison.model.domain import (
     LAUNCH_FAILED_PREFIX,
     Allocation,
     Attempt,
@@ -29,9 +32,6 @@ from garrison.controller.domain import (
     NodeResult,
     NodeState,
 )
-from garrison.controller.sched.snapshot import EMPTY_ACCOUNTING, Snapshot, UsageView
-from garrison.controller.signals import parse_signal_request
-from garrison.controller.snapshots import SnapshotCache
 
 if TYPE_CHECKING:
     from garrison.controller.accounts import Accounting

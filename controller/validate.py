@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 from garrison.config import ControllerConfig, PartitionConfig
 from garrison.controller.accounts import Accounting, AccountingError, PartitionDef
 from garrison.controller.dependency import parse_dependency
-from garrison.controller.domain import JobSpec, LaunchMode, Node, Principal
 from garrison.controller.sched.placement import gang_shape, gpu_matches
 from garrison.controller.signals import parse_signal_request
+from garrison.model.domain import JobSpec, LaunchMode, Node, Principal
 
 MAX_SCRIPT_BYTES = 1 << 20
 MAX_ENV_BYTES = 1 << 20

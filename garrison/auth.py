@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from garrison.controller.domain import Principal
+from garrison.model.domain import Principal
 
 __all__ = [
     "CREDENTIAL_METADATA_KEY",

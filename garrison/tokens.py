@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from garrison.auth import AuthError, _b64decode, _b64encode, principal_for
-from garrison.controller.domain import Principal
+from garrison.model.domain import Principal
 
 TOKEN_METADATA_KEY = "x-garrison-token"
 TOKEN_VERSION = "t1"

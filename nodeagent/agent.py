@@ -24,15 +24,15 @@ import grpc
 from garrison import sdnotify
 from garrison.auth import AuthError
 from garrison.config import AgentConfig
-from garrison.controller.domain import LAUNCH_FAILED_PREFIX as LAUNCH_FAILED
-from garrison.controller.domain import NodeInventory
-from garrison.controller.rpc import convert
 from garrison.logs import kv
+from garrison.model.domain import LAUNCH_FAILED_PREFIX as LAUNCH_FAILED
+from garrison.model.domain import NodeInventory
 from garrison.nodeagent.jobs import AttemptResult, JobManager, LaunchRequest, RefusedLaunch
 from garrison.nodeagent.supervisor.forkserver import start_forkserver
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 from garrison.tls import TlsError, agent_channel
+from garrison.wire import convert
 
 log = logging.getLogger("garrison.agent")
 

@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from garrison.controller.domain import Allocation, JobSpec
+from garrison.model.domain import Allocation, JobSpec
 from garrison.nodeagent.launch.env import LaunchContext, checkpoint_dir_for, plan_ranks
 from garrison.nodeagent.supervisor import client as supervisor
 from garrison.nodeagent.supervisor import core as supervisor_core

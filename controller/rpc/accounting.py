@@ -15,12 +15,12 @@ import math
 import grpc
 
 from garrison.controller.clock import Clock
-from garrison.controller.domain import JobState
-from garrison.controller.jobrefs import MAX_ID, parse_job_ref
 from garrison.controller.rpc import convert_admin
 from garrison.controller.rpc.services import Authenticator, mapped_errors
 from garrison.controller.store.interface import JobQuery, Store
 from garrison.controller.validate import ValidationError
+from garrison.model.domain import JobState
+from garrison.model.jobrefs import MAX_ID, parse_job_ref
 from garrison.protos.v1 import accounting_pb2 as apb
 from garrison.protos.v1 import accounting_pb2_grpc as apb_grpc
 

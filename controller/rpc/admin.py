@@ -8,12 +8,13 @@ import grpc
 from garrison.controller.admin import AdminOps
 from garrison.controller.engine import Engine
 from garrison.controller.limits import MAX_JOB_REF_CHARS, check_filters, check_list
-from garrison.controller.rpc import convert, convert_admin
+from garrison.controller.rpc import convert_admin
 from garrison.controller.rpc.services import Authenticator, mapped_errors
 from garrison.controller.validate import ValidationError
 from garrison.protos.v1 import admin_pb2 as adminpb
 from garrison.protos.v1 import admin_pb2_grpc as admin_grpc
 from garrison.protos.v1 import garrison_pb2 as pb
+from garrison.wire import convert
 
 ADD, MODIFY, DELETE = adminpb.ADD, adminpb.MODIFY, adminpb.DELETE
 

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from garrison.controller.accounts import UNSET, Account, Accounting, PartitionDef, Qos, User
-from garrison.controller.domain import Attempt, Job
-from garrison.controller.rpc.convert import allocation_to_pb, job_to_pb
+from garrison.model.domain import Attempt, Job
 from garrison.protos.v1 import accounting_pb2 as apb
 from garrison.protos.v1 import admin_pb2 as adminpb
+from garrison.wire.convert import allocation_to_pb, job_to_pb
 
 if TYPE_CHECKING:  # not at run time: keep SQLAlchemy and the scheduler out of this module's imports
     from garrison.controller.admin import PendingLine, UsageLine

@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 
 from garrison.auth import principal_for
-from garrison.controller.domain import Principal
+from garrison.model.domain import Principal
 from garrison.plainmsg import PLAIN_METHOD_SUFFIX, PlainError, dump_plain, parse_plain
 from garrison.protos.v1 import garrison_pb2 as pb
 

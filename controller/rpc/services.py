@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 import grpc
 
 from garrison.auth import AuthError, verify_credential
-from garrison.controller.domain import Principal
 from garrison.controller.engine import AgentSession, Engine, NotFound, PermissionDenied
 from garrison.controller.limits import (
     MAX_JOB_REF_CHARS,
@@ -21,8 +20,8 @@ from garrison.controller.limits import (
     validate_registration,
 )
 from garrison.controller.ratelimit import AuthFailureLimiter, RateLimited, RateLimiter, peer_host
-from garrison.controller.rpc import convert
 from garrison.controller.validate import ValidationError
+from garrison.model.domain import Principal
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 from garrison.tls import (
@@ -33,6 +32,7 @@ from garrison.tls import (
     read_revoked,
 )
 from garrison.tokens import TOKEN_METADATA_KEY, TokenRegistry
+from garrison.wire import convert
 
 log = logging.getLogger("garrison.controller.rpc")
 

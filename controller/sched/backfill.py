@@ -26,11 +26,11 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from garrison.controller.domain import Allocation
 from garrison.controller.sched.capacity import INFINITY, Capacity
 from garrison.controller.sched.framework import Candidate, Request
 from garrison.controller.sched.placement import Placer
 from garrison.controller.sched.snapshot import RunningJob
+from garrison.model.domain import Allocation
 
 # Real placements tried per reservation once the cheap test passes (each costs a scan of the partition).
 MAX_PLACEMENT_ATTEMPTS = 24

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from garrison.controller.domain import Allocation
 from garrison.controller.sched.framework import Candidate, Request
 from garrison.controller.sched.placement import matching_gpus
 from garrison.controller.sched.snapshot import NodeView
+from garrison.model.domain import Allocation
 
 INFINITY = float("inf")
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 
 from garrison.controller.accounts import Accounting, PartitionDef
-from garrison.controller.domain import Allocation
 from garrison.controller.sched.backfill import Reservation, Timeline
 from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.framework import Candidate, Request
@@ -42,6 +41,7 @@ from garrison.controller.sched.snapshot import (
     RunningJob,
     Snapshot,
 )
+from garrison.model.domain import Allocation
 
 __all__ = ["Plan", "Preempt", "Reason", "Reservation", "SchedulerConfig", "Start", "schedule"]
 

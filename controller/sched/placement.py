@@ -19,13 +19,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
-from garrison.controller.domain import Allocation, JobSpec, NodeAllocation
 from garrison.controller.sched.filters.cpu_memory import cpus_needed
 from garrison.controller.sched.framework import Candidate, GangShape, Request
 from garrison.controller.sched.pipeline import Pipeline, build_pipeline
 from garrison.controller.sched.scorers.numa import local_cpus
 from garrison.controller.sched.snapshot import NodeView
 from garrison.controller.sched.topology import gpu_affinity, pick_connected_gpus
+from garrison.model.domain import Allocation, JobSpec, NodeAllocation
 
 __all__ = [
     "GangShape",

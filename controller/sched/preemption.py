@@ -28,11 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from garrison.controller.domain import Allocation
 from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.framework import Candidate, Code, Request
 from garrison.controller.sched.placement import Placer
 from garrison.controller.sched.snapshot import RunningJob
+from garrison.model.domain import Allocation
 
 MAX_VICTIMS_PER_NODE = 10
 # The exact search for a gang tries at most 2**EXACT_SEARCH_POOL sets, almost all rejected by counting GPUs,

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from garrison.controller.accounts import Accounting
-from garrison.controller.domain import Allocation, JobSpec, NodeInventory
 from garrison.cpulist import parse_cpu_list as parse_cpu_list
+from garrison.model.domain import Allocation, JobSpec, NodeInventory
 
 # How long a job may run when neither it, its partition nor anything else says (Slurm's default is the
 # partition's; a snapshot built without partitions still needs an end time for backfill).

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from garrison.controller.domain import Gpu, NodeInventory
+from garrison.model.domain import Gpu, NodeInventory
 from garrison.nodeagent.gpu.discovery import discover
 from garrison.nodeagent.gpu.fake_nvml import (
     install_fake_nvml,

@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from garrison.controller.clock import ManualClock
-from garrison.controller.domain import Allocation
 from garrison.controller.sched.cycle import schedule
 from garrison.controller.sim.cluster import SimCluster
 from garrison.controller.sim.metrics import ContentionTracker, JobOutcome, ReplayResult
 from garrison.controller.sim.policies import Policy, SnapshotBuilder, plan_preemptions, plan_starts
 from garrison.controller.sim.trace import TraceError, TraceJob
+from garrison.model.domain import Allocation
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from garrison.model.domain import Job, JobState, Node
+
 from ..accounts import Accounting, UsageState
-from ..domain import Job, JobState, Node
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any
 
-from ..domain import Allocation, Gpu, JobSpec, LaunchMode, NodeAllocation, NodeInventory
+from garrison.model.domain import Allocation, Gpu, JobSpec, LaunchMode, NodeAllocation, NodeInventory
 
 
 def _dumps(value: object) -> str:

@@ -16,7 +16,8 @@ from sqlalchemy import Engine, Insert, Row, Table, and_, delete, func, or_, sele
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from ..domain import Attempt, Job, JobState, Node, NodeState
+from garrison.model.domain import Attempt, Job, JobState, Node, NodeState
+
 from . import schema
 from .engine import create_sqlite_reader, is_sqlite
 from .interface import JobQuery, LoadedState, UsageRow

@@ -1,5 +1,6 @@
 """GPU discovery for the node agent: NVML inventory, topology rendering, and a fake NVML for GPU-less hosts."""
 
+from garrison.cli.topo import render_topo_matrix
 from garrison.nodeagent.gpu.discovery import discover, format_cpu_list
 from garrison.nodeagent.gpu.fake_nvml import (
     TOPOLOGY_NAMES,
@@ -10,7 +11,6 @@ from garrison.nodeagent.gpu.fake_nvml import (
     resolve_topology,
     uninstall_fake_nvml,
 )
-from garrison.nodeagent.gpu.topo import render_topo_matrix
 
 __all__ = [
     "TOPOLOGY_NAMES",

@@ -21,8 +21,8 @@ from typing import Any
 import psutil
 import pynvml
 
-from garrison.controller.domain import Gpu, NodeInventory
 from garrison.cpulist import format_cpu_list as format_cpu_list
+from garrison.model.domain import Gpu, NodeInventory
 
 logger = logging.getLogger(__name__)
 

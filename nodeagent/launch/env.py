@@ -12,8 +12,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from garrison.cli.parsing import expand_output_pattern
-from garrison.controller.domain import Allocation, JobSpec, LaunchMode
+from garrison.model.domain import Allocation, JobSpec, LaunchMode
+from garrison.model.outputpath import expand_output_pattern
 
 DEFAULT_OUTPUT = "garrison-%j.out"
 DEFAULT_ARRAY_OUTPUT = "garrison-%A_%a.out"

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 from garrison.config import AccountConfig, ControllerConfig, SwitchConfig
-from garrison.controller.domain import Gpu, Job, JobSpec, NodeInventory, NodeResult, RankOutcome
 from garrison.controller.policy import Policy
 from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.cycle import schedule
@@ -34,6 +33,7 @@ from garrison.controller.sched.pipeline import build_pipeline
 from garrison.controller.sched.placement import Placer, request_for
 from garrison.controller.state import ClusterState
 from garrison.controller.store import open_store
+from garrison.model.domain import Gpu, Job, JobSpec, NodeInventory, NodeResult, RankOutcome
 
 TRACE = Path(__file__).resolve().parent.parent / "data" / "cluster06.csv"
 GPUS_PER_NODE = 8

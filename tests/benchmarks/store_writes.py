@@ -24,8 +24,8 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from garrison.controller.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation
 from garrison.controller.store import Store, open_store
+from garrison.model.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation
 
 POSTGRES_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 

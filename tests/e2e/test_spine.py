@@ -286,7 +286,7 @@ def test_cancel_someone_elses_job_is_refused(cluster: Cluster) -> None:
     import grpc
 
     from garrison.auth import issue_credential
-    from garrison.controller.domain import Principal
+    from garrison.model.domain import Principal
     from garrison.protos.v1 import garrison_pb2 as pb
     from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from garrison.controller.domain import Allocation, JobSpec, NodeAllocation, NodeInventory
 from garrison.controller.sched.snapshot import NodeView, PendingJob, RunningJob, node_view
+from garrison.model.domain import Allocation, JobSpec, NodeAllocation, NodeInventory
 from garrison.nodeagent.gpu.discovery import discover
 from garrison.nodeagent.gpu.fake_nvml import (
     install_fake_nvml,

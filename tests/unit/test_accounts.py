@@ -16,11 +16,11 @@ from garrison.controller.accounts import (
     UsageState,
     User,
 )
-from garrison.controller.domain import JobSpec, Principal
 from garrison.controller.policy import scheduler_config, seed_accounting, switch_paths
 from garrison.controller.sched.presets import preset
 from garrison.controller.usage import UsageLedger
 from garrison.controller.validate import ValidationError, validate_submission
+from garrison.model.domain import JobSpec, Principal
 
 
 def base() -> Accounting:

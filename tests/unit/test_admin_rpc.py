@@ -17,7 +17,7 @@ import pytest
 from security_helpers import ControllerProcess, running_controller
 
 from garrison.auth import issue_credential, load_or_create_key
-from garrison.controller.domain import Principal
+from garrison.model.domain import Principal
 from garrison.protos.v1 import admin_pb2 as adminpb
 from garrison.protos.v1 import admin_pb2_grpc
 from garrison.protos.v1 import garrison_pb2 as pb

@@ -11,9 +11,7 @@ from garrison.cli.parsing import (
     MAX_ARRAY_ELEMENTS,
     ArraySpec,
     UsageError,
-    compress_hostlist,
     expand_hostlist,
-    expand_output_pattern,
     parse_array,
     parse_begin_time,
     parse_export,
@@ -24,7 +22,9 @@ from garrison.cli.parsing import (
     read_directives,
 )
 from garrison.cli.submission import HelpRequested, parse_submission
-from garrison.controller.domain import JobSpec, LaunchMode
+from garrison.model.domain import JobSpec, LaunchMode
+from garrison.model.hostlist import compress_hostlist
+from garrison.model.outputpath import expand_output_pattern
 
 # ---------------------------------------------------------------------------------------------- time
 

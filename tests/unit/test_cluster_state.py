@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from garrison.controller.domain import (
+from garrison.controller.state import AckResult, ClusterState, Launch, SignalAttempt
+from garrison.controller.store import open_store
+from garrison.model.domain import (
     Allocation,
     Gpu,
     Job,
@@ -23,8 +25,6 @@ from garrison.controller.domain import (
     NodeState,
     RankOutcome,
 )
-from garrison.controller.state import AckResult, ClusterState, Launch, SignalAttempt
-from garrison.controller.store import open_store
 
 
 def inventory(name: str, gpus: int = 8) -> NodeInventory:

@@ -16,7 +16,7 @@ from garrison.controller.dependency import (
     format_dependency,
     parse_dependency,
 )
-from garrison.controller.domain import Job, JobSpec, JobState
+from garrison.model.domain import Job, JobSpec, JobState
 
 
 def test_lists_of_types_and_jobs() -> None:

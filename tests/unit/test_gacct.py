@@ -31,9 +31,9 @@ from garrison.cli.accounting import (
     select_columns,
     usage_rows,
 )
-from garrison.controller.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation
 from garrison.controller.rpc.convert_admin import job_record_to_pb, usage_to_pb
 from garrison.controller.store import UsageRow, open_store
+from garrison.model.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation
 
 BIN = Path(sys.executable).parent
 # 2024-03-01T12:00:00Z and around: long before any test runs, so far past finished_job_retention_s.

@@ -12,7 +12,7 @@ import psutil
 import pynvml
 import pytest
 
-from garrison.controller.domain import NodeInventory
+from garrison.model.domain import NodeInventory
 from garrison.nodeagent.gpu import (
     TOPOLOGY_NAMES,
     discover,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from garrison.controller.domain import Gpu, NodeInventory
+from garrison.model.domain import Gpu, NodeInventory
 from garrison.nodeagent.gpu import (
     TOPOLOGY_NAMES,
     discover,

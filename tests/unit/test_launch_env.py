@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from garrison.controller.domain import Allocation, JobSpec, LaunchMode, NodeAllocation
+from garrison.model.domain import Allocation, JobSpec, LaunchMode, NodeAllocation
 from garrison.nodeagent.launch.env import LaunchContext, plan_ranks
 
 TORCHRUN_KEYS = {

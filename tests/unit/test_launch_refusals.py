@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from garrison.controller.domain import Allocation, JobSpec, NodeAllocation
+from garrison.model.domain import Allocation, JobSpec, NodeAllocation
 from garrison.nodeagent.jobs import JobManager, LaunchRequest, RefusedLaunch
 
 

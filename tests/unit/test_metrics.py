@@ -21,7 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from garrison.controller import metrics
 from garrison.controller.clock import ManualClock
-from garrison.controller.domain import (
+from garrison.controller.state import ClusterState
+from garrison.controller.store import open_store
+from garrison.metrics_server import serve_metrics, split_address
+from garrison.model.domain import (
     Allocation,
     Gpu,
     Job,
@@ -32,9 +35,6 @@ from garrison.controller.domain import (
     NodeResult,
     RankOutcome,
 )
-from garrison.controller.state import ClusterState
-from garrison.controller.store import open_store
-from garrison.metrics_server import serve_metrics, split_address
 from garrison.nodeagent.gpu import fake_nvml
 from garrison.nodeagent.jobs import JobManager, LaunchRequest
 from garrison.nodeagent.metrics import node_registry, running_jobs

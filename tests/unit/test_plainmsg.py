@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from test_rpc_fuzz import messages
 
 from garrison.cli.render import job_json, job_row
-from garrison.controller.jobspec import JobSpec, LaunchMode
-from garrison.controller.rpc.convert_spec import spec_to_pb, spec_to_plain
+from garrison.model.jobspec import JobSpec, LaunchMode
 from garrison.plainmsg import PlainError, PlainMessage, dump_plain, from_plain, parse_plain, to_plain
 from garrison.protos.v1 import garrison_pb2 as pb
+from garrison.wire.convert_spec import spec_to_pb, spec_to_plain
 
 TYPES = [pb.SubmitJobRequest, pb.SubmitJobResponse, pb.ListJobsRequest, pb.ListJobsResponse, pb.JobInfo]
 

@@ -33,10 +33,10 @@ from security_helpers import running_controller
 
 import garrison.protos.v1 as protos_package
 from garrison.config import load_config
-from garrison.controller.domain import Principal
 from garrison.controller.limits import NODE_NAME
 from garrison.controller.store import open_store
 from garrison.controller.validate import validate_submission
+from garrison.model.domain import Principal
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 from garrison.protos.v1 import security_pb2 as spb

@@ -11,9 +11,9 @@ from garrison.cli.gadmin_policy import account_rows, limits_text, partition_rows
 from garrison.cli.queue_views import details_json, priority_rows, start_rows
 from garrison.controller.accounts import Account, Accounting, Limits, PartitionDef, Qos
 from garrison.controller.admin import PendingLine
-from garrison.controller.domain import Job, JobSpec
 from garrison.controller.rpc import convert_admin
 from garrison.controller.sched.priority import PriorityFactors, PriorityWeights
+from garrison.model.domain import Job, JobSpec
 from garrison.protos.v1 import admin_pb2 as adminpb
 
 BIN = Path(sys.executable).parent
@@ -98,8 +98,8 @@ def test_an_unreachable_controller_is_one_line_and_status_1() -> None:
 
 
 def test_ginfo_summary_counts_nodes_and_gpus_per_partition() -> None:
-    from garrison.cli.parsing import compress_hostlist
     from garrison.cli.render import partition_rows
+    from garrison.model.hostlist import compress_hostlist
     from garrison.protos.v1 import garrison_pb2 as pb
 
     def node(name: str, state: str, used: int, partitions: list[str]) -> pb.NodeInfo:

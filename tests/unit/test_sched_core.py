@@ -5,11 +5,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from garrison.controller.domain import JobSpec
 from garrison.controller.sched.cycle import Reason, schedule
 from garrison.controller.sched.placement import pick_connected_gpus, place
 from garrison.controller.sched.presets import preset
 from garrison.controller.sched.snapshot import NodeView, PendingJob, Snapshot
+from garrison.model.domain import JobSpec
 
 # DGX-1V hybrid cube-mesh NVLink lanes (see nodeagent/gpu/topologies/dgx1v.toml).
 DGX1V_PAIRS = [(0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2), (2, 3, 2), (2, 6, 1),

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_cluster_state import connect, inventory, new_state, ok, submit
 
-from garrison.controller.domain import Allocation, JobState, NodeAllocation, NodeState
 from garrison.controller.state import SignalAttempt
+from garrison.model.domain import Allocation, JobState, NodeAllocation, NodeState
 
 
 @pytest.fixture

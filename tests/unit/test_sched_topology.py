@@ -11,12 +11,12 @@ from dataclasses import replace
 import pytest
 from sched_helpers import NOW, machine, node, pending, view_of
 
-from garrison.controller.domain import JobSpec
 from garrison.controller.sched.cycle import schedule
 from garrison.controller.sched.placement import place
 from garrison.controller.sched.presets import preset
 from garrison.controller.sched.snapshot import Snapshot, parse_cpu_list
 from garrison.controller.sched.topology import gpu_affinity
+from garrison.model.domain import JobSpec
 
 
 @pytest.fixture(scope="module")

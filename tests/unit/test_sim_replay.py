@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from garrison.controller.domain import Allocation, NodeAllocation
 from garrison.controller.sim.cluster import parse_cluster
 from garrison.controller.sim.metrics import (
     ReplayResult,
@@ -22,6 +21,7 @@ from garrison.controller.sim.replay import ReplayOptions, replay
 from garrison.controller.sim.report import step_average
 from garrison.controller.sim.study import prepare
 from garrison.controller.sim.trace import TraceError, TraceJob
+from garrison.model.domain import Allocation, NodeAllocation
 
 U = 600.0  # time unit of the hand-made traces: ten minutes, far above any scheduler time resolution
 

@@ -40,19 +40,6 @@ from garrison.controller.accounts import (
     UsageState,
     User,
 )
-from garrison.controller.domain import (
-    Allocation,
-    Attempt,
-    Gpu,
-    Job,
-    JobSpec,
-    JobState,
-    LaunchMode,
-    Node,
-    NodeAllocation,
-    NodeInventory,
-    NodeState,
-)
 from garrison.controller.store import (
     JobQuery,
     LoadedState,
@@ -72,6 +59,19 @@ from garrison.controller.store.serde import (
     inventory_to_json,
     spec_from_json,
     spec_to_json,
+)
+from garrison.model.domain import (
+    Allocation,
+    Attempt,
+    Gpu,
+    Job,
+    JobSpec,
+    JobState,
+    LaunchMode,
+    Node,
+    NodeAllocation,
+    NodeInventory,
+    NodeState,
 )
 
 POSTGRES_HOST, POSTGRES_PORT = "127.0.0.1", 5432
@@ -534,7 +534,7 @@ class StoreContract:
         child = textwrap.dedent(
             """
             import os, signal, sys
-            from garrison.controller.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation
+            from garrison.model.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation
             from garrison.controller.store import open_store
             from garrison.controller.store.schema import counters
 

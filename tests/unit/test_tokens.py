@@ -18,7 +18,6 @@ import pytest
 from security_helpers import running_controller
 
 from garrison.auth import AuthError, issue_credential, verify_credential
-from garrison.controller.domain import Principal
 from garrison.controller.ratelimit import (
     AuthFailureLimiter,
     AuthFailuresLimited,
@@ -26,6 +25,7 @@ from garrison.controller.ratelimit import (
     RateLimiter,
     peer_host,
 )
+from garrison.model.domain import Principal
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 from garrison.protos.v1 import security_pb2 as spb

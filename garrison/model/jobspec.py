@@ -1,6 +1,6 @@
 """What a user asks for: ``JobSpec`` and its ``LaunchMode``.
 
-Apart from controller/domain.py (which re-exports both) because gsub builds a JobSpec on every call and the
+Apart from garrison/model/domain.py (which re-exports both) because gsub builds a JobSpec on every call and the
 other domain types cost it ~8 ms of dataclass creation at import. Plain values, no I/O; the controller
 validates them (validate.py), never trusting the CLI.
 """

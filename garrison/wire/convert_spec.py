@@ -4,7 +4,7 @@ neither gsub nor this module's import pays for more than JobSpec's module."""
 
 from __future__ import annotations
 
-from garrison.controller.jobspec import JobSpec
+from garrison.model.jobspec import JobSpec
 
 TYPE_CHECKING = False  # not typing's: importing typing costs gsub ~5 ms
 if TYPE_CHECKING:

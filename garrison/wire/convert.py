@@ -3,7 +3,7 @@ services). Kept light: gsub and gqueue import it on every call."""
 
 from __future__ import annotations
 
-from garrison.controller.domain import (
+from garrison.model.domain import (
     Allocation,
     Gpu,
     Job,
@@ -15,8 +15,8 @@ from garrison.controller.domain import (
     NodeResult,
     RankOutcome,
 )
-from garrison.controller.rpc.convert_spec import spec_to_pb as spec_to_pb
 from garrison.protos.v1 import garrison_pb2 as pb
+from garrison.wire.convert_spec import spec_to_pb as spec_to_pb
 
 
 def inventory_to_pb(inv: NodeInventory) -> pb.NodeInventory:

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 # What a user asks for lives in its own module, so the CLI can import it without the rest of these types.
-from garrison.controller.jobspec import JobSpec as JobSpec
-from garrison.controller.jobspec import LaunchMode as LaunchMode
+from garrison.model.jobspec import JobSpec as JobSpec
+from garrison.model.jobspec import LaunchMode as LaunchMode
 
 
 class JobState(enum.StrEnum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from garrison.controller.domain import Job
+from garrison.model.domain import Job
 
 MAX_ID = 2**63 - 1  # ids are stored as signed 64-bit integers (SQLite INTEGER, PostgreSQL BIGINT)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from garrison.controller.domain import NodeInventory
+from garrison.model.domain import NodeInventory
 
 _COLUMN_GAP = 2
 

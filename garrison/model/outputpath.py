@@ -1,0 +1,51 @@
+"""sbatch's output path patterns (``slurm-%j.out``, ``%x-%A_%4a.log``) expanded for one rank.
+
+Pure; the agent expands them where the ranks start and gjob shows them expanded."""
+
+from __future__ import annotations
+
+import re
+
+_OUTPUT_SPECIFIER = re.compile(r"%(%|([0-9]*)([A-Za-z]))")
+_MAX_PAD_WIDTH = 32
+
+
+def expand_output_pattern(
+    pattern: str,
+    *,
+    job_id: int,
+    rank: int,
+    node_rank: int,
+    array_job_id: int | None,
+    array_task_id: int | None,
+    user: str,
+    job_name: str,
+) -> str:
+    """Expand sbatch's filename specifiers: %j job id, %t rank, %n node rank, %A array job id,
+    %a array task id, %u user, %x job name, %% a literal percent.
+
+    A width between % and a numeric specifier zero-pads it ("%4a" -> "0007"), as in Slurm. A job outside
+    any array counts as an array of one: %A is its own id and %a is 0, so one pattern fits both kinds.
+    Unknown specifiers are left as written rather than guessed at.
+    """
+    numbers = {
+        "j": job_id,
+        "t": rank,
+        "n": node_rank,
+        "A": array_job_id if array_job_id is not None else job_id,
+        "a": array_task_id if array_task_id is not None else 0,
+    }
+    words = {"u": user, "x": job_name}
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(1) == "%":
+            return "%"
+        width, letter = match.group(2), match.group(3)
+        if letter in numbers:
+            # The width is capped so a typo like "%99999999j" cannot ask for a gigabyte of zeros.
+            return str(numbers[letter]).zfill(min(int(width), _MAX_PAD_WIDTH) if width else 0)
+        if letter in words:
+            return words[letter]
+        return match.group(0)
+
+    return _OUTPUT_SPECIFIER.sub(substitute, pattern)
