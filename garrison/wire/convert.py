@@ -1,5 +1,5 @@
 """Where protobuf messages and domain types meet (with convert_admin.py for the admin and accounting
-services). Kept light: gsub and gqueue import it on every call."""
+services, which convert controller-only accounting types). Kept light: gsub and gqueue import it on every call."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from garrison.model.domain import (
     NodeResult,
     RankOutcome,
 )
+from garrison.model.launch import LaunchDescription
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.wire.convert_spec import spec_to_pb as spec_to_pb
 
@@ -195,4 +196,47 @@ def result_from_pb(msg: pb.JobResult) -> NodeResult:
         # Error texts end up in job reasons and the store: keep a long one to its first few kilobytes.
         ranks=tuple(RankOutcome(r.rank, r.exit_code, r.error[:MAX_RESULT_ERROR_CHARS]) for r in msg.ranks),
         error=msg.error[:MAX_RESULT_ERROR_CHARS],
+    )
+
+
+def launch_to_pb(launch: LaunchDescription) -> pb.LaunchJob:
+    msg = pb.LaunchJob(
+        job_id=launch.job_id,
+        attempt=launch.attempt,
+        user=launch.user,
+        uid=launch.uid,
+        gid=launch.gid,
+        spec=spec_to_pb(launch.spec),
+        allocation=allocation_to_pb(launch.allocation),
+        node_rank=launch.node_rank,
+        master_addr=launch.master_addr,
+        master_port=launch.master_port,
+        restart_count=launch.restart_count,
+        kill_wait_s=launch.kill_wait_s,
+        time_limit_s=launch.time_limit_s,
+    )
+    if launch.array_job_id is not None:
+        msg.array_job_id = launch.array_job_id
+    if launch.array_task_id is not None:
+        msg.array_task_id = launch.array_task_id
+    return msg
+
+
+def launch_from_pb(msg: pb.LaunchJob) -> LaunchDescription:
+    return LaunchDescription(
+        job_id=msg.job_id,
+        attempt=msg.attempt,
+        user=msg.user,
+        uid=msg.uid,
+        gid=msg.gid,
+        spec=spec_from_pb(msg.spec),
+        allocation=allocation_from_pb(list(msg.allocation)),
+        node_rank=msg.node_rank,
+        master_addr=msg.master_addr,
+        master_port=msg.master_port,
+        restart_count=msg.restart_count,
+        kill_wait_s=msg.kill_wait_s,
+        time_limit_s=msg.time_limit_s,
+        array_job_id=msg.array_job_id if msg.HasField("array_job_id") else None,
+        array_task_id=msg.array_task_id if msg.HasField("array_task_id") else None,
     )
