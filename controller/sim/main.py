@@ -1,5 +1,8 @@
 """gsim: replay a job trace through the production scheduler with a virtual clock and compare policies.
 
+The simulator's own program (not a CLI command of the cluster: it talks to no controller), so it lives
+beside the scheduling core it drives.
+
     gsim TRACE --cluster SPEC [--policy fifo|fifo-easy|garrison|all] [--config FILE] [--json] [--out DIR]
 
 See docs/gsim.md for the trace formats, the cluster spec, the policies and the metrics.
