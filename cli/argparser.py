@@ -10,6 +10,10 @@ An option that takes a value takes the next word, whatever it looks like, as cli
 (``--wrap -x``, ``-J -dash-``); argparse alone would read a value that begins with ``-`` as an option.
 An option listed in ``bare_values`` takes its value only attached (``--nice=50``); alone it stands for
 its listed value, as sbatch's ``--nice`` alone means 100.
+
+Options in ``ignored_values`` (with a value) and ``ignored_flags`` (without) are accepted and dropped before
+argparse sees them, and their long names collected in ``ignored``: sbatch options a Slurm script carries that
+gsub does not act on. Dropped, not declared: 50 more ``add_argument`` calls would cost every gsub ~2 ms.
 """
 
 from __future__ import annotations
@@ -43,13 +47,34 @@ class Parser(argparse.ArgumentParser):
         super().__init__(formatter_class=_formatter, allow_abbrev=False, **kwargs)  # type: ignore[arg-type]
         # Options whose value is optional and must be attached (sbatch's --nice[=N]): alone, they mean this.
         self.bare_values: dict[str, str] = {}
+        self.ignored_values: dict[str, str] = {}  # flag -> its long name
+        self.ignored_flags: dict[str, str] = {}
+        self.ignored: list[str] = []  # what the last parse_args dropped, in order, each once
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: None = None) -> argparse.Namespace:  # type: ignore[override]
         words = list(sys.argv[1:] if args is None else args)
+        self.ignored = []
         return super().parse_args(self._values_attached(words), namespace)
+
+    def _ignore(self, word: str, index: int, words: list[str]) -> int:
+        """How many words an ignored option at ``words[index]`` spans (0: ``word`` is not one)."""
+        name, attached, _ = word.partition("=")
+        long_name = self.ignored_flags.get(word) or self.ignored_values.get(name)
+        if long_name is None and not word.startswith("--") and len(word) > 2:
+            long_name = self.ignored_values.get(word[:2])  # a short option's value attached: -Lscratch
+            attached = "attached"
+        if long_name is None:
+            return 0
+        if long_name not in self.ignored:
+            self.ignored.append(long_name)
+        if word in self.ignored_flags or attached:
+            return 1
+        if index + 1 >= len(words):
+            self.error(f"argument {word}: expected one argument")
+        return 2
 
     def _values_attached(self, words: list[str]) -> list[str]:
         """``words`` with each value-taking option joined to the word after it (``--wrap=-x``), up to the first
@@ -63,7 +88,10 @@ class Parser(argparse.ArgumentParser):
             word = words[index]
             if word == "--" or not word.startswith("-") or word == "-":
                 return joined + words[index:]
-            if word in self.bare_values:
+            skipped = self._ignore(word, index, words)
+            if skipped:
+                index += skipped
+            elif word in self.bare_values:
                 joined.append(f"{word}={self.bare_values[word]}")
                 index += 1
             elif word in takes_value and index + 1 < len(words):

@@ -11,6 +11,7 @@ from garrison.cli.submission import HelpRequested, Submission, parse_submission
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
@@ -36,12 +37,15 @@ def main(argv: list[str] | None = None) -> None:
 
 def _gsub(args: list[str]) -> None:
     try:
-        submission = parse_submission(args, os.environ, os.getcwd())
+        submission = parse_submission(args, os.environ, os.getcwd(), stdin=_script_on_stdin())
     except HelpRequested as help_text:
         print(help_text.text)
         sys.exit(0)
     except UsageError as exc:
         fail("gsub", CliError(str(exc), EXIT_USAGE))
+    if submission.ignored:
+        print(f"gsub: warning: ignoring {', '.join(submission.ignored)}: Garrison does not act on "
+              f"{'it' if len(submission.ignored) == 1 else 'them'}", file=sys.stderr)
     try:
         with Client() as client:
             response = client.call_plain("SubmitJob", build_request(submission))
@@ -53,6 +57,17 @@ def _gsub(args: list[str]) -> None:
         print(response.job_id)
     else:
         print(f"Submitted batch job {response.job_id}")
+
+
+def _script_on_stdin() -> Callable[[], bytes] | None:
+    """A reader of the script on standard input (``gsub <<EOF``), as sbatch reads one; None on a terminal,
+    where waiting for a script nobody is typing would only look like a hang."""
+    try:
+        if sys.stdin is None or sys.stdin.isatty():
+            return None
+    except ValueError:  # stdin closed
+        return None
+    return sys.stdin.buffer.read
 
 
 def estimate_line(response: Any) -> str:

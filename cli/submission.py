@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,25 @@ if TYPE_CHECKING:
     _Value = TypeVar("_Value")
 
 WRAP_JOB_NAME = "wrap"
+STDIN_JOB_NAME = "gsub"  # sbatch names a script read from standard input "sbatch"
+DIRECTIVE_QUOTE_LIMIT = 100  # a bad directive's error quotes at most this much of it
+
+# sbatch options real scripts carry that Garrison accepts and does not act on: each is named once in a
+# warning, never an error, so a script written for Slurm runs unchanged. (value-taking, flag)
+IGNORED_VALUE_OPTIONS = (
+    ("--mail-type",), ("--mail-user",), ("--wckey",), ("--hint",), ("--comment",), ("-L", "--licenses"),
+    ("--profile",), ("--acctg-freq",), ("-m", "--distribution"), ("--switches",), ("--reservation",),
+    ("--threads-per-core",), ("--cores-per-socket",), ("--sockets-per-node",), ("--mincpus",), ("--tmp",),
+    ("--gpu-bind",), ("--gpu-freq",), ("--cpu-freq",), ("--network",), ("--mcs-label",), ("--deadline",),
+    ("--delay-boot",), ("--propagate",), ("--get-user-env",), ("-M", "--clusters"), ("--power",),
+    ("--core-spec",), ("--thread-spec",), ("--cpu-bind",), ("--mem-bind",), ("--priority",),
+    ("--kill-on-invalid-dep",), ("--container",), ("--uid",), ("--gid",), ("-B", "--extra-node-info"),
+)
+IGNORED_FLAG_OPTIONS = (
+    ("-O", "--overcommit"), ("-s", "--oversubscribe"), ("--contiguous",), ("--spread-job",),
+    ("-k", "--no-kill"), ("--use-min-nodes",), ("-Q", "--quiet"), ("-v", "--verbose"), ("-I", "--immediate"),
+    ("--ignore-pbs",), ("--reboot",),
+)
 WRAP_SHEBANG = "#!/bin/sh\n"
 
 
@@ -69,6 +89,7 @@ class Submission:
     qos: str | None
     hold: bool = False  # -H: submitted held
     test_only: bool = False  # --test-only: only estimate when and where it would start
+    ignored: tuple[str, ...] = ()  # sbatch options given that Garrison does not act on (gsub warns once)
 
 
 def _option(parser: argparse.ArgumentParser, *flags: str, metavar: str, help_text: str) -> None:
@@ -79,7 +100,7 @@ def _option(parser: argparse.ArgumentParser, *flags: str, metavar: str, help_tex
 def _gsub_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="gsub",
-        usage="gsub [OPTIONS] SCRIPT [ARGS...] | gsub [OPTIONS] --wrap CMD",
+        usage="gsub [OPTIONS] SCRIPT [ARGS...] | gsub [OPTIONS] < SCRIPT | gsub [OPTIONS] --wrap CMD",
         description=(
             "Submit a batch job. #GSUB lines at the top of SCRIPT are read as options; the command line "
             "overrides them."
@@ -130,7 +151,12 @@ def _gsub_parser() -> argparse.ArgumentParser:
             help_text="Start only after these jobs: after, afterany, afterok or afternotok, e.g. afterok:12,afterany:13.")
     _option(parser, "--signal", metavar="[R:]SIG@SECS",
             help_text="Send SIG (e.g. USR1) SECS seconds before the time limit and before preemption.")
-    parser.add_argument("script", nargs="?", help="The batch script (it starts with #!).")
+    parser.ignored_values = {flag: flags[-1] for flags in IGNORED_VALUE_OPTIONS for flag in flags}
+    parser.ignored_flags = {flag: flags[-1] for flags in IGNORED_FLAG_OPTIONS for flag in flags}
+    parser.epilog = ("Accepted from sbatch scripts and not acted on (a warning names them): "
+                     + ", ".join(flags[-1] for flags in IGNORED_VALUE_OPTIONS + IGNORED_FLAG_OPTIONS) + ".")
+    parser.add_argument("script", nargs="?",
+                        help="The batch script (it starts with #!); read from standard input when not given.")
     # Everything after the script name belongs to the script, even words that look like options.
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
     return parser
@@ -145,6 +171,8 @@ def _given_options(words: Sequence[str]) -> dict[str, object]:
     """Parse ``words`` as gsub's options; return only what they set explicitly, by parameter name."""
     parser = _gsub_parser()
     given = vars(parser.parse_args(list(words)))
+    if parser.ignored:
+        given["ignored"] = tuple(parser.ignored)
     if given.pop("help", False):
         raise HelpRequested(parser.format_help())
     if not given.get("script_args", True):
@@ -159,10 +187,7 @@ class _ChosenOptions:
 
     def __init__(self) -> None:
         self._values: dict[str, tuple[object, str]] = {}
-
-    def apply(self, values: Mapping[str, object], origin: str) -> None:
-        for name, value in values.items():
-            self._values[name] = (value, origin)
+        self._ignored: dict[str, None] = {}
 
     def text(self, name: str) -> str | None:
         value, _ = self._values.get(name, (None, ""))
@@ -174,9 +199,21 @@ class _ChosenOptions:
         assert value is None or isinstance(value, bool), name
         return value
 
+    def apply(self, values: Mapping[str, object], origin: str) -> None:
+        for name, value in values.items():
+            if name == "ignored":  # collected from every source, not overridden
+                assert isinstance(value, tuple)
+                self._ignored.update(dict.fromkeys(value))
+            else:
+                self._values[name] = (value, origin)
+
+    def ignored(self) -> tuple[str, ...]:
+        """The options given that Garrison accepts and does not act on, as their long flags."""
+        return tuple(self._ignored)
+
     def error(self, name: str, problem: str) -> UsageError:
         _, origin = self._values.get(name, (None, ""))
-        return UsageError(f"{origin}--{name.replace('_', '-')}: {problem}")
+        return UsageError(_quoted_briefly(f"{origin}--{name.replace('_', '-')}: {problem}"))
 
     def nonempty_text(self, name: str) -> str | None:
         value = self.text(name)
@@ -205,12 +242,24 @@ def _read_script(path: str, cwd: str) -> str:
         raise UsageError(f"script is a directory: {path}") from None
     except OSError as error:
         raise UsageError(f"cannot read script {path}: {error.strerror}") from None
+    return _checked_script(data, path)
+
+
+def _checked_script(data: bytes, path: str) -> str:
+    if not data.strip():
+        raise UsageError(f"script is empty: {path}")
     if b"\0" in data:
         raise UsageError(f"script is a binary file, not text: {path}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"script is not UTF-8 text: {path}") from None
+    # Like sbatch, which refuses them: "/bin/bash^M: bad interpreter" on the node would be a worse message.
+    if "\r\n" in text:
+        raise UsageError(
+            f"script contains DOS line breaks (\\r\\n) instead of UNIX line breaks (\\n): {path} "
+            "(convert it with dos2unix)"
+        )
     # Like sbatch: the agent executes the script file directly, which needs an interpreter line.
     if not text.startswith("#!"):
         raise UsageError(
@@ -219,9 +268,11 @@ def _read_script(path: str, cwd: str) -> str:
     return text
 
 
-def _job_name(chosen: _ChosenOptions, script: str | None) -> str:
+def _job_name(chosen: _ChosenOptions, script: str | None, from_stdin: bool) -> str:
     name = chosen.nonempty_text("job_name")
     if name is None:
+        if from_stdin:
+            return STDIN_JOB_NAME
         return os.path.basename(script) if script is not None else WRAP_JOB_NAME
     if any(not char.isprintable() for char in name):
         raise chosen.error("job_name", f"contains a control character: {name!r}")
@@ -274,11 +325,55 @@ def _environment_options(environ: Mapping[str, str]) -> list[tuple[str, dict[str
     return found
 
 
-def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> Submission:
+def _quoted_briefly(message: str) -> str:
+    """``message`` with every quoted part cut to DIRECTIVE_QUOTE_LIMIT characters: a directive line can be
+    kilobytes long, and its error must stay one readable line."""
+
+    def cut(match: re.Match[str]) -> str:
+        quote, body = match.group(1), match.group(2)
+        if len(body) <= DIRECTIVE_QUOTE_LIMIT:
+            return match.group(0)
+        return f"{quote}{body[:DIRECTIVE_QUOTE_LIMIT]}...{quote}"
+
+    return re.sub(r"(['\"])(.*?)\1", cut, message)
+
+
+def _directive_options(script: str, script_text: str, directive: str) -> list[tuple[dict[str, object], str]]:
+    """Each directive line's options, with the origin its errors name (``train.sh line 3: ``)."""
+    found = []
+    try:
+        lines = read_directive_lines(script_text, directive)
+    except UsageError as problem:
+        raise UsageError(_quoted_briefly(f"{script} {problem}")) from None
+    for line_number, words in lines:
+        origin = f"{script} line {line_number}: "
+        try:
+            options = _given_options(words)
+        except UsageError as problem:
+            raise UsageError(_quoted_briefly(f"{origin}{problem}")) from None
+        except HelpRequested:
+            raise UsageError(f"{origin}--help is not a directive") from None
+        if "script" in options:
+            raise UsageError(_quoted_briefly(
+                f"{origin}unexpected argument {options['script']!r}: directives hold options only"
+            ))
+        if "wrap" in options:
+            raise UsageError(f"{origin}--wrap cannot be used in a script")
+        found.append((options, origin))
+    return found
+
+
+def parse_submission(
+    argv: list[str], environ: Mapping[str, str], cwd: str, stdin: Callable[[], bytes] | None = None
+) -> Submission:
     """Build the Submission for ``gsub ARGV`` run in directory ``cwd`` with environment ``environ``.
 
-    Reads the script file (relative paths against ``cwd``) but nothing else. Raises UsageError with a
-    one-line message for any mistake, and HelpRequested for -h/--help.
+    Reads the script file (relative paths against ``cwd``), or, with neither a script nor --wrap, the script
+    from ``stdin`` when one is given (as sbatch reads standard input), but nothing else. Raises UsageError
+    with a one-line message for any mistake, and HelpRequested for -h/--help.
+
+    Precedence, highest first, option by option: the command line, the GSUB_*/SBATCH_* input variables,
+    ``#GSUB`` directives, ``#SBATCH`` directives.
     """
     command_line = _given_options(argv)
     script = command_line.get("script")
@@ -290,27 +385,24 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
 
     if script is not None and wrap is not None:
         raise UsageError("give either a script or --wrap, not both")
-    if script is None and wrap is None:
-        raise UsageError("no script given: use gsub [OPTIONS] SCRIPT [ARGS...] or gsub [OPTIONS] --wrap CMD")
+    from_stdin = script is None and wrap is None
+    stdin_data = stdin() if from_stdin and stdin is not None else b""
+    if from_stdin and not stdin_data:
+        raise UsageError("no script given: use gsub [OPTIONS] SCRIPT [ARGS...], gsub [OPTIONS] < SCRIPT "
+                         "or gsub [OPTIONS] --wrap CMD")
 
     chosen = _ChosenOptions()
-    if script is not None:
-        script_text = _read_script(script, cwd)
-        for line_number, words in read_directive_lines(script_text):
-            origin = f"{script} line {line_number}: "
-            try:
-                directive = _given_options(words)
-            except UsageError as problem:
-                raise UsageError(f"{origin}{problem}") from None
-            except HelpRequested:
-                raise UsageError(f"{origin}--help is not a directive") from None
-            if "script" in directive:
-                raise UsageError(
-                    f"{origin}unexpected argument {directive['script']!r}: directives hold options only"
-                )
-            if "wrap" in directive:
-                raise UsageError(f"{origin}--wrap cannot be used in a script")
-            chosen.apply(directive, origin)
+    if script is not None or from_stdin:
+        if from_stdin:
+            script_text = _checked_script(stdin_data, "standard input")
+            script_name = "standard input"
+        else:
+            assert script is not None
+            script_text = _read_script(script, cwd)
+            script_name = script
+        for directive in ("#SBATCH", "#GSUB"):  # lowest precedence first: each later one overrides
+            for options, origin in _directive_options(script_name, script_text, directive):
+                chosen.apply(options, origin)
         command = tuple(str(word) for word in script_args)
     else:
         assert wrap is not None
@@ -340,7 +432,7 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
     qos = chosen.nonempty_text("qos")
 
     spec = JobSpec(
-        name=_job_name(chosen, script),
+        name=_job_name(chosen, script, from_stdin),
         command=command,
         script=script_text,
         nodes=chosen.count("nodes"),
@@ -357,7 +449,8 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
         env=export if export is not None else dict(environ),
         output=chosen.nonempty_text("output"),
         error=chosen.nonempty_text("error"),
-        launch=LaunchMode(launch) if launch is not None else LaunchMode.RANK,
+        # As sbatch: the batch script runs once, on the first node; per-rank launches are asked for.
+        launch=LaunchMode(launch) if launch is not None else LaunchMode.SINGLE,
         ntasks_per_node=chosen.count("ntasks_per_node"),
         requeue=requeue if requeue is not None else True,
         max_restarts=chosen.count("max_restarts", minimum=0) or 0,
@@ -371,4 +464,5 @@ def parse_submission(argv: list[str], environ: Mapping[str, str], cwd: str) -> S
         array_max_running=array.max_running if array is not None else None,
     )
     return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos,
-                      hold=bool(chosen.flag("hold")), test_only=bool(chosen.flag("test_only")))
+                      hold=bool(chosen.flag("hold")), test_only=bool(chosen.flag("test_only")),
+                      ignored=chosen.ignored())

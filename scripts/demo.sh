@@ -16,8 +16,8 @@ ginfo
 echo "== ginfo --topology node2"
 ginfo --topology node2
 
-echo "== gsub: 2 nodes x 2 GPUs, one rank per GPU"
-JOB=$(gsub --parsable -J demo -N 2 --gpus-per-node 2 -t 1:00 -o "$STATE_DIR/demo-%j.out" \
+echo "== gsub: 2 nodes x 2 GPUs, one rank per GPU (--launch rank; a batch script alone runs once, as with sbatch)"
+JOB=$(gsub --parsable -J demo -N 2 --gpus-per-node 2 --launch rank -t 1:00 -o "$STATE_DIR/demo-%j.out" \
   --wrap 'echo "rank $RANK/$WORLD_SIZE on $GARRISON_NODENAME local_rank=$LOCAL_RANK CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES master=$MASTER_ADDR:$MASTER_PORT"; sleep 1')
 echo "submitted job $JOB"
 

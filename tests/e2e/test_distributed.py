@@ -41,7 +41,7 @@ def write(path: Path, text: str) -> Path:
 def test_gang_all_reduce_with_torchrun_environment(cluster: Cluster) -> None:
     script = write(cluster.work / "allreduce.py", ALL_REDUCE)
     result = cluster.work / "allreduce.txt"
-    job_id = cluster.submit("-N", "2", "--gpus-per-node", "2", "-t", "5:00", "-o", "ar-%j-%t.out",
+    job_id = cluster.submit("--launch", "rank", "-N", "2", "--gpus-per-node", "2", "-t", "5:00", "-o", "ar-%j-%t.out",
                             "--wrap", f"exec {sys.executable} {script} {result}")
     job = cluster.wait_done(job_id, timeout=180)
     logs = "".join(p.read_text() for p in cluster.work.glob(f"ar-{job_id}-*.out"))
@@ -76,7 +76,7 @@ def test_killing_one_rank_restarts_the_gang(cluster: Cluster) -> None:
         f'echo $$ > {pids}/$GARRISON_JOB_ID.$TORCHELASTIC_RESTART_COUNT.$RANK; '
         'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 300; fi; echo "restart $TORCHELASTIC_RESTART_COUNT rank $RANK"'
     )
-    job_id = cluster.submit("-N", "2", "--gpus-per-node", "1", "--max-restarts", "1", "-o", "restart-%j.out",
+    job_id = cluster.submit("--launch", "rank", "-N", "2", "--gpus-per-node", "1", "--max-restarts", "1", "-o", "restart-%j.out",
                             "--wrap", body)
     victim = pids / f"{job_id}.0.1"
     pid = int(wait_until("rank 1 of attempt 0", lambda: victim.exists() and victim.read_text().strip()))
@@ -101,7 +101,7 @@ def test_failed_rank_reports_its_error_file(cluster: Cluster) -> None:
         "    raise ValueError('the learning rate is on fire')\n"
         "main()\n"
     ))
-    job_id = cluster.submit("-G", "1", "-o", "fails-%j.out", "--wrap", f"exec {sys.executable} {script}")
+    job_id = cluster.submit("--launch", "rank", "-G", "1", "-o", "fails-%j.out", "--wrap", f"exec {sys.executable} {script}")
     job = cluster.wait_done(job_id, timeout=120)
     assert job["state"] == "FAILED" and job["exit_code"] == 1
     assert "the learning rate is on fire" in cluster.run("gjob", job_id).stdout
@@ -151,7 +151,7 @@ def test_killing_an_agent_requeues_its_job_onto_the_other(twin_cluster: Cluster)
 def test_signal_before_time_limit_arrives_on_time(cluster: Cluster) -> None:
     log = cluster.work / "warned.log"
     job_id = cluster.submit(
-        "-G", "1", "-t", "0:06", "--signal", "USR1@3", "-o", "/dev/null", "--wrap",
+        "--launch", "rank", "-G", "1", "-t", "0:06", "--signal", "USR1@3", "-o", "/dev/null", "--wrap",
         f"trap 'echo usr1 $(date +%s.%N) >> {log}' USR1; echo start $(date +%s.%N) >> {log}; "
         "while :; do sleep 0.05; done",
     )
@@ -175,7 +175,7 @@ def test_gang_whose_launch_fails_on_one_node_is_requeued(cluster: Cluster) -> No
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as blocker:
         blocker.bind(("0.0.0.0", master_port(next_id, 0)))
         blocker.listen()
-        job_id = cluster.submit("-N", "2", "--gpus-per-node", "1", "-o", "relaunch-%j.out", "--wrap",
+        job_id = cluster.submit("--launch", "rank", "-N", "2", "--gpus-per-node", "1", "-o", "relaunch-%j.out", "--wrap",
                                 'echo "attempt $GARRISON_ATTEMPT rank $RANK port $MASTER_PORT"')
         assert int(job_id) == next_id, "another job was submitted in between; the port guess is off"
         job = cluster.wait_done(job_id)

@@ -48,7 +48,7 @@ def test_script_with_directives_and_args(cluster: Cluster) -> None:
 
 
 def test_two_node_gang_gets_one_rank_per_gpu(cluster: Cluster) -> None:
-    job_id = cluster.submit("-N", "2", "--gpus-per-node", "2", "-o", "gang-%j.out", "--wrap",
+    job_id = cluster.submit("--launch", "rank", "-N", "2", "--gpus-per-node", "2", "-o", "gang-%j.out", "--wrap",
                             'echo "$RANK $LOCAL_RANK $WORLD_SIZE $GARRISON_NODENAME $CUDA_VISIBLE_DEVICES"')
     assert cluster.wait_done(job_id)["state"] == "COMPLETED"
     lines = sorted((cluster.work / f"gang-{job_id}.out").read_text().split("\n")[:-1])
@@ -323,7 +323,7 @@ def test_controller_sigkill_restart_finishes_every_job_exactly_once(cluster: Clu
 
 
 def test_agent_sigkill_restart_keeps_running_jobs(cluster: Cluster) -> None:
-    job_id = cluster.submit("-N", "2", "--gpus-per-node", "1", "-o", "survive-%j.out", "--wrap",
+    job_id = cluster.submit("--launch", "rank", "-N", "2", "--gpus-per-node", "1", "-o", "survive-%j.out", "--wrap",
                             "sleep 2; echo survived $RANK")
     cluster.wait_state(job_id, {"RUNNING"})
     agent_pids = [cluster.pid("agent-1"), cluster.pid("agent-2")]

@@ -381,7 +381,7 @@ def test_script_submission_defaults(workdir: Path) -> None:
     assert spec.nodes is None
     assert spec.gpus is None and spec.gpus_per_node is None and spec.gpu_type is None
     assert spec.time_limit_s is None
-    assert spec.launch is LaunchMode.RANK
+    assert spec.launch is LaunchMode.SINGLE  # as sbatch: the script runs once, on the first node
     assert spec.requeue is True
     assert spec.max_restarts == 0
     assert submission.array is None
@@ -632,3 +632,93 @@ def test_help_is_returned_not_printed(workdir: Path, capsys: pytest.CaptureFixtu
 
 def test_usage_error_exit_status_is_two() -> None:
     assert UsageError.exit_status == 2
+
+
+# ------------------------------------------------------------------------------------- sbatch scripts
+
+
+def test_sbatch_directives_are_read_and_gsub_directives_beat_them(workdir: Path) -> None:
+    _write_script(
+        workdir,
+        "#!/bin/bash\n"
+        "#SBATCH --job-name=from-sbatch\n"
+        "#SBATCH -N 2 --time=1:00:00\n"
+        "#SBATCH -A sbatch-account\n"
+        "#GSUB -A gsub-account\n"
+        "#SBATCHX -N 9\n"  # some other tool's comment
+        "##SBATCH -N 7\n"  # switched off, the usual way
+        "srun python train.py\n"
+        "#SBATCH -N 5\n",  # after the first command: not a directive, as in sbatch
+    )
+    spec = parse_submission(["job.sh"], {}, str(workdir)).spec
+    assert (spec.name, spec.nodes, spec.time_limit_s, spec.account) == ("from-sbatch", 2, 3600, "gsub-account")
+    # Input variables beat both kinds of directive; the command line beats everything.
+    assert parse_submission(["job.sh"], {"SBATCH_ACCOUNT": "env"}, str(workdir)).spec.account == "env"
+    assert parse_submission(["-A", "cli", "job.sh"], {"SBATCH_ACCOUNT": "env"}, str(workdir)).spec.account == "cli"
+
+
+def test_a_gsub_directive_beats_an_sbatch_one_whatever_the_line_order(workdir: Path) -> None:
+    _write_script(workdir, "#!/bin/sh\n#GSUB -t 5\n#SBATCH -t 10\ntrue\n")
+    assert parse_submission(["job.sh"], {}, str(workdir)).spec.time_limit_s == 300
+
+
+def test_a_bad_sbatch_directive_names_its_line(workdir: Path) -> None:
+    _write_script(workdir, "#!/bin/sh\n#SBATCH --frobnicate=1\ntrue\n")
+    with pytest.raises(UsageError, match=r"^job\.sh line 2: .*--frobnicate"):
+        parse_submission(["job.sh"], {}, str(workdir))
+
+
+def test_a_bad_directive_quotes_at_most_a_hundred_characters_of_it(workdir: Path) -> None:
+    _write_script(workdir, "#!/bin/sh\n#SBATCH --time=" + "9" * 5000 + "x\ntrue\n")
+    with pytest.raises(UsageError) as caught:
+        parse_submission(["job.sh"], {}, str(workdir))
+    message = str(caught.value)
+    assert message.startswith("job.sh line 2: --time:") and "\n" not in message
+    assert len(message) < 250 and "9" * 100 in message and "9" * 101 not in message
+
+
+def test_a_script_on_standard_input_is_read_with_its_directives(workdir: Path) -> None:
+    body = b"#!/bin/bash\n#SBATCH -N 2\n#SBATCH --job-name=piped\nhostname\n"
+    spec = parse_submission(["-t", "5"], {}, str(workdir), stdin=lambda: body).spec
+    assert (spec.script, spec.nodes, spec.name, spec.time_limit_s) == (body.decode(), 2, "piped", 300)
+    unnamed = parse_submission([], {}, str(workdir), stdin=lambda: b"#!/bin/sh\ntrue\n").spec
+    assert unnamed.name == "gsub"
+    with pytest.raises(UsageError, match="no script given"):
+        parse_submission([], {}, str(workdir), stdin=lambda: b"")
+    with pytest.raises(UsageError, match="standard input"):
+        parse_submission([], {}, str(workdir), stdin=lambda: b"echo no interpreter\n")
+    with pytest.raises(UsageError, match="no script given"):
+        parse_submission([], {}, str(workdir))  # a terminal: nothing is read
+
+
+def test_a_script_with_dos_line_breaks_is_refused(workdir: Path) -> None:
+    _write_script(workdir, "#!/bin/bash\r\n#SBATCH -N 1\r\necho hi\r\n")
+    with pytest.raises(UsageError, match=r"DOS line breaks .*job\.sh") as caught:
+        parse_submission(["job.sh"], {}, str(workdir))
+    assert "\n" not in str(caught.value)
+    with pytest.raises(UsageError, match="DOS line breaks"):
+        parse_submission([], {}, str(workdir), stdin=lambda: b"#!/bin/sh\r\ntrue\r\n")
+
+
+def test_sbatch_options_garrison_does_not_act_on_are_accepted_and_named(workdir: Path) -> None:
+    _write_script(
+        workdir,
+        "#!/bin/sh\n#SBATCH --mail-type=END,FAIL\n#SBATCH --mail-user=a@b.c\n#SBATCH --hint=nomultithread\n"
+        "#SBATCH -L scratch:1\n#SBATCH --wckey=x --comment='a note'\ntrue\n",
+    )
+    submission = parse_submission(["--oversubscribe", "job.sh"], {}, str(workdir))
+    assert submission.ignored == ("--mail-type", "--mail-user", "--hint", "--licenses", "--wckey", "--comment",
+                                  "--oversubscribe")
+    assert parse_submission(["--wrap", "x"], {}, str(workdir)).ignored == ()
+    # Unknown options stay errors that name them.
+    with pytest.raises(UsageError, match="--mail-typo"):
+        parse_submission(["--mail-typo=END", "--wrap", "x"], {}, str(workdir))
+
+
+def test_ignored_sbatch_options_take_their_values_in_every_spelling(workdir: Path) -> None:
+    submission = parse_submission(["--mail-type", "END", "-Lscratch:1", "-M", "other", "-v", "-N", "2",
+                                   "--wrap", "x"], {}, str(workdir))
+    assert submission.ignored == ("--mail-type", "--licenses", "--clusters", "--verbose")
+    assert submission.spec.nodes == 2  # the words around them are read as before
+    with pytest.raises(UsageError, match="--mail-user: expected one argument"):
+        parse_submission(["--wrap", "x", "--mail-user"], {}, str(workdir))
