@@ -97,7 +97,7 @@ def _option(parser: argparse.ArgumentParser, *flags: str, metavar: str, help_tex
 
 
 @functools.cache  # one parser for the command line and every #GSUB line: argparse parsers are reusable
-def _gsub_parser() -> argparse.ArgumentParser:
+def _gsub_parser() -> Parser:
     parser = Parser(
         prog="gsub",
         usage="gsub [OPTIONS] SCRIPT [ARGS...] | gsub [OPTIONS] < SCRIPT | gsub [OPTIONS] --wrap CMD",
