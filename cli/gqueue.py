@@ -9,7 +9,7 @@ import sys
 
 from garrison.cli.argparser import Parser, UsageError
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
-from garrison.cli.render import JOB_COLUMNS, job_row, jobs_json, plain_table, rich_table
+from garrison.cli.render import JOB_COLUMNS, fold_pending_arrays, job_row, jobs_json, plain_table, rich_table
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms
 if TYPE_CHECKING:
@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
                    help='Lay out each job as squeue -o does, e.g. "%%.10i %%.9P %%.20j %%.2t %%.10M %%R".')
     p.add_argument("-i", "--iterate", default=None, metavar="SECONDS",
                    help="Show the queue again every SECONDS seconds, the time above each (Ctrl-C stops).")
+    p.add_argument("-r", "--array", dest="expand_arrays", action="store_true",
+                   help="One row per array task, pending ones too (by default an array's pending tasks share one "
+                        "row, 5_[11-100%%10], as in squeue).")
     p.add_argument("--json", dest="as_json", action="store_true", help='Print {"jobs": [...]} as JSON.')
     p.add_argument("--start", dest="show_start", action="store_true",
                    help="Pending jobs with their queue position and estimated start (from the last cycle).")
@@ -122,12 +125,13 @@ def _show(args: argparse.Namespace, wanted_users: list[str], filters: JobFilters
     if args.as_json:
         print(jobs_json(response.jobs))
         return
+    jobs = list(response.jobs) if args.expand_arrays else fold_pending_arrays(response.jobs)
     if layout is not None:
-        text = layout.render(list(response.jobs), header=not args.noheader)
+        text = layout.render(jobs, header=not args.noheader)
         if text:
             print(text)
         return
-    _print_table(JOB_COLUMNS, [job_row(j) for j in response.jobs], args.noheader)
+    _print_table(JOB_COLUMNS, [job_row(j) for j in jobs], args.noheader)
 
 
 class JobFilters:

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-JOB_COLUMNS = ("JOBID", "NAME", "USER", "ACCOUNT", "STATE", "TIME", "GPUS", "NODES(REASON)")
+JOB_COLUMNS = ("JOBID", "PARTITION", "NAME", "USER", "ACCOUNT", "STATE", "TIME", "GPUS", "NODES(REASON)")
 NODE_COLUMNS = ("NODE", "STATE", "GPUS(A/T)", "CPUS(A/T)", "MEM(A/T)", "MODEL", "GPU", "REASON")
 LIVE_STATES = ("CONFIGURING", "RUNNING", "COMPLETING")  # a job holding GPUs
 
@@ -44,6 +44,7 @@ def job_row(job: Any) -> tuple[str, ...]:
         where = ",".join(job.node_list)
     return (
         job.display_id,
+        job.partition,
         job.name,
         job.user,
         job.account,
@@ -52,6 +53,56 @@ def job_row(job: Any) -> tuple[str, ...]:
         str(job.gpus),
         where,
     )
+
+
+def index_ranges(indices: Sequence[int]) -> str:
+    """``[1, 2, 3, 5, 7, 8]`` -> ``"1-3,5,7-8"``: array task ids as squeue writes them."""
+    runs: list[list[int]] = []
+    for index in sorted(set(indices)):
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+class FoldedArray:
+    """The pending tasks of one array that wait for the same reason, shown as one row the way squeue shows
+    them: ``5_[11-100%10]`` (``%10``: at most ten run at once). Reads like its first task otherwise."""
+
+    def __init__(self, tasks: Sequence[Any]) -> None:
+        self._first = tasks[0]
+        limit = self._first.array_max_running if self._first.HasField("array_max_running") else 0
+        ranges = index_ranges([task.array_task_id for task in tasks])
+        self.display_id = f"{self._first.array_job_id}_[{ranges}{f'%{limit}' if limit else ''}]"
+        self.tasks = tuple(tasks)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._first, name)
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 - the message's own spelling
+        return bool(self._first.HasField(name))
+
+
+def fold_pending_arrays(jobs: Sequence[Any]) -> list[Any]:
+    """squeue's view of job arrays: the pending tasks of an array that wait for the same reason become one
+    row (``FoldedArray``), at the place of the first; a task that has started, or waits for another reason,
+    keeps a row of its own. A lone pending task stays as it is."""
+    groups: dict[tuple[int, str, str], list[Any]] = {}
+    order: list[Any] = []
+    for job in jobs:
+        if job.state != "PENDING" or not job.HasField("array_job_id") or not job.HasField("array_task_id"):
+            order.append(job)
+            continue
+        key = (job.array_job_id, job.reason, job.partition)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = group = []
+            order.append(group)
+        group.append(job)
+    return [
+        item if not isinstance(item, list) else item[0] if len(item) == 1 else FoldedArray(item) for item in order
+    ]
 
 
 def plain_table(headers: Sequence[str], rows: Sequence[Sequence[str]], header: bool = True) -> str:

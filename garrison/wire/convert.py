@@ -152,6 +152,8 @@ def job_to_pb(job: Job, now: float, with_spec: bool = False) -> pb.JobInfo:
         msg.array_job_id = job.array_job_id
     if job.array_task_id is not None:
         msg.array_task_id = job.array_task_id
+    if job.spec.array_max_running is not None:
+        msg.array_max_running = job.spec.array_max_running
     if with_spec:
         spec = spec_to_pb(job.spec)
         spec.ClearField("env")  # the environment can hold secrets; gjob shows the rest

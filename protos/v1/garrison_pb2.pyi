@@ -672,6 +672,7 @@ class JobInfo(_message.Message):
     ARRAY_JOB_ID_FIELD_NUMBER: _builtins.int
     ARRAY_TASK_ID_FIELD_NUMBER: _builtins.int
     NOW_FIELD_NUMBER: _builtins.int
+    ARRAY_MAX_RUNNING_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     display_id: _builtins.str
     name: _builtins.str
@@ -694,6 +695,8 @@ class JobInfo(_message.Message):
     array_task_id: _builtins.int
     now: _builtins.float
     """the controller's clock, so clients show elapsed time without trusting their own"""
+    array_max_running: _builtins.int
+    """an array task's %N: tasks of its array running at once"""
     @_builtins.property
     def node_list(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -727,19 +730,24 @@ class JobInfo(_message.Message):
         array_job_id: _builtins.int | None = ...,
         array_task_id: _builtins.int | None = ...,
         now: _builtins.float = ...,
+        array_max_running: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_task_id", b"_array_task_id", "_exit_code", b"_exit_code", "array_job_id", b"array_job_id", "array_task_id", b"array_task_id", "exit_code", b"exit_code", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_max_running", b"_array_max_running", "_array_task_id", b"_array_task_id", "_exit_code", b"_exit_code", "array_job_id", b"array_job_id", "array_max_running", b"array_max_running", "array_task_id", b"array_task_id", "exit_code", b"exit_code", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_task_id", b"_array_task_id", "_exit_code", b"_exit_code", "account", b"account", "array_job_id", b"array_job_id", "array_task_id", b"array_task_id", "attempts", b"attempts", "display_id", b"display_id", "end_time", b"end_time", "exit_code", b"exit_code", "gpus", b"gpus", "job_id", b"job_id", "name", b"name", "node_list", b"node_list", "nodes", b"nodes", "now", b"now", "partition", b"partition", "priority", b"priority", "reason", b"reason", "restart_count", b"restart_count", "spec", b"spec", "start_time", b"start_time", "state", b"state", "submit_time", b"submit_time", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_max_running", b"_array_max_running", "_array_task_id", b"_array_task_id", "_exit_code", b"_exit_code", "account", b"account", "array_job_id", b"array_job_id", "array_max_running", b"array_max_running", "array_task_id", b"array_task_id", "attempts", b"attempts", "display_id", b"display_id", "end_time", b"end_time", "exit_code", b"exit_code", "gpus", b"gpus", "job_id", b"job_id", "name", b"name", "node_list", b"node_list", "nodes", b"nodes", "now", b"now", "partition", b"partition", "priority", b"priority", "reason", b"reason", "restart_count", b"restart_count", "spec", b"spec", "start_time", b"start_time", "state", b"state", "submit_time", b"submit_time", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__array_job_id: _TypeAlias = _typing.Literal["array_job_id"]  # noqa: Y015
     _WhichOneofArgType__array_job_id: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id"]  # noqa: Y015
+    _WhichOneofReturnType__array_max_running: _TypeAlias = _typing.Literal["array_max_running"]  # noqa: Y015
+    _WhichOneofArgType__array_max_running: _TypeAlias = _typing.Literal["_array_max_running", b"_array_max_running"]  # noqa: Y015
     _WhichOneofReturnType__array_task_id: _TypeAlias = _typing.Literal["array_task_id"]  # noqa: Y015
     _WhichOneofArgType__array_task_id: _TypeAlias = _typing.Literal["_array_task_id", b"_array_task_id"]  # noqa: Y015
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__array_job_id) -> _WhichOneofReturnType__array_job_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__array_max_running) -> _WhichOneofReturnType__array_max_running | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__array_task_id) -> _WhichOneofReturnType__array_task_id | None: ...
     @_typing.overload

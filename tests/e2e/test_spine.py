@@ -188,8 +188,8 @@ def test_gqueue_filters_and_formats(cluster: Cluster) -> None:
     running = json.loads(cluster.run("gqueue", "--json", "-t", "RUNNING").stdout)["jobs"]
     assert job_id in {j["job_id"] for j in running}
     plain = cluster.run("gqueue", "-j", job_id).stdout.splitlines()
-    assert plain[0].split() == ["JOBID", "NAME", "USER", "ACCOUNT", "STATE", "TIME", "GPUS", "NODES(REASON)"]
-    assert plain[1].split()[0] == job_id and plain[1].split()[4] == "RUNNING"
+    assert plain[0].split() == ["JOBID", "PARTITION", "NAME", "USER", "ACCOUNT", "STATE", "TIME", "GPUS", "NODES(REASON)"]
+    assert plain[1].split()[0] == job_id and plain[1].split()[5] == "RUNNING"
     assert cluster.run("gqueue", "--me", "-j", job_id).stdout.count("\n") == 2
     cluster.run("gcancel", job_id)
     cluster.wait_done(job_id)
@@ -241,7 +241,7 @@ def test_gqueue_and_gcancel_select_by_name_partition_and_account(cluster: Cluste
     cluster.run("gcancel", "--me", "-n", "sel-a")
     for job_id in (held[0], held[2]):
         cluster.wait_done(job_id)
-    assert cluster.run("gqueue", "-h", "-j", held[1]).stdout.split()[4] == "PENDING"
+    assert cluster.run("gqueue", "-h", "-j", held[1]).stdout.split()[5] == "PENDING"
     cluster.run("gcancel", held[1])
 
 

@@ -177,7 +177,7 @@ def test_gqueue_into_a_pipe_closed_early_stops_quietly(controller, tmp_path, mon
         submitted = client.call_plain("SubmitJob", {"spec": {"name": "many", "command": ["true"], "gpus": 1, "workdir": str(tmp_path)},
                                         "array_indices": list(range(1, 2001))})
     env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path), "GARRISON_CONTROLLER": controller.address}
-    for args in ([], ["--json"]):
+    for args in (["-r"], ["--json"]):  # -r: one row per task, a long listing
         with subprocess.Popen([sys.executable, "-m", "garrison.cli.gqueue", *args], env=env, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
             assert proc.stdout is not None and proc.stderr is not None

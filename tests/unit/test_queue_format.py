@@ -57,3 +57,24 @@ def test_bad_formats_are_one_line_usage_errors(spec: str, message: str) -> None:
     with pytest.raises(UsageError) as caught:
         QueueFormat(spec)
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def _task(index: int, state: str = "PENDING", reason: str = "Resources") -> pb.JobInfo:
+    job = pending_task()
+    job.job_id, job.display_id, job.array_task_id, job.state, job.reason = 19 + index, f"19_{index}", index, state, reason
+    job.array_max_running = 10
+    return job
+
+
+def test_pending_tasks_of_an_array_fold_into_one_row_as_in_squeue() -> None:
+    from garrison.cli.render import JOB_COLUMNS, fold_pending_arrays, job_row
+
+    jobs = [running(), _task(1, "RUNNING", ""), *(_task(i) for i in (2, 3, 4, 7, 8)), _task(9, reason="Priority")]
+    folded = fold_pending_arrays(jobs)
+    assert [job.display_id for job in folded] == ["12", "19_1", "19_[2-4,7-8%10]", "19_9"]
+    assert folded[2].tasks[0] is jobs[2] and folded[2].state == "PENDING" and folded[2].reason == "Resources"
+    assert job_row(folded[2])[:3] == ("19_[2-4,7-8%10]", "main", "sweep")
+    assert JOB_COLUMNS[:3] == ("JOBID", "PARTITION", "NAME")
+    # squeue -o lays out a folded row like any other; a lone pending task keeps its own id.
+    assert QueueFormat("%i %t %r").render(folded[2:], header=False) == "19_[2-4,7-8%10] PD Resources\n19_9 PD Priority"
+    assert fold_pending_arrays([_task(5)])[0].display_id == "19_5"
