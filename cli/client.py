@@ -49,9 +49,10 @@ RESPONSE_TYPES = {
 class CliError(Exception):
     """A one-line message for the user and the exit status to leave with."""
 
-    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE, retryable: bool = False) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.retryable = retryable  # the controller is unreachable or slow: asking again later may work
 
 
 class _LocalUnusable(Exception):
@@ -88,9 +89,9 @@ def _cache_dir() -> str:
 def _error_for(code: int, details: str, address: str) -> CliError:
     details = details.splitlines()[0] if details else ""
     if code == UNAVAILABLE:
-        return CliError(f"cannot reach the controller at {address}: {details or 'unavailable'}")
+        return CliError(f"cannot reach the controller at {address}: {details or 'unavailable'}", retryable=True)
     if code == DEADLINE_EXCEEDED:
-        return CliError(f"the controller at {address} did not answer in time")
+        return CliError(f"the controller at {address} did not answer in time", retryable=True)
     if code == INVALID_ARGUMENT:
         return CliError(details, EXIT_USAGE)
     if code == UNAUTHENTICATED:

@@ -53,10 +53,28 @@ def _gsub(args: list[str]) -> None:
         fail("gsub", exc)
     if submission.test_only:
         print(f"gsub: {estimate_line(response)} (not submitted)", file=sys.stderr)
-    elif submission.parsable:
+        return
+    if submission.parsable:
         print(response.job_id)
     else:
         print(f"Submitted batch job {response.job_id}")
+    if submission.wait:
+        _wait(str(response.job_id))
+
+
+def _wait(job_id: str) -> None:
+    """sbatch --wait: block until the job has ended, exit with its exit code."""
+    from garrison.cli.waiting import exit_status, wait_for_job
+
+    sys.stdout.flush()  # the job id first, for the scripts that read it
+    try:
+        jobs = wait_for_job(job_id)
+    except CliError as exc:
+        fail("gsub", exc)
+    except KeyboardInterrupt:
+        print(f"gsub: stopped waiting; job {job_id} goes on (gcancel {job_id} ends it)", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(exit_status(jobs))
 
 
 def _script_on_stdin() -> Callable[[], bytes] | None:

@@ -218,8 +218,15 @@ def job_detail(job: Any) -> str:
         f"   ExcNodeList={','.join(spec.exclude) or '(null)'} "
         f"BeginTime={_ts(spec.begin_time) if spec.HasField('begin_time') else '(null)'} Nice={spec.nice}",
         f"   Command={' '.join(spec.command) if spec.command else '(script)'}",
-        f"   StdOut={spec.output or '(default)'} StdErr={spec.error or '(stdout)'}",
+        f"   StdOut={_output_path(job, spec.output)} StdErr={_output_path(job, spec.error or spec.output)}",
     ]
+    if spec.HasField("script") and spec.script:  # only its owner (or an admin) is sent the script
+        script_lines = spec.script.splitlines()
+        shown = script_lines[:SCRIPT_LINES_SHOWN]
+        more = len(script_lines) - len(shown)
+        lines.append("   Script=" + ("" if not shown else f"(first {len(shown)} of {len(script_lines)} lines)"
+                                     if more else f"({len(shown)} lines)"))
+        lines.extend(f"     | {line}" for line in shown)
     last = max((att.attempt for att in job.attempts), default=None)
     for att in job.attempts:
         where = " ".join(_node_allocation(a) for a in att.allocation)
@@ -232,6 +239,21 @@ def job_detail(job: Any) -> str:
             f"exit={code} {where}" + (f" reason={att.reason}" if att.reason else "")
         )
     return "\n".join(lines)
+
+
+SCRIPT_LINES_SHOWN = 10
+
+
+def _output_path(job: Any, pattern: str) -> str:
+    """Where rank 0 writes, as the agent resolves it (scontrol show job's StdOut=)."""
+    from garrison.model.outputpath import resolve_output_path
+
+    return resolve_output_path(
+        pattern or None, workdir=job.spec.workdir, job_id=job.job_id, rank=0, node_rank=0,
+        array_job_id=job.array_job_id if job.HasField("array_job_id") else None,
+        array_task_id=job.array_task_id if job.HasField("array_task_id") else None,
+        user=job.user, job_name=job.name,
+    )
 
 
 def _node_allocation(a: Any) -> str:

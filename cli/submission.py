@@ -90,6 +90,7 @@ class Submission:
     hold: bool = False  # -H: submitted held
     test_only: bool = False  # --test-only: only estimate when and where it would start
     ignored: tuple[str, ...] = ()  # sbatch options given that Garrison does not act on (gsub warns once)
+    wait: bool = False  # -W/--wait: block until the job ends, exit with its exit code
 
 
 def _option(parser: argparse.ArgumentParser, *flags: str, metavar: str, help_text: str) -> None:
@@ -128,6 +129,8 @@ def _gsub_parser() -> Parser:
             help_text="Environment to pass: ALL (default), NONE, or NAME[=VALUE],... with optional ALL.")
     _option(parser, "-a", "--array", metavar="INDICES", help_text="Job array: 1-1000%%50, 1,3,5 or 0-15:4.")
     parser.add_argument("--parsable", action="store_true", help="Print only the job id.")
+    parser.add_argument("-W", "--wait", action="store_true",
+                        help="Wait until the job has ended and exit with its exit code (an array's highest).")
     parser.add_argument("-H", "--hold", action="store_true", help="Submit held: it starts once released (gcontrol release).")
     parser.add_argument("--test-only", action="store_true",
                         help="Check the job and say when and where it would start, without submitting it.")
@@ -465,4 +468,4 @@ def parse_submission(
     )
     return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos,
                       hold=bool(chosen.flag("hold")), test_only=bool(chosen.flag("test_only")),
-                      ignored=chosen.ignored())
+                      ignored=chosen.ignored(), wait=bool(chosen.flag("wait")))

@@ -49,3 +49,30 @@ def expand_output_pattern(
         return match.group(0)
 
     return _OUTPUT_SPECIFIER.sub(substitute, pattern)
+
+
+DEFAULT_OUTPUT = "garrison-%j.out"  # sbatch's slurm-%j.out, under our name
+DEFAULT_ARRAY_OUTPUT = "garrison-%A_%a.out"
+
+
+def resolve_output_path(
+    pattern: str | None,
+    *,
+    workdir: str,
+    job_id: int,
+    rank: int,
+    node_rank: int,
+    array_job_id: int | None,
+    array_task_id: int | None,
+    user: str,
+    job_name: str,
+) -> str:
+    """The file one rank writes to: ``pattern`` (or the default for a job or an array task) expanded, and a
+    relative path taken from the job's working directory. The agent opens it; gjob shows it."""
+    if pattern is None:
+        pattern = DEFAULT_ARRAY_OUTPUT if array_job_id is not None else DEFAULT_OUTPUT
+    path = expand_output_pattern(
+        pattern, job_id=job_id, rank=rank, node_rank=node_rank, array_job_id=array_job_id,
+        array_task_id=array_task_id, user=user, job_name=job_name,
+    )
+    return path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}"
