@@ -78,6 +78,14 @@ def _nodes(allocation: Sequence[Any]) -> str:
     return ",".join(node.node for node in allocation) or "-"
 
 
+def _host_list(allocation: Sequence[Any]) -> str:
+    """The attempt's nodes as a Slurm host list (``node[1-4]``), as sacct's NodeList shows them."""
+    from garrison.model.hostlist import compress_hostlist
+
+    names = [node.node for node in allocation]
+    return compress_hostlist(names) if names else "-"
+
+
 def _gpu_hours(gpu_seconds: float) -> str:
     return f"{gpu_seconds / 3600:.2f}"
 
@@ -99,7 +107,7 @@ def record_rows(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
             format_duration(_elapsed(job.start_time, job.end_time, now)),
             str(last.gpus if last is not None else job.requested_gpus),
             str(_cpus(last.allocation)) if last is not None else "-", _gpu_hours(job.gpu_seconds),
-            _nodes(last.allocation) if last is not None else "-", _exit_code(job),
+            _host_list(last.allocation) if last is not None else "-", _exit_code(job),
         ))
         if not with_attempts:
             continue
@@ -109,9 +117,15 @@ def record_rows(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
                 _local(attempt.start_time, zone), _local(attempt.end_time, zone),
                 format_duration(_elapsed(attempt.start_time, attempt.end_time, now)),
                 str(attempt.gpus), str(_cpus(attempt.allocation)), _gpu_hours(attempt.gpu_seconds),
-                _nodes(attempt.allocation), _exit_code(attempt),
+                _host_list(attempt.allocation), _exit_code(attempt),
             ))
     return rows
+
+
+# The table without -o: sacct's habit of fixed widths, a longer value cut with '+', so that a row fits 160
+# columns (with the widest times, 19 characters each). JOBID, the times and the numbers are never cut.
+DEFAULT_WIDTHS = {"NAME": 10, "USER": 8, "ACCOUNT": 8, "PARTITION": 9, "NODELIST": 12, "STATE": 10}
+DEFAULT_LAYOUT = tuple((index, DEFAULT_WIDTHS.get(column)) for index, column in enumerate(RECORD_COLUMNS))
 
 
 # sacct's --format field names (and the table's own headers) -> the table column they choose.

@@ -14,7 +14,7 @@ from datetime import datetime
 import click
 
 from garrison.cli.accounting import (
-    RECORD_COLUMNS,
+    DEFAULT_LAYOUT,
     TIME_FORMATS_HELP,
     USAGE_COLUMNS,
     FormatError,
@@ -133,10 +133,7 @@ def _show_records(job_refs: list[str], users: list[str], accounts: list[str], st
         click.echo(records_csv(records, controller_now, zone, with_attempts=not allocations), nl=False)
     else:
         rows = record_rows(records, controller_now, zone, with_attempts=not allocations)
-        if chosen is None:
-            _print_table(RECORD_COLUMNS, rows)
-        else:
-            _print_table(*select_columns(rows, chosen))
+        _print_table(*select_columns(rows, DEFAULT_LAYOUT if chosen is None else chosen))
 
 
 def _show_usage(now: datetime, start_time: float | None, end_time: float | None, users: list[str],

@@ -101,7 +101,7 @@ def test_record_rows_show_each_attempt() -> None:
     assert job1[5:] == ("COMPLETED", "2024-03-01T14:00:00", "2024-03-01T15:00:00", "1:00:00", "4", "16", "8.00", "n3",
                         "0")
     assert first[5:] == ("NODE_FAIL", "2024-03-01T12:00:00", "2024-03-01T13:00:00", "1:00:00", "4", "0", "4.00",
-                         "n1,n2", "-9")
+                         "n[1-2]", "-9")
     assert second[9:12] == ("4", "16", "4.00")
     assert rows[5][5:] == ("CANCELLED", "-", "2024-03-01T12:01:00", "0:00", "4", "-", "0.00", "-", "-")
     assert [row[0] for row in record_rows(records, T0, UTC, with_attempts=False)] == ["1", "2", "3"]
@@ -292,3 +292,19 @@ def test_records_survive_a_controller_restart(controller: Controller) -> None:
     controller.process.wait(timeout=30)  # type: ignore[union-attr]
     controller.start()
     assert controller.ok("gacct", "--json", "-a", *PERIOD) == before
+
+
+def test_default_table_rows_fit_160_columns() -> None:
+    from garrison.cli.accounting import DEFAULT_LAYOUT, select_columns
+    from garrison.cli.render import plain_table
+
+    records = [job_record_to_pb(job, now=T0 + 10 * 3600) for job in sample_jobs()]
+    for record in records:
+        record.name, record.user, record.account, record.partition = "n" * 80, "u" * 30, "a" * 40, "p" * 30
+        for attempt in record.attempts:
+            for index, node in enumerate(attempt.allocation):
+                node.node = f"gpu-node-{index * 7:04d}.cluster.example.org"
+    headers, rows = select_columns(record_rows(records, T0 + 10 * 3600, UTC), DEFAULT_LAYOUT)
+    lines = plain_table(headers, rows).splitlines()
+    assert max(len(line) for line in lines) <= 160, max(lines, key=len)
+    assert rows[0][0] == "1" and rows[0][1] == "n" * 9 + "+"  # cut as sacct cuts, the id never
