@@ -52,7 +52,7 @@ class JobFilter:
     one holds for every job)."""
 
     job_refs: tuple[str, ...] = ()  # "12", "12_3" (one array task) or "12" for a whole array
-    users: tuple[str, ...] = ()
+    users: frozenset[str] = frozenset()  # a set: every job is checked against it
     states: frozenset[JobState] = frozenset()
     names: tuple[str, ...] = ()
     partitions: tuple[str, ...] = ()

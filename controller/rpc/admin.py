@@ -157,7 +157,7 @@ class AdminService(admin_grpc.AdminServicer):
         engine = self.engine
         # The queue's own selection (ListJobs'), pending jobs only: those are the ones with a position.
         jobs = engine.list_jobs(JobFilter(
-            users=tuple(request.users), job_refs=tuple(request.job_ids), states=frozenset({JobState.PENDING}),
+            users=frozenset(request.users), job_refs=tuple(request.job_ids), states=frozenset({JobState.PENDING}),
             names=tuple(request.names), partitions=tuple(request.partitions), accounts=tuple(request.accounts)))
         now = engine.clock.now()
         last = engine.policy.last

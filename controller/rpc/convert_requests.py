@@ -62,7 +62,7 @@ def job_states(names: Iterable[str]) -> frozenset[JobState]:
 def job_filter_from_pb(request: pb.ListJobsRequest) -> JobFilter:
     return JobFilter(
         job_refs=tuple(request.job_ids),
-        users=tuple(request.users),
+        users=frozenset(request.users),
         states=job_states(request.states),
         names=tuple(request.names),
         partitions=tuple(request.partitions),
@@ -80,7 +80,7 @@ def cancel_command_from_pb(request: pb.CancelJobsRequest) -> CancelCommand:
             raise ValidationError(str(exc)) from None
     selection = JobFilter(
         job_refs=tuple(request.job_ids),
-        users=(request.user,) if request.user else (),
+        users=frozenset({request.user}) if request.user else frozenset(),
         states=job_states(request.states),
         names=tuple(request.names),
         partitions=tuple(request.partitions),

@@ -90,7 +90,7 @@ def test_a_bad_launch_mode_is_refused_as_before() -> None:
 def test_job_filters_read_states_in_any_case_and_name_the_first_unknown_one() -> None:
     selection = job_filter_from_pb(pb.ListJobsRequest(states=["running", "PENDING"], users=["a"], job_ids=["7_1"]))
     assert selection == JobFilter(
-        job_refs=("7_1",), users=("a",), states=frozenset({JobState.RUNNING, JobState.PENDING})
+        job_refs=("7_1",), users=frozenset({"a"}), states=frozenset({JobState.RUNNING, JobState.PENDING})
     )
     assert refusal(job_filter_from_pb, pb.ListJobsRequest(states=["zz", "bogus", "RUNNING"])) == (
         INVALID, "unknown job state 'BOGUS'"
@@ -99,9 +99,9 @@ def test_job_filters_read_states_in_any_case_and_name_the_first_unknown_one() ->
 
 def test_a_cancel_reads_its_signal_before_its_states() -> None:
     command = cancel_command_from_pb(pb.CancelJobsRequest(job_ids=["3"], signal="usr1"))
-    assert command.signal == 10 and command.jobs.job_refs == ("3",) and command.jobs.users == ()
+    assert command.signal == 10 and command.jobs.job_refs == ("3",) and command.jobs.users == frozenset()
     by_user = cancel_command_from_pb(pb.CancelJobsRequest(user="bob"))
-    assert by_user.signal is None and by_user.jobs.users == ("bob",) and by_user.jobs.has_filters
+    assert by_user.signal is None and by_user.jobs.users == {"bob"} and by_user.jobs.has_filters
     assert refusal(cancel_command_from_pb, pb.CancelJobsRequest(signal="NOPE", states=["bogus"])) == (
         INVALID, "signal: unknown signal 'NOPE'"
     )
