@@ -2,8 +2,11 @@
 
 All state changes happen on the asyncio event loop thread, one at a time; a scheduling cycle computes its
 plan off the loop on an immutable snapshot and the plan is re-checked when applied (ClusterState
-.start_attempts). The engine turns the instructions that state operations return into messages on the
-agents' streams.
+.start_attempts). The engine hands the instructions that state operations return to the agents' sessions.
+
+It speaks only the domain: commands and results are controller/commands.py's values, and an agent's session
+(controller/rpc/services.py) turns what the engine sends it into messages. So the engine imports no
+protobuf, no gRPC and no wire conversion.
 """
 
 from __future__ import annotations
@@ -16,30 +19,46 @@ import math
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from garrison.config import ControllerConfig
 from garrison.controller import metrics
+from garrison.controller.accounting_query import AccountingQuery
 from garrison.controller.clock import Clock
+from garrison.controller.commands import (
+    AgentEvent,
+    AgentLink,
+    AttemptFinished,
+    AttemptStarted,
+    CancelCommand,
+    CancelResult,
+    CheckpointMarked,
+    JobFilter,
+    NodeRow,
+    PartitionRow,
+    Registration,
+    SubmitCommand,
+    Submitted,
+    TestSubmitResult,
+    Welcome,
+)
 from garrison.controller.dependency import format_dependency, parse_dependency
 from garrison.controller.policy import Policy
 from garrison.controller.sched.cycle import Plan, SchedulerConfig, schedule
 from garrison.controller.sched.snapshot import Snapshot
-from garrison.controller.signals import DEFAULT_WARNING_SIGNAL, parse_signal_name, parse_signal_request
+from garrison.controller.signals import DEFAULT_WARNING_SIGNAL, parse_signal_request
 from garrison.controller.snapshots import pending_view
 from garrison.controller.state import (
     AckResult,
     ClusterState,
     Instruction,
     Launch,
-    NodeResult,
     SignalAttempt,
 )
 from garrison.controller.validate import Resolved, ValidationError, validate_submission
 from garrison.model.domain import Job, JobState, Principal
 from garrison.model.jobrefs import MAX_ID, JobLookup, parse_job_ref
-from garrison.protos.v1 import garrison_pb2 as pb
-from garrison.wire import convert
+from garrison.model.launch import LaunchDescription
 
 log = logging.getLogger("garrison.controller")
 
@@ -52,40 +71,19 @@ class NotFound(Exception):
     """No such job (gRPC NOT_FOUND)."""
 
 
-@dataclass(eq=False)
-class AgentSession:
-    node: str
-    address: str
-    queue: asyncio.Queue[pb.ControllerMessage | None] = field(default_factory=asyncio.Queue)
-    refusal: str = ""  # why the agent's stream was cut (an undecodable message), told to it at the end
-
-    def send(self, message: pb.ControllerMessage) -> None:
-        self.queue.put_nowait(message)
-
-    def close(self) -> None:
-        self.queue.put_nowait(None)
-
-
 def master_port(job_id: int, attempt: int) -> int:
     """A per-attempt rendezvous port, spread over 20000-39999 so concurrent jobs rarely collide."""
     return 20000 + (job_id * 7919 + attempt * 104729) % 20000
 
 
-def _matches(
-    job: Job,
-    users: set[str],
-    states: set[str],
-    names: Sequence[str],
-    partitions: Sequence[str],
-    accounts: Sequence[str],
-) -> bool:
+def _matches(job: Job, selection: JobFilter) -> bool:
     """squeue's and scancel's filters: each one given must hold (an empty one holds for every job)."""
     return (
-        (not users or job.user in users)
-        and (not states or job.state.value in states)
-        and (not names or job.spec.name in names)
-        and (not partitions or job.partition in partitions)
-        and (not accounts or job.account in accounts)
+        (not selection.users or job.user in selection.users)
+        and (not selection.states or job.state in selection.states)
+        and (not selection.names or job.spec.name in selection.names)
+        and (not selection.partitions or job.partition in selection.partitions)
+        and (not selection.accounts or job.account in selection.accounts)
     )
 
 
@@ -99,7 +97,7 @@ class Engine:
         self.config = config
         self.state = state
         self.clock = clock
-        self.sessions: dict[str, AgentSession] = {}
+        self.sessions: dict[str, AgentLink] = {}
         self.admin_uids = {0, os.getuid()}
         self._wake = asyncio.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sched")
@@ -108,6 +106,8 @@ class Engine:
         self.last_cycle_ms = 0.0
         # Accounts, QoS, partitions, usage and the core's configuration (the scheduling issue).
         self.policy = Policy(config, state, clock.now())
+        # gacct's reads of the store's whole history, on a pool of their own.
+        self.accounting_query = AccountingQuery(state.store)
 
     # ---------------------------------------------------------------------------------------------
     # Lifecycle
@@ -127,6 +127,7 @@ class Engine:
         for session in list(self.sessions.values()):
             session.close()
         self._pool.shutdown(wait=False)
+        self.accounting_query.close()
         self.policy.save_usage(self.clock.now())
 
     def request_schedule(self) -> None:
@@ -198,46 +199,38 @@ class Engine:
             if session is None:
                 continue  # the node is not connected; reconciliation on its return covers this
             if isinstance(ins, Launch):
-                session.send(pb.ControllerMessage(launch=self._launch_message(ins)))
+                session.send(self.launch_description(ins))
                 log.info("launch job=%d attempt=%d node=%s", ins.job.job_id, ins.attempt, ins.node)
             elif isinstance(ins, SignalAttempt):
-                action = {"signal": pb.SignalJob.SIGNAL, "terminate": pb.SignalJob.TERMINATE, "kill": pb.SignalJob.KILL}[
-                    ins.action
-                ]
-                session.send(
-                    pb.ControllerMessage(
-                        signal=pb.SignalJob(job_id=ins.job_id, attempt=ins.attempt, action=action, signal=ins.signal)
-                    )
-                )
+                session.send(ins)
                 log.info("%s job=%d attempt=%d node=%s", ins.action, ins.job_id, ins.attempt, ins.node)
             elif isinstance(ins, AckResult):
-                session.send(pb.ControllerMessage(ack=pb.AckResult(job_id=ins.job_id, attempt=ins.attempt)))
+                session.send(ins)
 
-    def _launch_message(self, ins: Launch) -> pb.LaunchJob:
+    def launch_description(self, ins: Launch) -> LaunchDescription:
+        """What ``ins.node`` is told to start: the attempt as that node of its gang sees it, with the head
+        node's address (as its agent gave it, or its name when it is not connected) for the rendezvous."""
         job = ins.job
         attempt = job.attempts[ins.attempt]
         names = attempt.allocation.node_names
         head = self.sessions.get(names[0])
-        msg = pb.LaunchJob(
+        return LaunchDescription(
             job_id=job.job_id,
             attempt=ins.attempt,
             user=job.user,
             uid=job.uid,
             gid=job.gid,
-            spec=convert.spec_to_pb(job.spec),
-            allocation=convert.allocation_to_pb(attempt.allocation),
+            spec=job.spec,
+            allocation=attempt.allocation,
             node_rank=names.index(ins.node),
             master_addr=head.address if head is not None else names[0],
             master_port=master_port(job.job_id, ins.attempt),
             restart_count=job.restart_count,
             kill_wait_s=self.config.kill_wait_s,
             time_limit_s=job.time_limit_s,
+            array_job_id=job.array_job_id,
+            array_task_id=job.array_task_id,
         )
-        if job.array_job_id is not None:
-            msg.array_job_id = job.array_job_id
-        if job.array_task_id is not None:
-            msg.array_task_id = job.array_task_id
-        return msg
 
     def preempt(self, job_id: int, grace_s: float, now: float) -> list[Instruction]:
         """Start preempting a running job: its --signal (default SIGUSR1) now, SIGTERM after the grace period
@@ -258,12 +251,10 @@ class Engine:
     # ---------------------------------------------------------------------------------------------
     # Client operations
 
-    def _checked_submission(self, principal: Principal, request: pb.SubmitJobRequest) -> tuple[Resolved, list[int]]:
+    def _checked_submission(self, principal: Principal, command: SubmitCommand) -> tuple[Resolved, list[int]]:
         """Everything a submission is checked for, before anything is stored (submit and test_submit)."""
-        spec = convert.spec_from_pb(request.spec)
-        indices = list(request.array_indices)
-        if request.HasField("array_max_running"):
-            spec = replace(spec, array_max_running=request.array_max_running)
+        spec = command.spec
+        indices = list(command.array_indices)
         resolved = validate_submission(
             spec, principal, self.config, self.state.nodes, indices, self.policy.accounting
         )
@@ -276,8 +267,8 @@ class Engine:
             raise ValidationError("--begin: at most a year ahead")
         return resolved, indices
 
-    def submit(self, principal: Principal, request: pb.SubmitJobRequest) -> tuple[int, int]:
-        resolved, indices = self._checked_submission(principal, request)
+    def submit(self, principal: Principal, command: SubmitCommand) -> Submitted:
+        resolved, indices = self._checked_submission(principal, command)
         now = self.clock.now()
         count = len(indices) or 1
         first = self.state.store.allocate_job_ids(count)
@@ -299,27 +290,26 @@ class Engine:
         else:
             jobs = [Job(job_id=first, **common)]  # type: ignore[arg-type]
         self.state.add_jobs(jobs)
-        if request.hold:
+        if command.hold:
             self.state.hold([job.job_id for job in jobs], by_admin=False)
         log.info("submitted job=%d node=- tasks=%d user=%s%s", first, count, principal.user,
-                 " held" if request.hold else "")
+                 " held" if command.hold else "")
         self.request_schedule()
-        return first, count
+        return Submitted(job_id=first, task_count=count)
 
-    async def test_submit(self, principal: Principal, request: pb.SubmitJobRequest) -> pb.SubmitJobResponse:
+    async def test_submit(self, principal: Principal, command: SubmitCommand) -> TestSubmitResult:
         """sbatch --test-only: check the job as a submission is checked, then run the scheduling core on the
         cluster as it is now with the job added, and say when and where it would start. Nothing is stored
         and nothing starts: the core is pure, and its plan is only read. (An array is estimated as its
         first task.)"""
-        resolved, _ = self._checked_submission(principal, request)
+        resolved, _ = self._checked_submission(principal, command)
         now = self.clock.now()
         job = Job(job_id=TEST_JOB_ID, spec=resolved.spec, user=principal.user, uid=principal.uid, gid=principal.gid,
                   account=resolved.account, partition=resolved.partition, time_limit_s=resolved.time_limit_s,
                   submit_time=now)
-        response = pb.SubmitJobResponse(partition=resolved.partition)
         if resolved.spec.dependency is not None:
-            response.reason = "Dependency"  # its start depends on other jobs' ends, which no plan knows
-            return response
+            # Its start depends on other jobs' ends, which no plan knows.
+            return TestSubmitResult(partition=resolved.partition, reason="Dependency")
         snapshot = self.policy.snapshot()
         snapshot = replace(snapshot, pending=(*snapshot.pending, pending_view(job)))
         # Plan a reservation for every job up to this one (for as many as a test may cost), so the estimate
@@ -329,16 +319,18 @@ class Engine:
         config = replace(config, reservations=max(config.reservations, depth),
                          max_job_test=max(config.max_job_test, depth))
         plan = await asyncio.get_running_loop().run_in_executor(self._pool, self._compute_plan, snapshot, now, config)
+        reason = ""
         allocation = next((s.allocation for s in plan.starts if s.job_id == TEST_JOB_ID), None)
         if allocation is None:
             allocation = next((r.allocation for r in plan.reservations if r.job_id == TEST_JOB_ID), None)
-            response.reason = plan.waiting.get(TEST_JOB_ID, "")
+            reason = plan.waiting.get(TEST_JOB_ID, "")
         start = plan.estimated_starts.get(TEST_JOB_ID)
-        if start is not None:
-            response.estimated_start = max(start, now)
-        if allocation is not None:
-            response.nodes.extend(node.node for node in allocation.nodes)
-        return response
+        return TestSubmitResult(
+            partition=resolved.partition,
+            reason=reason,
+            estimated_start=max(start, now) if start is not None else None,
+            nodes=tuple(node.node for node in allocation.nodes) if allocation is not None else (),
+        )
 
     def _known_dependency(self, text: str) -> str:
         """The dependency list, written the one way, once every job it names is known here (as sbatch
@@ -378,39 +370,28 @@ class Engine:
             principal.uid == job.uid or self.is_admin(principal) or self.policy.coordinates(principal, job.account)
         )
 
-    def cancel(self, principal: Principal, request: pb.CancelJobsRequest) -> pb.CancelJobsResponse:
+    def cancel(self, principal: Principal, command: CancelCommand) -> CancelResult:
         """gcancel: cancel the selected jobs, or with ``signal`` send it to the ranks of those running."""
-        signum = None
-        if request.signal:
-            try:
-                signum = parse_signal_name(request.signal, "signal")
-            except ValueError as exc:
-                raise ValidationError(str(exc)) from None
-        jobs = self._jobs_to_control(principal, request, "signal" if signum is not None else "cancel")
+        signum = command.signal
+        jobs = self._jobs_to_control(principal, command.jobs, "signal" if signum is not None else "cancel")
         if signum is not None:
-            return self._signal_jobs(principal, jobs, signum, list(request.job_ids))
+            return self._signal_jobs(principal, jobs, signum, list(command.jobs.job_refs))
         cancelled, instructions = self.state.cancel([j.job_id for j in jobs], self.clock.now())
         self.execute(instructions)
         if cancelled:
             log.info("%s cancelled %d job(s)", principal.user, len(cancelled))
             self.request_schedule()
-        return pb.CancelJobsResponse(cancelled=cancelled)
+        return CancelResult(cancelled=tuple(cancelled))
 
-    def _jobs_to_control(self, principal: Principal, request: pb.CancelJobsRequest, verb: str) -> list[Job]:
-        states = {s.upper() for s in request.states}
-        unknown = states - {s.value for s in JobState}
-        if unknown:
-            raise ValidationError(f"unknown job state {sorted(unknown)[0]!r}")
-        filtered = bool(request.user or states or request.names or request.partitions or request.accounts)
-        if request.job_ids:
-            jobs = self._resolve_refs(request.job_ids)
-        elif filtered:
+    def _jobs_to_control(self, principal: Principal, selection: JobFilter, verb: str) -> list[Job]:
+        if selection.job_refs:
+            jobs = self._resolve_refs(selection.job_refs)
+        elif selection.has_filters:
             jobs = list(self.state.jobs.values())
         else:
             raise ValidationError(f"nothing to {verb}: give job ids, a user, states, names, partitions or accounts")
-        users = {request.user} if request.user else set()
-        jobs = [j for j in jobs if _matches(j, users, states, request.names, request.partitions, request.accounts)]
-        if not request.job_ids:
+        jobs = [j for j in jobs if _matches(j, selection)]
+        if not selection.job_refs:
             # Filters alone select only the caller's jobs unless an admin asks.
             jobs = [j for j in jobs if self.may_manage(principal, j)]
         for job in jobs:
@@ -418,33 +399,30 @@ class Engine:
                 raise PermissionDenied(f"job {job.display_id} belongs to {job.user}; only its owner may {verb} it")
         return jobs
 
-    def _signal_jobs(self, principal: Principal, jobs: list[Job], signum: int, refs: list[str]) -> pb.CancelJobsResponse:
+    def _signal_jobs(self, principal: Principal, jobs: list[Job], signum: int, refs: list[str]) -> CancelResult:
         """Signal the running ones of ``jobs``; report each of ``refs`` (the ids the user named) of which none
         was running: an array with some tasks running counts as signalled."""
-        response = pb.CancelJobsResponse()
+        signalled: list[int] = []
         for job in jobs:
             instructions = self.state.signal_running(job.job_id, signum)
             if instructions:
                 self.execute(instructions)
-                response.signalled.append(job.job_id)
-        signalled = set(response.signalled)
+                signalled.append(job.job_id)
+        signalled_ids = set(signalled)
         selected = {job.job_id for job in jobs}
-        for ref, found in zip(refs, self._resolve_each(refs), strict=True):
-            if not any(job.job_id in signalled for job in found if job.job_id in selected):
-                response.not_running.append(ref)
-        if response.signalled:
-            log.info("%s sent signal %d to %d job(s)", principal.user, signum, len(response.signalled))
-        return response
+        not_running = [
+            ref
+            for ref, found in zip(refs, self._resolve_each(refs), strict=True)
+            if not any(job.job_id in signalled_ids for job in found if job.job_id in selected)
+        ]
+        if signalled:
+            log.info("%s sent signal %d to %d job(s)", principal.user, signum, len(signalled))
+        return CancelResult(signalled=tuple(signalled), not_running=tuple(not_running))
 
-    def list_jobs(self, request: pb.ListJobsRequest) -> list[Job]:
-        states = {s.upper() for s in request.states}
-        unknown = states - {s.value for s in JobState}
-        if unknown:
-            raise ValidationError(f"unknown job state {sorted(unknown)[0]!r}")
+    def list_jobs(self, selection: JobFilter) -> list[Job]:
         jobs: Iterable[Job]
-        jobs = self._resolve_refs(request.job_ids) if request.job_ids else self.state.jobs.values()
-        users = set(request.users)
-        selected = [j for j in jobs if _matches(j, users, states, request.names, request.partitions, request.accounts)]
+        jobs = self._resolve_refs(selection.job_refs) if selection.job_refs else self.state.jobs.values()
+        selected = [j for j in jobs if _matches(j, selection)]
         return sorted(selected, key=lambda j: j.job_id)
 
     def get_job(self, ref: str) -> Job:
@@ -466,32 +444,30 @@ class Engine:
     def node_partitions(self, name: str) -> frozenset[str]:
         return self.policy.node_partitions(name)
 
-    def agent_connected(self, session: AgentSession, register: pb.Register) -> None:
+    def agent_connected(self, session: AgentLink, registration: Registration) -> None:
         old = self.sessions.get(session.node)
         if old is not None and old is not session:
             old.close()
         self.sessions[session.node] = session
-        session.send(
-            pb.ControllerMessage(registered=pb.RegisterAck(heartbeat_interval_s=self.config.heartbeat_interval_s))
-        )
+        session.send(Welcome(heartbeat_interval_s=self.config.heartbeat_interval_s))
         now = self.clock.now()
         instructions = self.state.register_node(
             session.node,
-            convert.inventory_from_pb(register.inventory),
+            registration.inventory,
             self.node_partitions(session.node),
-            [(r.job_id, r.attempt) for r in register.running],
-            [convert.result_from_pb(r) for r in register.finished],
+            [(r.job_id, r.attempt) for r in registration.running],
+            list(registration.finished),
             now,
         )
         # Checkpoint marks of the running attempts, before any cycle could choose a preemption victim.
-        for ref in register.running:
+        for ref in registration.running:
             self._checkpointed(ref.job_id, ref.attempt, ref.checkpoint_time, now)
         log.info(
             "node %s registered: %d GPUs, %d running, %d finished results",
             session.node,
-            len(register.inventory.gpus),
-            len(register.running),
-            len(register.finished),
+            len(registration.inventory.gpus),
+            len(registration.running),
+            len(registration.finished),
         )
         self.execute(instructions)
         self.request_schedule()
@@ -502,41 +478,41 @@ class Engine:
         if math.isfinite(when) and when > 0:
             self.state.checkpointed(job_id, attempt, min(when, now))
 
-    def agent_message(self, session: AgentSession, message: pb.AgentMessage) -> None:
+    def agent_message(self, session: AgentLink, event: AgentEvent) -> None:
         if self.sessions.get(session.node) is not session:
             return  # a stream that has been replaced by a newer connection
         now = self.clock.now()
-        self.state.heartbeat(session.node, now)
-        kind = message.WhichOneof("kind")
-        if kind == "started":
-            self.execute(self.state.node_started(session.node, message.started.job_id, message.started.attempt))
-        elif kind == "checkpointed":
-            c = message.checkpointed
-            self._checkpointed(c.job_id, c.attempt, c.time, now)
-        elif kind == "finished":
-            result: NodeResult = convert.result_from_pb(message.finished)
-            self.execute(self.state.node_finished(session.node, result, now))
+        self.state.heartbeat(session.node, now)  # every message, whatever it says, shows the node is alive
+        if isinstance(event, AttemptStarted):
+            self.execute(self.state.node_started(session.node, event.job_id, event.attempt))
+        elif isinstance(event, CheckpointMarked):
+            self._checkpointed(event.job_id, event.attempt, event.time, now)
+        elif isinstance(event, AttemptFinished):
+            self.execute(self.state.node_finished(session.node, event.result, now))
             self.request_schedule()
 
-    def agent_disconnected(self, session: AgentSession) -> None:
+    def agent_disconnected(self, session: AgentLink) -> None:
         if self.sessions.get(session.node) is session:
             del self.sessions[session.node]
             self.state.disconnect(session.node)
             log.warning("node %s disconnected", session.node)
 
-    def nodes_view(self) -> list[pb.NodeInfo]:
-        out = []
+    def nodes_view(self) -> list[NodeRow]:
         cpus, memory = self.state.held_cpus_and_memory()
-        for node in sorted(self.state.nodes.values(), key=lambda n: n.name):
-            allocated = list(self.state.gpu_owner.get(node.name, {}))
-            info = convert.node_to_pb(node, allocated, node.name in self.state.connected,
-                                      len(cpus.get(node.name, ())), memory.get(node.name, 0))
-            info.partitions.extend(sorted(self.node_partitions(node.name)))
-            out.append(info)
-        return out
-
-    def partitions_view(self) -> list[pb.PartitionSummary]:
         return [
-            pb.PartitionSummary(name=p.name, default=p.default, default_time_s=p.default_time_s, max_time_s=p.max_time_s)
+            NodeRow(
+                node=node,
+                allocated_gpus=tuple(self.state.gpu_owner.get(node.name, {})),
+                connected=node.name in self.state.connected,
+                allocated_cpus=len(cpus.get(node.name, ())),
+                allocated_memory_mb=memory.get(node.name, 0),
+                partitions=tuple(sorted(self.node_partitions(node.name))),
+            )
+            for node in sorted(self.state.nodes.values(), key=lambda n: n.name)
+        ]
+
+    def partitions_view(self) -> list[PartitionRow]:
+        return [
+            PartitionRow(name=p.name, default=p.default, default_time_s=p.default_time_s, max_time_s=p.max_time_s)
             for p in self.policy.accounting.partitions
         ]

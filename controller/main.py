@@ -86,8 +86,7 @@ async def serve(config: GarrisonConfig) -> None:
     pb_grpc.add_AgentLinkServicer_to_server(agent_link, server)
     spb_grpc.add_SecurityServicer_to_server(SecurityService(engine, auth, tokens), server)
     admin_grpc.add_AdminServicer_to_server(AdminService(engine, auth), server)
-    accounting = AccountingService(store, auth, clock)
-    apb_grpc.add_AccountingServicer_to_server(accounting, server)
+    apb_grpc.add_AccountingServicer_to_server(AccountingService(engine.accounting_query, auth, clock), server)
     transport = listen(server, cfg, config.path)  # TLS, or plain text on loopback only
     await server.start()
     local = LocalServer(cfg.local_socket, client_service) if cfg.local_socket else None
@@ -107,7 +106,6 @@ async def serve(config: GarrisonConfig) -> None:
     sdnotify.stopping()
     if metrics_endpoint is not None:
         metrics_endpoint.stop()
-    accounting.close()
     if local is not None:
         await local.stop()
     await engine.stop()

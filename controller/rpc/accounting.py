@@ -1,23 +1,20 @@
-"""The Accounting service (gacct): job records and GPU usage, read from the store.
+"""The Accounting service (gacct): requests for job records and GPU usage, answered from the engine's
+accounting queries (controller/accounting_query.py, which read the store on a pool of their own).
 
-The store keeps every job and attempt the controller ever wrote, while the controller's memory holds only
-recent ones, so accounting reads the database. Those reads can be long (months of jobs), so they run on a
-small thread pool of their own, never on the event loop that serves submissions and agents, and never on
-the pool the scheduler uses.
+This module only checks and converts: messages into queries, records and usage rows into messages. It
+never touches the store itself.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import math
 
 import grpc
 
+from garrison.controller.accounting_query import AccountingQuery, JobQuery, UsageQuery
 from garrison.controller.clock import Clock
 from garrison.controller.rpc import convert_admin
 from garrison.controller.rpc.services import Authenticator, mapped_errors
-from garrison.controller.store.interface import JobQuery, Store
 from garrison.controller.validate import ValidationError
 from garrison.model.domain import JobState
 from garrison.model.jobrefs import MAX_ID, parse_job_ref
@@ -26,9 +23,6 @@ from garrison.protos.v1 import accounting_pb2_grpc as apb_grpc
 
 # Jobs per ListJobRecords answer: well under gRPC's 4 MiB message limit even for jobs with many attempts.
 PAGE_SIZE = 1000
-# At most this many accounting queries run at once; more wait their turn instead of taking database
-# connections (and CPU) from the controller's own writes.
-QUERY_THREADS = 2
 MAX_FILTER_VALUES = 1000
 
 
@@ -81,38 +75,41 @@ def job_query_from_pb(request: apb.JobRecordsRequest) -> JobQuery:
     )
 
 
+def usage_query_from_pb(request: apb.UsageRequest) -> UsageQuery:
+    """The usage query for a request; ValidationError (INVALID_ARGUMENT) names what is wrong."""
+    start, end = request.start_time, request.end_time
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise ValidationError("the period's start and end must be finite times")
+    if start >= end:
+        raise ValidationError("the period's start must be before its end")
+    if len(request.users) > MAX_FILTER_VALUES or len(request.accounts) > MAX_FILTER_VALUES:
+        raise ValidationError(f"too many users or accounts: at most {MAX_FILTER_VALUES}")
+    return UsageQuery(start=start, end=end, users=tuple(request.users), accounts=tuple(request.accounts))
+
+
 class AccountingService(apb_grpc.AccountingServicer):
     """Every authenticated user may read every record, as gqueue shows every job."""
 
-    def __init__(self, store: Store, auth: Authenticator, clock: Clock) -> None:
-        self.store = store
+    def __init__(self, queries: AccountingQuery, auth: Authenticator, clock: Clock) -> None:
+        self.queries = queries
         self.auth = auth
         self.clock = clock
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=QUERY_THREADS, thread_name_prefix="accounting"
-        )
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    # Each answer is read and shaped on the queries' pool (AccountingQuery.run), as a whole.
 
     def _list(self, request: apb.JobRecordsRequest, now: float) -> apb.JobRecordsResponse:
         query = job_query_from_pb(request)
-        jobs = self.store.query_jobs(query)
+        jobs = self.queries.job_records(query)
         return apb.JobRecordsResponse(
             jobs=[convert_admin.job_record_to_pb(job, now) for job in jobs], now=now, page_size=query.limit or 0
         )
 
     def _usage(self, request: apb.UsageRequest, now: float) -> apb.UsageResponse:
-        start, end = request.start_time, request.end_time
-        if not (math.isfinite(start) and math.isfinite(end)):
-            raise ValidationError("the period's start and end must be finite times")
-        if start >= end:
-            raise ValidationError("the period's start must be before its end")
-        if len(request.users) > MAX_FILTER_VALUES or len(request.accounts) > MAX_FILTER_VALUES:
-            raise ValidationError(f"too many users or accounts: at most {MAX_FILTER_VALUES}")
-        rows = self.store.usage(start, end, now, users=list(request.users), accounts=list(request.accounts))
+        query = usage_query_from_pb(request)
+        rows = self.queries.usage(query, now)
         return apb.UsageResponse(
-            rows=[convert_admin.usage_to_pb(row) for row in rows], start_time=start, end_time=end, now=now
+            rows=[convert_admin.usage_to_pb(row) for row in rows], start_time=query.start, end_time=query.end,
+            now=now,
         )
 
     @mapped_errors
@@ -120,11 +117,9 @@ class AccountingService(apb_grpc.AccountingServicer):
         self, request: apb.JobRecordsRequest, context: grpc.aio.ServicerContext
     ) -> apb.JobRecordsResponse:
         self.auth.principal(context)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._list, request, self.clock.now())
+        return await self.queries.run(self._list, request, self.clock.now())
 
     @mapped_errors
     async def GetUsage(self, request: apb.UsageRequest, context: grpc.aio.ServicerContext) -> apb.UsageResponse:
         self.auth.principal(context)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._usage, request, self.clock.now())
+        return await self.queries.run(self._usage, request, self.clock.now())

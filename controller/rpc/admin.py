@@ -6,11 +6,13 @@ from __future__ import annotations
 import grpc
 
 from garrison.controller.admin import AdminOps
+from garrison.controller.commands import JobFilter
 from garrison.controller.engine import Engine
 from garrison.controller.limits import MAX_JOB_REF_CHARS, check_filters, check_list
 from garrison.controller.rpc import convert_admin
 from garrison.controller.rpc.services import Authenticator, mapped_errors
 from garrison.controller.validate import ValidationError
+from garrison.model.domain import JobState
 from garrison.protos.v1 import admin_pb2 as adminpb
 from garrison.protos.v1 import admin_pb2_grpc as admin_grpc
 from garrison.protos.v1 import garrison_pb2 as pb
@@ -154,9 +156,9 @@ class AdminService(admin_grpc.AdminServicer):
         check_filters(request)
         engine = self.engine
         # The queue's own selection (ListJobs'), pending jobs only: those are the ones with a position.
-        jobs = engine.list_jobs(pb.ListJobsRequest(
-            users=request.users, job_ids=request.job_ids, states=["PENDING"], names=request.names,
-            partitions=request.partitions, accounts=request.accounts))
+        jobs = engine.list_jobs(JobFilter(
+            users=frozenset(request.users), job_refs=tuple(request.job_ids), states=frozenset({JobState.PENDING}),
+            names=tuple(request.names), partitions=tuple(request.partitions), accounts=tuple(request.accounts)))
         now = engine.clock.now()
         last = engine.policy.last
         return adminpb.QueueDetailsResponse(

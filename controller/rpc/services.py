@@ -1,4 +1,6 @@
-"""Thin gRPC servicers: authenticate, convert, call the engine, map domain errors to status codes."""
+"""Thin gRPC servicers: authenticate, convert (controller/rpc/convert_requests.py), call the engine, map
+domain errors to status codes. An agent's session lives here too: it turns what the engine tells the agent
+into messages on its stream."""
 
 from __future__ import annotations
 
@@ -6,12 +8,14 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
 
 from garrison.auth import AuthError, verify_credential
-from garrison.controller.engine import AgentSession, Engine, NotFound, PermissionDenied
+from garrison.controller.commands import AgentInstruction
+from garrison.controller.engine import Engine, NotFound, PermissionDenied
 from garrison.controller.limits import (
     MAX_JOB_REF_CHARS,
     MAX_STATE_CHARS,
@@ -20,6 +24,19 @@ from garrison.controller.limits import (
     validate_registration,
 )
 from garrison.controller.ratelimit import AuthFailureLimiter, RateLimited, RateLimiter, peer_host
+from garrison.controller.rpc.convert_requests import (
+    agent_event_from_pb,
+    cancel_command_from_pb,
+    cancel_result_to_pb,
+    instruction_to_pb,
+    job_filter_from_pb,
+    node_row_to_pb,
+    partition_row_to_pb,
+    registration_from_pb,
+    submit_command_from_pb,
+    submit_estimate_to_pb,
+    submitted_to_pb,
+)
 from garrison.controller.validate import ValidationError
 from garrison.model.domain import Principal
 from garrison.protos.v1 import garrison_pb2 as pb
@@ -90,6 +107,22 @@ def mapped_errors(handler: Callable[..., Awaitable[R]]) -> Callable[..., Awaitab
             raise
 
     return wrapper
+
+
+@dataclass(eq=False)
+class AgentSession:
+    """One agent's stream, as the engine's AgentLink: what the engine sends becomes the next message."""
+
+    node: str
+    address: str
+    queue: asyncio.Queue[pb.ControllerMessage | None] = field(default_factory=asyncio.Queue)
+    refusal: str = ""  # why the agent's stream was cut (an undecodable message), told to it at the end
+
+    def send(self, instruction: AgentInstruction) -> None:
+        self.queue.put_nowait(instruction_to_pb(instruction))
+
+    def close(self) -> None:
+        self.queue.put_nowait(None)
 
 
 class MalformedStreamMessage(Exception):
@@ -180,10 +213,10 @@ class ControllerService(pb_grpc.ControllerServicer):
     @mapped_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext) -> pb.SubmitJobResponse:
         principal = self.auth.principal(context)
+        command = submit_command_from_pb(request)
         if request.test_only:
-            return await self.engine.test_submit(principal, request)
-        job_id, count = self.engine.submit(principal, request)
-        return pb.SubmitJobResponse(job_id=job_id, task_count=count)
+            return submit_estimate_to_pb(await self.engine.test_submit(principal, command))
+        return submitted_to_pb(self.engine.submit(principal, command))
 
     @mapped_errors
     async def CancelJobs(self, request: pb.CancelJobsRequest, context: grpc.aio.ServicerContext) -> pb.CancelJobsResponse:
@@ -193,7 +226,7 @@ class ControllerService(pb_grpc.ControllerServicer):
         check_list([request.user], "users")
         check_list([request.signal], "signal", MAX_STATE_CHARS)
         check_filters(request)
-        return self.engine.cancel(principal, request)
+        return cancel_result_to_pb(self.engine.cancel(principal, cancel_command_from_pb(request)))
 
     @mapped_errors
     async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext) -> pb.ListJobsResponse:
@@ -202,8 +235,9 @@ class ControllerService(pb_grpc.ControllerServicer):
         check_list(request.states, "states", MAX_STATE_CHARS)
         check_list(request.users, "users")
         check_filters(request)
+        jobs = self.engine.list_jobs(job_filter_from_pb(request))
         now = self.engine.clock.now()
-        return pb.ListJobsResponse(jobs=[convert.job_to_pb(j, now) for j in self.engine.list_jobs(request)])
+        return pb.ListJobsResponse(jobs=[convert.job_to_pb(j, now) for j in jobs])
 
     @mapped_errors
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.JobInfo:
@@ -215,7 +249,10 @@ class ControllerService(pb_grpc.ControllerServicer):
     @mapped_errors
     async def ListNodes(self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext) -> pb.ListNodesResponse:
         self.auth.principal(context)
-        return pb.ListNodesResponse(nodes=self.engine.nodes_view(), partitions=self.engine.partitions_view())
+        return pb.ListNodesResponse(
+            nodes=[node_row_to_pb(row) for row in self.engine.nodes_view()],
+            partitions=[partition_row_to_pb(row) for row in self.engine.partitions_view()],
+        )
 
 
 class AgentLinkService(pb_grpc.AgentLinkServicer):
@@ -279,8 +316,10 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             )
             return
         register = first.register
+        address = register.address or peer_host(context.peer() or "") or "127.0.0.1"
+        registration = registration_from_pb(register, address)
         try:
-            validate_registration(register.node_name, convert.inventory_from_pb(register.inventory), register.address)
+            validate_registration(registration.node, registration.inventory, register.address)
         except ValidationError as exc:
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
@@ -291,14 +330,13 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 f"the certificate of node {certificate.common_name!r} may not register as {register.node_name!r}",
             )
             return
-        address = register.address or peer_host(context.peer() or "") or "127.0.0.1"
-        session = AgentSession(node=register.node_name, address=address)
-        self.engine.agent_connected(session, register)
+        session = AgentSession(node=registration.node, address=registration.address)
+        self.engine.agent_connected(session, registration)
 
         async def read() -> None:
             try:
                 async for message in request_iterator:
-                    self.engine.agent_message(session, message)
+                    self.engine.agent_message(session, agent_event_from_pb(message))
             except (asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.AbortError):
                 pass
             except MalformedStreamMessage as exc:
