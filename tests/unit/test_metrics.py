@@ -35,8 +35,9 @@ from garrison.model.domain import (
     NodeResult,
     RankOutcome,
 )
+from garrison.model.launch import LaunchDescription
 from garrison.nodeagent.gpu import fake_nvml
-from garrison.nodeagent.jobs import JobManager, LaunchRequest
+from garrison.nodeagent.jobs import JobManager
 from garrison.nodeagent.metrics import node_registry, running_jobs
 
 
@@ -252,7 +253,7 @@ def launch(manager: JobManager, job_id: int, gpus: tuple[int, ...], command: tup
     import pwd
 
     manager.launch(
-        LaunchRequest(
+        LaunchDescription(
             job_id=job_id, attempt=0, user=pwd.getpwuid(uid).pw_name, uid=uid, gid=gid,
             spec=JobSpec(name="m", command=command, gpus_per_node=len(gpus), workdir="/tmp"),
             allocation=Allocation((NodeAllocation("m-node", gpus),)), node_rank=0, master_addr="127.0.0.1",
