@@ -164,7 +164,7 @@ def cluster_up(
         if len(topologies) > 1 and len(topologies) != count:
             raise CliError(f"--fake-topology given {len(topologies)} times for {count} agents", 2)
         names = topologies if len(topologies) == count else [topologies[0] if topologies else DEFAULT_TOPOLOGY] * count
-        from garrison.nodeagent.gpu.fake_nvml import resolve_topology
+        from garrison.machines.description import resolve_topology
 
         for name in names:
             try:
