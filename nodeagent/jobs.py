@@ -25,6 +25,7 @@ from garrison.nodeagent.supervisor.spec import LaunchSpec, RankSpec
 
 log = logging.getLogger("garrison.agent.jobs")
 
+JOBS_DIR = "jobs"  # under the agent's state dir: one directory per attempt
 USER_DIR = "user"
 CHECKPOINT_MARK = "checkpoint-mark"
 MAX_ERROR_FILE_BYTES = 64 << 10
@@ -57,7 +58,7 @@ class JobManager:
     def __init__(
         self, state_dir: Path, notify_socket: str, allow_root_jobs: bool, forkserver: Path | None = None
     ) -> None:
-        self.jobs_dir = state_dir / "jobs"
+        self.jobs_dir = state_dir / JOBS_DIR
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.jobs_dir, 0o711)
         self.notify_socket = notify_socket
