@@ -164,7 +164,7 @@ def cluster_up(
         if len(topologies) > 1 and len(topologies) != count:
             raise CliError(f"--fake-topology given {len(topologies)} times for {count} agents", 2)
         names = topologies if len(topologies) == count else [topologies[0] if topologies else DEFAULT_TOPOLOGY] * count
-        from garrison.nodeagent.gpu.fake_nvml import resolve_topology
+        from garrison.machines.description import resolve_topology
 
         for name in names:
             try:
@@ -247,20 +247,28 @@ def _stop_pid(pid_file: Path, marker: str) -> None:
 
 
 def cluster_down(state_dir: Path) -> None:
-    from garrison.nodeagent.supervisor import client as supervisor
-
     state_dir = state_dir.resolve()
     if not (state_dir / "garrison.toml").exists():
         raise CliError(f"{state_dir} holds no local cluster (no garrison.toml)")
-    for agent_config in _agent_configs(state_dir):
+    agent_configs = _agent_configs(state_dir)
+    for agent_config in agent_configs:
         _stop_pid(state_dir / f"{agent_config.stem}.pid", str(agent_config))
-        jobs_dir = state_dir / agent_config.stem / "jobs"
-        if jobs_dir.is_dir():
-            for job_dir in jobs_dir.iterdir():
-                if job_dir.is_dir():
-                    supervisor.kill_now(job_dir)
-                    supervisor.kill_orphans(job_dir)
+    if agent_configs:
+        _kill_leftover_jobs(agent_configs)
     _stop_pid(state_dir / "controller.pid", str(state_dir / "garrison.toml"))
+
+
+def _kill_leftover_jobs(agent_configs: list[Path]) -> None:
+    """Jobs outlive a stopped agent by design; a torn-down cluster must not. The agent's own program kills
+    them (the CLI does not import the agent), once every agent is stopped."""
+    done = subprocess.run(
+        [sys.executable, "-m", "garrison.nodeagent.leftovers", *map(str, agent_configs)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise CliError(f"killing the stopped agents' jobs failed: {done.stderr.strip() or done.returncode}")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

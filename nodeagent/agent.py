@@ -27,7 +27,7 @@ from garrison.config import AgentConfig
 from garrison.logs import kv
 from garrison.model.domain import LAUNCH_FAILED_PREFIX as LAUNCH_FAILED
 from garrison.model.domain import NodeInventory
-from garrison.nodeagent.jobs import AttemptResult, JobManager, LaunchRequest, RefusedLaunch
+from garrison.nodeagent.jobs import AttemptResult, JobManager, RefusedLaunch
 from garrison.nodeagent.supervisor.forkserver import start_forkserver
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
@@ -48,26 +48,6 @@ def result_to_pb(result: AttemptResult) -> pb.JobResult:
         ranks=[pb.RankResult(rank=r.rank, exit_code=r.exit_code, error=r.error) for r in result.ranks],
         error=result.error,
         finished_at=result.finished_at,
-    )
-
-
-def launch_from_pb(msg: pb.LaunchJob) -> LaunchRequest:
-    return LaunchRequest(
-        job_id=msg.job_id,
-        attempt=msg.attempt,
-        user=msg.user,
-        uid=msg.uid,
-        gid=msg.gid,
-        spec=convert.spec_from_pb(msg.spec),
-        allocation=convert.allocation_from_pb(list(msg.allocation)),
-        node_rank=msg.node_rank,
-        master_addr=msg.master_addr,
-        master_port=msg.master_port,
-        restart_count=msg.restart_count,
-        kill_wait_s=msg.kill_wait_s,
-        time_limit_s=msg.time_limit_s,
-        array_job_id=msg.array_job_id if msg.HasField("array_job_id") else None,
-        array_task_id=msg.array_task_id if msg.HasField("array_task_id") else None,
     )
 
 
@@ -293,7 +273,7 @@ class Agent:
     async def _launch(self, msg: pb.LaunchJob) -> None:
         key = (msg.job_id, msg.attempt)
         try:
-            request = launch_from_pb(msg)
+            request = convert.launch_from_pb(msg)
             await asyncio.get_running_loop().run_in_executor(self._pool, self.jobs.launch, request)
         except RefusedLaunch as exc:
             self._send(pb.AgentMessage(finished=pb.JobResult(job_id=msg.job_id, attempt=msg.attempt, error=str(exc))))

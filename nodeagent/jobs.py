@@ -17,14 +17,15 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from garrison.model.domain import Allocation, JobSpec
-from garrison.nodeagent.launch.env import LaunchContext, checkpoint_dir_for, plan_ranks
+from garrison.model.launch import LaunchDescription
+from garrison.nodeagent.launch.env import AttemptPaths, RankPlan, checkpoint_dir_for, plan_ranks
 from garrison.nodeagent.supervisor import client as supervisor
 from garrison.nodeagent.supervisor import core as supervisor_core
 from garrison.nodeagent.supervisor.spec import LaunchSpec, RankSpec
 
 log = logging.getLogger("garrison.agent.jobs")
 
+JOBS_DIR = "jobs"  # under the agent's state dir: one directory per attempt
 USER_DIR = "user"
 CHECKPOINT_MARK = "checkpoint-mark"
 MAX_ERROR_FILE_BYTES = 64 << 10
@@ -49,25 +50,6 @@ class AttemptResult:
     finished_at: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class LaunchRequest:
-    job_id: int
-    attempt: int
-    user: str
-    uid: int
-    gid: int
-    spec: JobSpec
-    allocation: Allocation
-    node_rank: int
-    master_addr: str
-    master_port: int
-    restart_count: int
-    kill_wait_s: float
-    time_limit_s: int
-    array_job_id: int | None = None
-    array_task_id: int | None = None
-
-
 class RefusedLaunch(Exception):
     """This node will not start the attempt (e.g. a root job where root jobs are not allowed)."""
 
@@ -76,7 +58,7 @@ class JobManager:
     def __init__(
         self, state_dir: Path, notify_socket: str, allow_root_jobs: bool, forkserver: Path | None = None
     ) -> None:
-        self.jobs_dir = state_dir / "jobs"
+        self.jobs_dir = state_dir / JOBS_DIR
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.jobs_dir, 0o711)
         self.notify_socket = notify_socket
@@ -103,77 +85,56 @@ class JobManager:
 
     # ---------------------------------------------------------------------------------------------
 
-    def launch(self, req: LaunchRequest) -> None:
+    def launch(self, launch: LaunchDescription) -> None:
         """Start the attempt's ranks on this node. Idempotent: a second call for the same attempt is a no-op."""
-        job_dir = self.job_dir(req.job_id, req.attempt)
+        job_dir = self.job_dir(launch.job_id, launch.attempt)
         if job_dir.exists():
             return
-        if req.uid == 0 and not self.allow_root_jobs:
+        if launch.uid == 0 and not self.allow_root_jobs:
             raise RefusedLaunch("root jobs are not allowed on this node")
-        if req.uid != os.getuid():
-            _check_same_identity(req.user, req.uid)
+        if launch.uid != os.getuid():
+            _check_same_identity(launch.user, launch.uid)
         staging = job_dir.with_name(job_dir.name + ".new")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(mode=0o711)
         # The one place in the job dir the job's user may write: torch error files and the checkpoint mark.
         user_dir = staging / USER_DIR
         user_dir.mkdir(mode=0o700)
-        self._give_to_user(user_dir, req)
-        if req.node_rank == 0:
-            _check_port_free(req.master_port)
-        argv: list[str] = list(req.spec.command)
-        if req.spec.script is not None:
+        self._give_to_user(user_dir, launch)
+        if launch.node_rank == 0:
+            _check_port_free(launch.master_port)
+        argv: list[str] = list(launch.spec.command)
+        if launch.spec.script is not None:
             script = staging / "script"
-            script.write_text(req.spec.script)
+            script.write_text(launch.spec.script)
             os.chmod(script, 0o700)
-            self._give_to_user(script, req)
-            argv = [str(job_dir / "script"), *req.spec.command]
-        ctx = LaunchContext(
-            job_id=req.job_id,
-            attempt=req.attempt,
-            user=req.user,
-            spec=req.spec,
-            allocation=req.allocation,
-            node_rank=req.node_rank,
-            master_addr=req.master_addr,
-            master_port=req.master_port,
-            restart_count=req.restart_count,
-            time_limit_s=req.time_limit_s,
-            array_job_id=req.array_job_id,
-            array_task_id=req.array_task_id,
+            self._give_to_user(script, launch)
+            argv = [str(job_dir / "script"), *launch.spec.command]
+        paths = AttemptPaths(
             error_file_dir=str(job_dir / USER_DIR),
-            checkpoint_dir=checkpoint_dir_for(req.spec, req.job_id),
+            checkpoint_dir=checkpoint_dir_for(launch.spec, launch.job_id),
             checkpoint_mark=str(job_dir / USER_DIR / CHECKPOINT_MARK),
         )
-        ranks = plan_ranks(ctx, argv)
+        ranks = plan_ranks(launch, paths, argv)
         if not ranks:
             (staging / PLACEHOLDER).touch()
             staging.rename(job_dir)
             return
-        spec = LaunchSpec(
-            job_id=req.job_id,
-            attempt=req.attempt,
-            uid=req.uid,
-            gid=req.gid,
-            groups=_groups_of(req.user, req.gid) if req.uid != os.getuid() else [],
-            user=req.user,
-            ranks=[
-                RankSpec(rank=r.rank, argv=list(r.argv), env=dict(r.env), cwd=r.cwd, stdout=r.stdout, stderr=r.stderr)
-                for r in ranks
-            ],
-            kill_wait_s=req.kill_wait_s,
+        spec = supervisor_spec(
+            launch,
+            ranks,
+            groups=_groups_of(launch.user, launch.gid) if launch.uid != os.getuid() else [],
+            cpus=_usable_cpus(launch.allocation.nodes[launch.node_rank].cpus),
             notify_socket=self.notify_socket,
-            umask=req.spec.umask,
-            cpus=_usable_cpus(req.allocation.nodes[req.node_rank].cpus),
         )
         # Rename first so a crash never leaves a half-written job dir under the attempt's real name.
         staging.rename(job_dir)
         supervisor.spawn(job_dir, spec, forkserver=self.forkserver)
 
     @staticmethod
-    def _give_to_user(path: Path, req: LaunchRequest) -> None:
-        if os.getuid() == 0 and req.uid != 0:
-            os.chown(path, req.uid, req.gid)
+    def _give_to_user(path: Path, launch: LaunchDescription) -> None:
+        if os.getuid() == 0 and launch.uid != 0:
+            os.chown(path, launch.uid, launch.gid)
 
     def is_placeholder(self, job_id: int, attempt: int) -> bool:
         return (self.job_dir(job_id, attempt) / PLACEHOLDER).exists()
@@ -250,6 +211,35 @@ class JobManager:
             else:
                 finished.append(result)
         return running, finished
+
+
+def supervisor_spec(
+    launch: LaunchDescription,
+    ranks: list[RankPlan],
+    *,
+    groups: list[int],
+    cpus: list[int] | None,
+    notify_socket: str | None,
+) -> LaunchSpec:
+    """The supervisor's launch.json for this node's ranks of the attempt: the one place a launch description
+    becomes the supervisor's file format. groups and cpus are this host's answers (its user database, its
+    CPUs), looked up by the caller."""
+    return LaunchSpec(
+        job_id=launch.job_id,
+        attempt=launch.attempt,
+        uid=launch.uid,
+        gid=launch.gid,
+        groups=groups,
+        user=launch.user,
+        ranks=[
+            RankSpec(rank=r.rank, argv=list(r.argv), env=dict(r.env), cwd=r.cwd, stdout=r.stdout, stderr=r.stderr)
+            for r in ranks
+        ],
+        kill_wait_s=launch.kill_wait_s,
+        notify_socket=notify_socket,
+        umask=launch.spec.umask,
+        cpus=cpus,
+    )
 
 
 def _usable_cpus(chosen: tuple[int, ...]) -> list[int] | None:

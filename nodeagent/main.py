@@ -70,12 +70,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"{config.path}: agent.controller: {exc}") from None
         node_name = cfg.node_name or socket.gethostname()
         model = ""
+        from garrison.machines.description import load_description, resolve_topology
         from garrison.nodeagent.gpu import discovery, fake_nvml
 
         if cfg.fake_topology:
             try:
-                path = fake_nvml.resolve_topology(cfg.fake_topology)
-                description = fake_nvml.load_description(path)
+                path = resolve_topology(cfg.fake_topology)
+                description = load_description(path)
             except ValueError as exc:
                 raise ConfigError(f"{config.path}: agent.fake_topology: {exc}") from None
             fake_nvml.install_fake_nvml(description, node_name)

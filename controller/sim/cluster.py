@@ -13,30 +13,29 @@ A cluster comes from a spec ``NxG[:TOPOLOGY][/NODES_PER_SWITCH]`` (``12x8:dgx-a1
     gpu_name = "NVIDIA L40S"      # optional
     switch = "sw9"                # optional: put these nodes under a named switch
 
-Machine descriptions are the agent's fake-NVML files (nodeagent/gpu/topologies/*.toml). A simulated node
-of such a machine gets the very inventory an agent on it reports: the description is run once through
-the agent's own discovery code over the fake NVML library (GPU names, NVLink matrix, topo -m labels,
-memory), so placement in the simulator sees what it sees in the daemon. Nodes are named node1, node2, ...
+Machine descriptions are the shared ones of ``garrison.machines`` (garrison/machines/topologies/*.toml),
+which an agent with ``fake_topology`` also runs on. A simulated node of such a machine gets the very
+inventory an agent on it reports (GPU names, NVLink matrix, topo -m labels, memory): the shared builder
+derives it by discovery's rules, and a unit test holds it equal to what the agent's discovery reports over
+the fake NVML library, so placement in the simulator sees what it sees in the daemon. Nodes are named node1, node2, ...
 like the agents of ``garrison up``.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
+from garrison.machines import machine_inventory as described_machine_inventory
+from garrison.machines import read_machine
 from garrison.model.domain import Gpu, NodeInventory
-from garrison.nodeagent.gpu.discovery import discover
-from garrison.nodeagent.gpu.fake_nvml import (
-    install_fake_nvml,
-    load_description,
-    resolve_topology,
-    uninstall_fake_nvml,
-)
 
 SPEC = re.compile(r"^(\d+)x(\d+)(?::([^/]+))?(?:/(\d+))?$")
 DEFAULT_GPU_NAME = "GPU"
@@ -98,16 +97,16 @@ class SimCluster:
 
 @functools.cache
 def machine_inventory(topology: str) -> NodeInventory:
-    """What an agent discovers on a machine of this description (built-in name or path).
+    """What an agent discovers on a machine of this description (built-in name or path), named "gsim".
 
-    The fake library is installed only for the call: gsim never talks to a real driver.
+    CPU count and memory are this host's, as an agent's discovery on this host would report them.
     """
-    description = load_description(resolve_topology(topology))
-    install_fake_nvml(description, "gsim")
-    try:
-        return discover("gsim")
-    finally:
-        uninstall_fake_nvml()
+    return described_machine_inventory(
+        read_machine(topology),
+        "gsim",
+        cpus=os.cpu_count() or 1,
+        memory_mb=psutil.virtual_memory().total // (1024 * 1024),
+    )
 
 
 def plain_inventory(gpus: int, gpu_name: str) -> NodeInventory:

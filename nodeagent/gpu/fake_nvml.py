@@ -7,42 +7,30 @@ error classes are all exercised, and discovery code cannot tell the difference. 
 implement are missing attributes, which pynvml turns into ``NVMLError_FunctionNotFound`` exactly as it does
 for an old driver.
 
-A machine description is a TOML table (see ``topologies/*.toml``)::
-
-    name = "..."                                    # free text
-    numa = [{id=0, cpus="0-19,40-59"}, ...]         # NUMA nodes and their CPU lists
-    defaults = {gpu_name="...", memory_mib=16160, max_links=6, nvlink_version=2}
-    gpus = [{index=0, bus="00000000:06:00.0", numa=0, pcie_switch="sw0", host_bridge="hb0"}, ...]
-    nvlink_pairs = [[a, b, lanes], ...]             # optional: direct GPU<->GPU bundles
-    nvswitches = [{id="nvsw0", bus="..."}, ...]     # optional: every GPU has links_per_switch lanes
-    links_per_switch = 2                            #           to each switch
-    driver_version = "..."                          # optional
-
-A GPU entry may override ``gpu_name`` and ``memory_mib``. The PCIe common ancestor of two GPUs is derived
-from the entries: same ``pcie_switch`` -> SINGLE (PIX), same ``host_bridge`` -> HOSTBRIDGE (PHB), same NUMA
-node -> NODE, otherwise SYSTEM. The format cannot describe nested PCIe switches, so MULTIPLE (PXB) is
-never produced.
+The machine it answers for is a parsed description (``garrison.machines``: the TOML format, its
+validation and the shipped ``topologies/*.toml``); this module only turns that model into NVML's answers.
 """
 
 from __future__ import annotations
 
 import ctypes
-import re
-import tomllib
-import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pynvml
 
-TOPOLOGY_NAMES: tuple[str, ...] = ("dgx-a100", "dgx1v", "pcie4", "pcie8")
-_TOPOLOGY_DIR = Path(__file__).resolve().parent / "topologies"
+from garrison.machines.description import (
+    GpuDescription,
+    Lane,
+    LaneEnd,
+    MachineDescription,
+    PcieRelation,
+    fake_gpu_uuid,
+    normalise_bus_id,
+    parse_machine,
+    pcie_relation,
+)
 
-# Fixed namespace so that a node's fake GPU UUIDs are the same in every process and on every run.
-_UUID_NAMESPACE = uuid.UUID("6f1c2d0e-8a4b-5c3d-9e7f-0a1b2c3d4e5f")
-_DEFAULT_DRIVER_VERSION = "570.86.15"
 _NVML_VERSION = "12.570.86.15"
 _CUDA_DRIVER_VERSION = 12080
 _NVIDIA_PCI_VENDOR_ID = 0x10DE
@@ -50,16 +38,14 @@ _NVIDIA_PCI_VENDOR_ID = 0x10DE
 _HANDLE_BASE = 0x6A70_0000
 _HANDLE_STRIDE = 0x100
 
-_PCI_BUS_ID = re.compile(r"^([0-9A-Fa-f]{4}|[0-9A-Fa-f]{8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])$")
-_CPU_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
-
-_TOP_LEVEL_KEYS = frozenset(
-    {"name", "numa", "defaults", "gpus", "nvlink_pairs", "nvswitches", "links_per_switch", "driver_version"}
-)
-_DEFAULTS_KEYS = frozenset({"gpu_name", "memory_mib", "max_links", "nvlink_version"})
-_GPU_KEYS = frozenset({"index", "bus", "numa", "pcie_switch", "host_bridge", "gpu_name", "memory_mib"})
-_NUMA_KEYS = frozenset({"id", "cpus"})
-_NVSWITCH_KEYS = frozenset({"id", "bus"})
+_LANE_END_TYPES = {LaneEnd.GPU: pynvml.NVML_NVLINK_DEVICE_TYPE_GPU, LaneEnd.SWITCH: pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH}
+_TOPOLOGY_LEVELS = {
+    PcieRelation.SAME_GPU: pynvml.NVML_TOPOLOGY_INTERNAL,
+    PcieRelation.PCIE_SWITCH: pynvml.NVML_TOPOLOGY_SINGLE,
+    PcieRelation.HOST_BRIDGE: pynvml.NVML_TOPOLOGY_HOSTBRIDGE,
+    PcieRelation.NUMA_NODE: pynvml.NVML_TOPOLOGY_NODE,
+    PcieRelation.SYSTEM: pynvml.NVML_TOPOLOGY_SYSTEM,
+}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -67,34 +53,8 @@ _NVSWITCH_KEYS = frozenset({"id", "bus"})
 # --------------------------------------------------------------------------------------------------------
 
 
-def resolve_topology(name_or_path: str) -> Path:
-    """Path of a built-in machine description (by name) or of a description file given by path."""
-    if name_or_path in TOPOLOGY_NAMES:
-        return _TOPOLOGY_DIR / f"{name_or_path}.toml"
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    raise ValueError(
-        f"unknown topology {name_or_path!r}: use one of {', '.join(TOPOLOGY_NAMES)} or a path to a .toml file"
-    )
-
-
-def load_description(path: str | Path) -> dict[str, Any]:
-    """Read and validate a machine description; any problem is a one-line ValueError naming file and key."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read machine description: {err.strerror or err}") from err
-    try:
-        description = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: invalid TOML: {err}") from err
-    _parse_machine(description, str(path))
-    return description
-
-
 def install_fake_nvml(
-    description: Mapping[str, Any], node_name: str, *, failures: Mapping[str, int] | None = None
+    description: Mapping[str, Any] | MachineDescription, node_name: str, *, failures: Mapping[str, int] | None = None
 ) -> None:
     """Make pynvml talk to a fake GPU node built from ``description``.
 
@@ -126,237 +86,6 @@ def _swap_library(library: object | None) -> None:
         # pynvml caches symbols per name across libraries; stale entries would keep calling the old fake.
         pynvml._nvmlGetFunctionPointer_cache.clear()
         pynvml._nvmlLib_refcount = 0
-
-
-# --------------------------------------------------------------------------------------------------------
-# Machine description -> validated model
-# --------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Lane:
-    remote_bus: str
-    remote_type: int  # pynvml.NVML_NVLINK_DEVICE_TYPE_*
-
-
-@dataclass(frozen=True, slots=True)
-class _GpuSpec:
-    index: int
-    name: str
-    memory_mib: int
-    bus: str
-    numa: int
-    cpus: tuple[int, ...]
-    pcie_switch: str
-    host_bridge: str
-    lanes: tuple[_Lane, ...]  # wired lanes, in link order; lanes past these up to max_links are unused
-
-
-@dataclass(frozen=True, slots=True)
-class _MachineSpec:
-    name: str
-    driver_version: str
-    max_links: int
-    nvlink_version: int | None
-    gpus: tuple[_GpuSpec, ...]
-
-
-class _Validator:
-    """Reads typed values out of the raw TOML tables, failing with 'file: key: problem' on one line."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, key: str, problem: str) -> NoReturn:
-        raise ValueError(f"{self.source}: {key}: {problem}")
-
-    def table(self, value: object, key: str, allowed: frozenset[str]) -> Mapping[str, Any]:
-        if not isinstance(value, Mapping):
-            self.fail(key, f"expected a table, got {_describe(value)}")
-        unknown = sorted(set(value) - allowed)
-        if unknown:
-            self.fail(
-                f"{key}.{unknown[0]}" if key else unknown[0],
-                f"unknown key (known: {', '.join(sorted(allowed))})",
-            )
-        return value
-
-    def array(self, value: object, key: str) -> Sequence[Any]:
-        if not isinstance(value, list):
-            self.fail(key, f"expected an array, got {_describe(value)}")
-        return value
-
-    def required(self, table: Mapping[str, Any], name: str, key: str) -> object:
-        if name not in table:
-            self.fail(f"{key}.{name}" if key else name, "missing")
-        return table[name]
-
-    def integer(self, value: object, key: str, minimum: int = 0) -> int:
-        # bool is an int subclass; "true" for a count is a typo, not a number
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(key, f"expected an integer, got {_describe(value)}")
-        if value < minimum:
-            self.fail(key, f"must be >= {minimum}, got {value}")
-        return value
-
-    def string(self, value: object, key: str, *, allow_empty: bool = True) -> str:
-        if not isinstance(value, str):
-            self.fail(key, f"expected a string, got {_describe(value)}")
-        if not allow_empty and not value:
-            self.fail(key, "must not be empty")
-        return value
-
-    def bus_id(self, value: object, key: str) -> str:
-        text = self.string(value, key)
-        match = _PCI_BUS_ID.match(text)
-        if match is None:
-            self.fail(key, f"expected a PCI bus id like '00000000:07:00.0', got {text!r}")
-        domain, bus, device, function = match.groups()
-        return f"{int(domain, 16):08X}:{bus.upper()}:{device.upper()}.{function}"
-
-    def cpu_list(self, value: object, key: str) -> tuple[int, ...]:
-        text = self.string(value, key, allow_empty=False)
-        cpus: set[int] = set()
-        for part in text.split(","):
-            match = _CPU_RANGE.match(part.strip())
-            if match is None:
-                self.fail(key, f"expected a CPU list like '0-19,40-59', got {text!r}")
-            first = int(match.group(1))
-            last = int(match.group(2)) if match.group(2) is not None else first
-            if last < first:
-                self.fail(key, f"descending CPU range {part.strip()!r}")
-            cpus.update(range(first, last + 1))
-        return tuple(sorted(cpus))
-
-
-def _describe(value: object) -> str:
-    return f"{type(value).__name__} {value!r}"
-
-
-def _parse_machine(description: Mapping[str, Any], source: str) -> _MachineSpec:
-    check = _Validator(source)
-    top = check.table(description, "", _TOP_LEVEL_KEYS)
-    name = check.string(check.required(top, "name", ""), "name")
-    driver_version = check.string(top.get("driver_version", _DEFAULT_DRIVER_VERSION), "driver_version")
-
-    numa_cpus: dict[int, tuple[int, ...]] = {}
-    for position, raw in enumerate(check.array(check.required(top, "numa", ""), "numa")):
-        key = f"numa[{position}]"
-        entry = check.table(raw, key, _NUMA_KEYS)
-        node_id = check.integer(check.required(entry, "id", key), f"{key}.id")
-        if node_id in numa_cpus:
-            check.fail(f"{key}.id", f"duplicate NUMA node id {node_id}")
-        numa_cpus[node_id] = check.cpu_list(check.required(entry, "cpus", key), f"{key}.cpus")
-
-    defaults = check.table(check.required(top, "defaults", ""), "defaults", _DEFAULTS_KEYS)
-    default_name = check.string(defaults.get("gpu_name", ""), "defaults.gpu_name")
-    default_memory = (
-        check.integer(defaults["memory_mib"], "defaults.memory_mib", minimum=1)
-        if "memory_mib" in defaults
-        else None
-    )
-    max_links = check.integer(defaults.get("max_links", 0), "defaults.max_links")
-    if max_links > pynvml.NVML_NVLINK_MAX_LINKS:
-        check.fail("defaults.max_links", f"NVML allows at most {pynvml.NVML_NVLINK_MAX_LINKS} links per GPU")
-    nvlink_version = (
-        check.integer(defaults["nvlink_version"], "defaults.nvlink_version", minimum=1)
-        if "nvlink_version" in defaults
-        else None
-    )
-
-    raw_gpus = check.array(check.required(top, "gpus", ""), "gpus")
-    gpu_fields: list[dict[str, Any]] = []
-    seen_buses: dict[str, str] = {}
-    for position, raw in enumerate(raw_gpus):
-        key = f"gpus[{position}]"
-        entry = check.table(raw, key, _GPU_KEYS)
-        index = check.integer(check.required(entry, "index", key), f"{key}.index")
-        if index != position:
-            # NVML numbers devices 0..n-1 with no gaps; the list order is that numbering
-            check.fail(f"{key}.index", f"expected {position} (GPUs are listed in index order), got {index}")
-        bus = check.bus_id(check.required(entry, "bus", key), f"{key}.bus")
-        if bus in seen_buses:
-            check.fail(f"{key}.bus", f"bus id {bus} already used by {seen_buses[bus]}")
-        seen_buses[bus] = key
-        numa = check.integer(check.required(entry, "numa", key), f"{key}.numa")
-        if numa not in numa_cpus:
-            check.fail(f"{key}.numa", f"NUMA node {numa} is not listed in numa")
-        gpu_name = check.string(entry.get("gpu_name", default_name), f"{key}.gpu_name", allow_empty=False)
-        memory = entry.get("memory_mib", default_memory)
-        if memory is None:
-            check.fail(f"{key}.memory_mib", "missing (and no defaults.memory_mib)")
-        memory_mib = check.integer(memory, f"{key}.memory_mib", minimum=1)
-        gpu_fields.append(
-            {
-                "index": index,
-                "name": gpu_name,
-                "memory_mib": memory_mib,
-                "bus": bus,
-                "numa": numa,
-                "cpus": numa_cpus[numa],
-                "pcie_switch": check.string(entry.get("pcie_switch", ""), f"{key}.pcie_switch"),
-                "host_bridge": check.string(entry.get("host_bridge", ""), f"{key}.host_bridge"),
-            }
-        )
-
-    lanes: list[list[_Lane]] = [[] for _ in gpu_fields]
-    gpu_count = len(gpu_fields)
-    for position, raw in enumerate(check.array(top.get("nvlink_pairs", []), "nvlink_pairs")):
-        key = f"nvlink_pairs[{position}]"
-        pair = check.array(raw, key)
-        if len(pair) != 3:
-            check.fail(key, f"expected [gpu_a, gpu_b, lanes], got {pair!r}")
-        a = check.integer(pair[0], f"{key}[0]")
-        b = check.integer(pair[1], f"{key}[1]")
-        count = check.integer(pair[2], f"{key}[2]", minimum=1)
-        for which, gpu in ((0, a), (1, b)):
-            if gpu >= gpu_count:
-                check.fail(f"{key}[{which}]", f"no GPU {gpu} (the machine has {gpu_count})")
-        if a == b:
-            check.fail(key, f"a GPU cannot be linked to itself ({a})")
-        lanes[a].extend(_Lane(gpu_fields[b]["bus"], pynvml.NVML_NVLINK_DEVICE_TYPE_GPU) for _ in range(count))
-        lanes[b].extend(_Lane(gpu_fields[a]["bus"], pynvml.NVML_NVLINK_DEVICE_TYPE_GPU) for _ in range(count))
-
-    switch_buses: list[str] = []
-    for position, raw in enumerate(check.array(top.get("nvswitches", []), "nvswitches")):
-        key = f"nvswitches[{position}]"
-        entry = check.table(raw, key, _NVSWITCH_KEYS)
-        check.string(check.required(entry, "id", key), f"{key}.id", allow_empty=False)
-        bus = check.bus_id(check.required(entry, "bus", key), f"{key}.bus")
-        if bus in seen_buses:
-            check.fail(f"{key}.bus", f"bus id {bus} already used by {seen_buses[bus]}")
-        seen_buses[bus] = key
-        switch_buses.append(bus)
-    if switch_buses:
-        links_per_switch = check.integer(
-            check.required(top, "links_per_switch", ""), "links_per_switch", minimum=1
-        )
-        for gpu_lanes in lanes:
-            for bus in switch_buses:
-                gpu_lanes.extend(
-                    _Lane(bus, pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH) for _ in range(links_per_switch)
-                )
-    elif "links_per_switch" in top:
-        check.fail("links_per_switch", "given without nvswitches")
-
-    for index, gpu_lanes in enumerate(lanes):
-        if len(gpu_lanes) > max_links:
-            check.fail(
-                "nvlink_pairs" if not switch_buses else "nvswitches",
-                f"GPU {index} needs {len(gpu_lanes)} NVLink lanes but defaults.max_links is {max_links}",
-            )
-
-    gpus = tuple(
-        _GpuSpec(lanes=tuple(gpu_lanes), **fields)
-        for fields, gpu_lanes in zip(gpu_fields, lanes, strict=True)
-    )
-    return _MachineSpec(
-        name=name,
-        driver_version=driver_version,
-        max_links=max_links,
-        nvlink_version=nvlink_version,
-        gpus=gpus,
-    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -420,13 +149,15 @@ class FakeNvmlLibrary:
 
     def __init__(
         self,
-        description: Mapping[str, Any],
+        description: Mapping[str, Any] | MachineDescription,
         node_name: str,
         *,
         failures: Mapping[str, int] | None = None,
         source: str = "<machine description>",
     ) -> None:
-        self.machine = _parse_machine(description, source)
+        self.machine = (
+            description if isinstance(description, MachineDescription) else parse_machine(description, source)
+        )
         self.node_name = node_name
         self.uuids = tuple(fake_gpu_uuid(node_name, gpu.index) for gpu in self.machine.gpus)
         self.init_count = 0
@@ -536,7 +267,7 @@ class FakeNvmlLibrary:
         ctypes.c_void_p.from_buffer(_target(handle_ref)).value = _HANDLE_BASE + (index + 1) * _HANDLE_STRIDE
         return pynvml.NVML_SUCCESS
 
-    def _gpu(self, handle: Any) -> _GpuSpec | None:
+    def _gpu(self, handle: Any) -> GpuDescription | None:
         address = ctypes.cast(handle, ctypes.c_void_p).value
         if address is None:
             return None
@@ -559,11 +290,9 @@ class FakeNvmlLibrary:
         return pynvml.NVML_ERROR_NOT_FOUND
 
     def _handle_by_pci_bus_id(self, bus_arg: Any, handle_ref: Any) -> int:
-        match = _PCI_BUS_ID.match(_target(bus_arg).value.decode())
-        if match is None:
+        wanted = normalise_bus_id(_target(bus_arg).value.decode())
+        if wanted is None:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        domain, bus, device, function = match.groups()
-        wanted = f"{int(domain, 16):08X}:{bus.upper()}:{device.upper()}.{function}"
         for gpu in self.machine.gpus:
             if gpu.bus == wanted:
                 return self._give_handle(gpu.index, handle_ref)
@@ -636,7 +365,7 @@ class FakeNvmlLibrary:
 
     # -- NVLink ------------------------------------------------------------------------------------------
 
-    def _lane(self, handle: Any, link: object) -> _Lane | int:
+    def _lane(self, handle: Any, link: object) -> Lane | int:
         """The wired lane, or the error code NVML gives for that (device, link) pair."""
         gpu = self._gpu(handle)
         lane_index = _as_int(link)
@@ -675,21 +404,13 @@ class FakeNvmlLibrary:
         lane = self._lane(handle, link)
         if isinstance(lane, int):
             return lane
-        _target(type_ref).value = lane.remote_type
+        _target(type_ref).value = _LANE_END_TYPES[lane.remote_end]
         return pynvml.NVML_SUCCESS
 
     # -- topology ----------------------------------------------------------------------------------------
 
-    def _common_ancestor(self, first: _GpuSpec, second: _GpuSpec) -> int:
-        if first.index == second.index:
-            return pynvml.NVML_TOPOLOGY_INTERNAL
-        if first.pcie_switch and first.pcie_switch == second.pcie_switch:
-            return pynvml.NVML_TOPOLOGY_SINGLE
-        if first.host_bridge and first.host_bridge == second.host_bridge:
-            return pynvml.NVML_TOPOLOGY_HOSTBRIDGE
-        if first.numa == second.numa:
-            return pynvml.NVML_TOPOLOGY_NODE
-        return pynvml.NVML_TOPOLOGY_SYSTEM
+    def _common_ancestor(self, first: GpuDescription, second: GpuDescription) -> int:
+        return _TOPOLOGY_LEVELS[pcie_relation(first, second)]
 
     def _topology_common_ancestor(self, handle1: Any, handle2: Any, level_ref: Any) -> int:
         first, second = self._gpu(handle1), self._gpu(handle2)
@@ -698,14 +419,14 @@ class FakeNvmlLibrary:
         _target(level_ref).value = self._common_ancestor(first, second)
         return pynvml.NVML_SUCCESS
 
-    def _nvlink_connected(self, first: _GpuSpec, second: _GpuSpec) -> bool:
+    def _nvlink_connected(self, first: GpuDescription, second: GpuDescription) -> bool:
         if any(lane.remote_bus == second.bus for lane in first.lanes):
             return True
         # GPUs wired to a common NVSwitch reach each other through it
         first_switches = {
             lane.remote_bus
             for lane in first.lanes
-            if lane.remote_type == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+            if lane.remote_end is LaneEnd.SWITCH
         }
         return any(lane.remote_bus in first_switches for lane in second.lanes)
 
@@ -786,8 +507,3 @@ class _FailingNvmlLibrary:
                 name, lambda code: pynvml.NVMLError._errcode_to_string.get(_as_int(code), "").encode()
             )
         return _Symbol(name, lambda *args: pynvml.NVML_ERROR_UNINITIALIZED)
-
-
-def fake_gpu_uuid(node_name: str, index: int) -> str:
-    """The UUID the fake reports for GPU ``index`` of ``node_name``: stable per node, distinct across nodes."""
-    return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node_name}/{index}')}"

@@ -1,4 +1,4 @@
-"""From an allocation to each rank's process: argv, environment, output files. Pure (no I/O).
+"""From a launch description to each rank's process on this node: argv, environment, output files. Pure.
 
 Per-rank mode gives every rank exactly the environment torchrun gives its workers (RANK, LOCAL_RANK,
 GROUP_RANK, WORLD_SIZE, MASTER_ADDR, ... see docs/), so a scheduler-launched gang needs no torchrun.
@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from garrison.model.domain import Allocation, JobSpec, LaunchMode
+from garrison.model.launch import LaunchDescription
 from garrison.model.outputpath import expand_output_pattern
 
 DEFAULT_OUTPUT = "garrison-%j.out"
@@ -20,19 +21,9 @@ DEFAULT_ARRAY_OUTPUT = "garrison-%A_%a.out"
 
 
 @dataclass(frozen=True, slots=True)
-class LaunchContext:
-    job_id: int
-    attempt: int
-    user: str
-    spec: JobSpec
-    allocation: Allocation
-    node_rank: int
-    master_addr: str
-    master_port: int
-    restart_count: int
-    time_limit_s: int
-    array_job_id: int | None = None
-    array_task_id: int | None = None
+class AttemptPaths:
+    """The agent-local paths of one attempt, which the controller's launch description cannot know."""
+
     error_file_dir: str = ""  # where TORCHELASTIC_ERROR_FILE points, per rank
     checkpoint_dir: str = ""  # stable across requeues: where the job keeps its checkpoints
     checkpoint_mark: str = ""  # touching it tells the scheduler work so far is saved (gcheckpoint)
@@ -63,70 +54,70 @@ def ranks_on_node(spec: JobSpec, allocation: Allocation, node_rank: int) -> int:
     return max(1, len(allocation.nodes[node_rank].gpus))
 
 
-def _resolve_output(pattern: str, ctx: LaunchContext, rank: int) -> str:
+def _resolve_output(pattern: str, launch: LaunchDescription, rank: int) -> str:
     path = expand_output_pattern(
         pattern,
-        job_id=ctx.job_id,
+        job_id=launch.job_id,
         rank=rank,
-        node_rank=ctx.node_rank,
-        array_job_id=ctx.array_job_id,
-        array_task_id=ctx.array_task_id,
-        user=ctx.user,
-        job_name=ctx.spec.name,
+        node_rank=launch.node_rank,
+        array_job_id=launch.array_job_id,
+        array_task_id=launch.array_task_id,
+        user=launch.user,
+        job_name=launch.spec.name,
     )
-    return path if os.path.isabs(path) else os.path.join(ctx.spec.workdir, path)
+    return path if os.path.isabs(path) else os.path.join(launch.spec.workdir, path)
 
 
-def plan_ranks(ctx: LaunchContext, argv: Sequence[str]) -> list[RankPlan]:
+def plan_ranks(launch: LaunchDescription, paths: AttemptPaths, argv: Sequence[str]) -> list[RankPlan]:
     """Every rank this node starts for the attempt, with its complete environment."""
-    spec = ctx.spec
-    nodes = ctx.allocation.nodes
-    counts = [ranks_on_node(spec, ctx.allocation, i) for i in range(len(nodes))]
-    local_count = counts[ctx.node_rank]
-    first_rank = sum(counts[: ctx.node_rank])
+    spec = launch.spec
+    nodes = launch.allocation.nodes
+    counts = [ranks_on_node(spec, launch.allocation, i) for i in range(len(nodes))]
+    local_count = counts[launch.node_rank]
+    first_rank = sum(counts[: launch.node_rank])
     world = sum(counts)
-    gpus = nodes[ctx.node_rank].gpus
-    output = spec.output or (DEFAULT_ARRAY_OUTPUT if ctx.array_job_id is not None else DEFAULT_OUTPUT)
+    gpus = nodes[launch.node_rank].gpus
+    output = spec.output or (DEFAULT_ARRAY_OUTPUT if launch.array_job_id is not None else DEFAULT_OUTPUT)
 
     common: dict[str, str] = dict(spec.env)
     common.update(
         {
-            "GARRISON_JOB_ID": str(ctx.job_id),
+            "GARRISON_JOB_ID": str(launch.job_id),
             "GARRISON_JOB_NAME": spec.name,
-            "GARRISON_ATTEMPT": str(ctx.attempt),
-            "GARRISON_RESTART_COUNT": str(ctx.restart_count),
-            "GARRISON_JOB_USER": ctx.user,
-            "GARRISON_NODELIST": ",".join(ctx.allocation.node_names),
+            "GARRISON_ATTEMPT": str(launch.attempt),
+            "GARRISON_RESTART_COUNT": str(launch.restart_count),
+            "GARRISON_JOB_USER": launch.user,
+            "GARRISON_NODELIST": ",".join(launch.allocation.node_names),
             "GARRISON_NNODES": str(len(nodes)),
-            "GARRISON_NODE_RANK": str(ctx.node_rank),
-            "GARRISON_NODENAME": nodes[ctx.node_rank].node,
+            "GARRISON_NODE_RANK": str(launch.node_rank),
+            "GARRISON_NODENAME": nodes[launch.node_rank].node,
             "GARRISON_GPUS_ON_NODE": str(len(gpus)),
-            "GARRISON_TIME_LIMIT": str(ctx.time_limit_s),
+            "GARRISON_TIME_LIMIT": str(launch.time_limit_s),
             "GARRISON_SUBMIT_DIR": spec.workdir,
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
-            "MASTER_ADDR": ctx.master_addr,
-            "MASTER_PORT": str(ctx.master_port),
+            "MASTER_ADDR": launch.master_addr,
+            "MASTER_PORT": str(launch.master_port),
         }
     )
-    if ctx.checkpoint_dir:
-        common["GARRISON_CHECKPOINT_DIR"] = ctx.checkpoint_dir
-    if ctx.checkpoint_mark:
-        common["GARRISON_CHECKPOINT_MARK"] = ctx.checkpoint_mark
-    if ctx.array_job_id is not None and ctx.array_task_id is not None:
-        common["GARRISON_ARRAY_JOB_ID"] = str(ctx.array_job_id)
-        common["GARRISON_ARRAY_TASK_ID"] = str(ctx.array_task_id)
+    if paths.checkpoint_dir:
+        common["GARRISON_CHECKPOINT_DIR"] = paths.checkpoint_dir
+    if paths.checkpoint_mark:
+        common["GARRISON_CHECKPOINT_MARK"] = paths.checkpoint_mark
+    if launch.array_job_id is not None and launch.array_task_id is not None:
+        common["GARRISON_ARRAY_JOB_ID"] = str(launch.array_job_id)
+        common["GARRISON_ARRAY_TASK_ID"] = str(launch.array_task_id)
     if spec.launch == LaunchMode.RANK:
         common.update(
             {
                 "WORLD_SIZE": str(world),
                 "LOCAL_WORLD_SIZE": str(local_count),
-                "GROUP_RANK": str(ctx.node_rank),
-                "NODE_RANK": str(ctx.node_rank),
+                "GROUP_RANK": str(launch.node_rank),
+                "NODE_RANK": str(launch.node_rank),
                 "GROUP_WORLD_SIZE": str(len(nodes)),
                 "ROLE_NAME": "default",
                 "ROLE_WORLD_SIZE": str(world),
-                "TORCHELASTIC_RUN_ID": f"garrison-{ctx.job_id}",
-                "TORCHELASTIC_RESTART_COUNT": str(ctx.restart_count),
+                "TORCHELASTIC_RUN_ID": f"garrison-{launch.job_id}",
+                "TORCHELASTIC_RESTART_COUNT": str(launch.restart_count),
                 "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
             }
@@ -139,11 +130,11 @@ def plan_ranks(ctx: LaunchContext, argv: Sequence[str]) -> list[RankPlan]:
         env = dict(common)
         if spec.launch == LaunchMode.RANK:
             env.update({"RANK": str(rank), "LOCAL_RANK": str(local_rank), "ROLE_RANK": str(rank)})
-            if ctx.error_file_dir:
-                env["TORCHELASTIC_ERROR_FILE"] = os.path.join(ctx.error_file_dir, f"error-{rank}.json")
+            if paths.error_file_dir:
+                env["TORCHELASTIC_ERROR_FILE"] = os.path.join(paths.error_file_dir, f"error-{rank}.json")
         env["GARRISON_PROCID"] = str(rank)
         env["GARRISON_LOCALID"] = str(local_rank)
-        stdout = _resolve_output(output, ctx, rank)
-        stderr = _resolve_output(spec.error, ctx, rank) if spec.error else stdout
+        stdout = _resolve_output(output, launch, rank)
+        stderr = _resolve_output(spec.error, launch, rank) if spec.error else stdout
         plans.append(RankPlan(rank=rank, argv=tuple(argv), env=env, cwd=spec.workdir, stdout=stdout, stderr=stderr))
     return plans

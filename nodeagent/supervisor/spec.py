@@ -1,7 +1,8 @@
 """The two files the agent and a supervisor share in a job directory.
 
-``launch.json`` (agent -> supervisor) is a LaunchSpec; ``status.json`` (supervisor ->
-agent) is a SupervisorStatus. Standard library only. The supervisor process itself
+``launch.json`` (agent -> supervisor) is a LaunchSpec, the supervisor's own file format,
+built from the controller's launch description in one place (``nodeagent.jobs.supervisor_spec``);
+``status.json`` (supervisor -> agent) is a SupervisorStatus. Standard library only. The supervisor process itself
 does not import this module (dataclasses costs ~10 ms of start-up); core.py reads the
 same launch schema into plain classes, and the tests check that the two agree.
 """

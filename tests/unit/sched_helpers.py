@@ -5,14 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from garrison.controller.sched.snapshot import NodeView, PendingJob, RunningJob, node_view
+from garrison.machines.description import load_description, resolve_topology
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation, NodeInventory
 from garrison.nodeagent.gpu.discovery import discover
-from garrison.nodeagent.gpu.fake_nvml import (
-    install_fake_nvml,
-    load_description,
-    resolve_topology,
-    uninstall_fake_nvml,
-)
+from garrison.nodeagent.gpu.fake_nvml import install_fake_nvml, uninstall_fake_nvml
 
 NOW = 1_000_000.0
 

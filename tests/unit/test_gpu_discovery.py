@@ -12,19 +12,17 @@ import psutil
 import pynvml
 import pytest
 
+from garrison.machines.description import TOPOLOGY_NAMES, fake_gpu_uuid, load_description, resolve_topology
 from garrison.model.domain import NodeInventory
 from garrison.nodeagent.gpu import (
-    TOPOLOGY_NAMES,
     discover,
     format_cpu_list,
     install_failing_nvml,
     install_fake_nvml,
     install_missing_nvml,
-    load_description,
-    resolve_topology,
     uninstall_fake_nvml,
 )
-from garrison.nodeagent.gpu.fake_nvml import FakeNvmlLibrary, fake_gpu_uuid
+from garrison.nodeagent.gpu.fake_nvml import FakeNvmlLibrary
 
 DISCOVERY_LOGGER = "garrison.nodeagent.gpu.discovery"
 

@@ -11,16 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from garrison.cli.topo import render_topo_matrix
+from garrison.machines.description import TOPOLOGY_NAMES, load_description, resolve_topology
 from garrison.model.domain import Gpu, NodeInventory
-from garrison.nodeagent.gpu import (
-    TOPOLOGY_NAMES,
-    discover,
-    install_fake_nvml,
-    load_description,
-    render_topo_matrix,
-    resolve_topology,
-    uninstall_fake_nvml,
-)
+from garrison.nodeagent.gpu import discover, install_fake_nvml, uninstall_fake_nvml
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 

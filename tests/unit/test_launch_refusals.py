@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation
-from garrison.nodeagent.jobs import JobManager, LaunchRequest, RefusedLaunch
+from garrison.model.launch import LaunchDescription
+from garrison.nodeagent.jobs import JobManager, RefusedLaunch
 
 
-def request(user: str, uid: int) -> LaunchRequest:
-    return LaunchRequest(
+def request(user: str, uid: int) -> LaunchDescription:
+    return LaunchDescription(
         job_id=1, attempt=0, user=user, uid=uid, gid=os.getgid(),
         spec=JobSpec(name="who", command=("true",), gpus_per_node=1, workdir="/tmp"),
         allocation=Allocation((NodeAllocation("n", (0,)),)), node_rank=0, master_addr="127.0.0.1",

@@ -23,6 +23,7 @@ from garrison.controller import metrics
 from garrison.controller.clock import ManualClock
 from garrison.controller.state import ClusterState
 from garrison.controller.store import open_store
+from garrison.machines.description import fake_gpu_uuid, load_description, resolve_topology
 from garrison.metrics_server import serve_metrics, split_address
 from garrison.model.domain import (
     Allocation,
@@ -35,8 +36,9 @@ from garrison.model.domain import (
     NodeResult,
     RankOutcome,
 )
+from garrison.model.launch import LaunchDescription
 from garrison.nodeagent.gpu import fake_nvml
-from garrison.nodeagent.jobs import JobManager, LaunchRequest
+from garrison.nodeagent.jobs import JobManager
 from garrison.nodeagent.metrics import node_registry, running_jobs
 
 
@@ -237,7 +239,7 @@ def loop_call(loop: asyncio.AbstractEventLoop, function):  # type: ignore[no-unt
 
 @pytest.fixture
 def fake_node() -> Iterator[fake_nvml.FakeNvmlLibrary]:
-    description = fake_nvml.load_description(fake_nvml.resolve_topology("pcie4"))
+    description = load_description(resolve_topology("pcie4"))
     fake_nvml.install_fake_nvml(description, "m-node")
     import pynvml
 
@@ -252,7 +254,7 @@ def launch(manager: JobManager, job_id: int, gpus: tuple[int, ...], command: tup
     import pwd
 
     manager.launch(
-        LaunchRequest(
+        LaunchDescription(
             job_id=job_id, attempt=0, user=pwd.getpwuid(uid).pw_name, uid=uid, gid=gid,
             spec=JobSpec(name="m", command=command, gpus_per_node=len(gpus), workdir="/tmp"),
             allocation=Allocation((NodeAllocation("m-node", gpus),)), node_rank=0, master_addr="127.0.0.1",
@@ -291,14 +293,14 @@ def test_agent_endpoint(fake_node: fake_nvml.FakeNvmlLibrary, tmp_path: Path) ->
         manager.signal(7, 0, "kill")
         wait_for("job 7 to end", lambda: manager.result(7, 0))
 
-    uuid1 = fake_nvml.fake_gpu_uuid("m-node", 1)
+    uuid1 = fake_gpu_uuid("m-node", 1)
     gpu1 = {"node": "m-node", "gpu": "1", "uuid": uuid1, "name": fake_node.machine.gpus[1].name}
     assert value(samples, "garrison_gpu_utilization_percent", **gpu1) == 87
     assert value(samples, "garrison_gpu_memory_utilization_percent", **gpu1) == 40
     assert value(samples, "garrison_gpu_memory_used_bytes", **gpu1) == 30_000 * 1024 * 1024
     total = fake_node.machine.gpus[1].memory_mib * 1024 * 1024
     assert value(samples, "garrison_gpu_memory_total_bytes", **gpu1) == total
-    idle = {**gpu1, "gpu": "0", "uuid": fake_nvml.fake_gpu_uuid("m-node", 0)}
+    idle = {**gpu1, "gpu": "0", "uuid": fake_gpu_uuid("m-node", 0)}
     assert value(samples, "garrison_gpu_utilization_percent", **idle) == 0
 
     job7 = {"node": "m-node", "job": "7", "attempt": "0"}

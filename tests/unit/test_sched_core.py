@@ -11,7 +11,7 @@ from garrison.controller.sched.presets import preset
 from garrison.controller.sched.snapshot import NodeView, PendingJob, Snapshot
 from garrison.model.domain import JobSpec
 
-# DGX-1V hybrid cube-mesh NVLink lanes (see nodeagent/gpu/topologies/dgx1v.toml).
+# DGX-1V hybrid cube-mesh NVLink lanes (see garrison/machines/topologies/dgx1v.toml).
 DGX1V_PAIRS = [(0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2), (2, 3, 2), (2, 6, 1),
                (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2)]
 

@@ -11,15 +11,9 @@ import pynvml
 import pytest
 
 from garrison.controller.sim.cluster import ClusterError, parse_cluster
+from garrison.machines.description import TOPOLOGY_NAMES, load_description, resolve_topology
 from garrison.nodeagent.gpu.discovery import discover
-from garrison.nodeagent.gpu.fake_nvml import (
-    TOPOLOGY_NAMES,
-    FakeNvmlLibrary,
-    install_fake_nvml,
-    load_description,
-    resolve_topology,
-    uninstall_fake_nvml,
-)
+from garrison.nodeagent.gpu.fake_nvml import FakeNvmlLibrary, install_fake_nvml, uninstall_fake_nvml
 
 
 @pytest.fixture(autouse=True)
