@@ -7,22 +7,20 @@ signed with HMAC-SHA256 under a key only the controller can read. The CLI sends 
 metadata (``x-garrison-credential``) and the controller verifies it on every RPC; a user name in a
 request body is never trusted.
 
-Token format, all URL-safe text: ``v1.<claims>.<signature>`` where ``<claims>`` is unpadded URL-safe
-base64 of compact JSON {"user", "uid", "gid", "groups", "exp"} and ``<signature>`` the unpadded URL-safe
-base64 HMAC-SHA256 over ``v1.<claims>`` (so the version tag is signed too). The claims are readable
-without the key, which lets the CLI know when its cached token runs out; only the controller can verify.
+Token format (garrison.signing's, with the tag ``v1``): ``v1.<claims>.<signature>`` where ``<claims>`` is
+unpadded URL-safe base64 of compact JSON {"user", "uid", "gid", "groups", "exp"} and ``<signature>`` the
+unpadded URL-safe base64 HMAC-SHA256 over ``v1.<claims>`` (so the version tag is signed too). The claims
+are readable without the key, which lets the CLI know when its cached token runs out; only the controller
+can verify.
 
-This module imports nothing outside the standard library, because every CLI command loads it.
+This module imports only the standard library, garrison.signing and garrison.model, because every CLI
+command that authenticates loads it.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import hashlib
-import hmac
-import json
 import logging
 import math
 import os
@@ -40,6 +38,17 @@ from pathlib import Path
 from types import TracebackType
 
 from garrison.model.domain import Principal
+from garrison.signing import (
+    AuthError,
+    Base64Error,
+    TokenFormat,
+    check_key_length,
+    decode_claims,
+    encode_token,
+    load_or_create_key,
+    signature_matches,
+    split_token,
+)
 
 __all__ = [
     "CREDENTIAL_METADATA_KEY",
@@ -62,16 +71,11 @@ log = logging.getLogger(__name__)
 
 CREDENTIAL_METADATA_KEY = "x-garrison-credential"
 TOKEN_VERSION = "v1"
-KEY_BYTES = 32
 DEFAULT_LIFETIME_S = 900.0
 # Far above any real token (a user in a few hundred groups), far below anything that could hurt to parse.
 MAX_TOKEN_CHARS = 16 * 1024
 _ERROR_PREFIX = "ERROR "  # how the service says why it gave no credential; tokens start with "v1."
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-class AuthError(Exception):
-    """Authentication failed; the message is one line saying why."""
 
 
 @dataclass(frozen=True)
@@ -85,32 +89,18 @@ class CredentialClaims:
 # ------------------------------------------------------------------------------------------ tokens
 
 
-def _b64encode(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _b64decode(text: str) -> bytes:
-    # validate=True: the lenient default silently skips stray characters, which would let two different
-    # strings stand for the same bytes.
-    padded = text + "=" * (-len(text) % 4)
-    try:
-        return base64.b64decode(padded.encode("ascii"), altchars=b"-_", validate=True)
-    except (binascii.Error, UnicodeEncodeError, ValueError):
-        raise AuthError("malformed credential: bad base64") from None
-
-
-def _signature(key: bytes, signed_text: str) -> str:
-    return _b64encode(hmac.new(key, signed_text.encode("ascii"), hashlib.sha256).digest())
-
-
-def _check_key(key: bytes) -> None:
-    if len(key) < KEY_BYTES:
-        raise ValueError(f"credential key must be at least {KEY_BYTES} bytes, got {len(key)}")
+CREDENTIAL_FORMAT = TokenFormat(
+    tag=TOKEN_VERSION,
+    noun="credential",
+    shape="version.claims.signature",
+    max_chars=MAX_TOKEN_CHARS,
+    error=AuthError,
+)
 
 
 def issue_credential(key: bytes, principal: Principal, now: float, lifetime_s: float) -> str:
     """A token proving ``principal`` until ``now + lifetime_s``, signed with ``key``."""
-    _check_key(key)
+    check_key_length(key)
     if not lifetime_s > 0:
         raise ValueError(f"credential lifetime must be positive, got {lifetime_s}")
     claims = {
@@ -120,22 +110,7 @@ def issue_credential(key: bytes, principal: Principal, now: float, lifetime_s: f
         "groups": list(principal.groups),
         "exp": float(now + lifetime_s),
     }
-    encoded_claims = _b64encode(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode("utf-8"))
-    signed_text = f"{TOKEN_VERSION}.{encoded_claims}"
-    return f"{signed_text}.{_signature(key, signed_text)}"
-
-
-def _split_token(token: str) -> tuple[str, str, str]:
-    """(signed text, encoded claims, signature) of a token whose outer shape is right."""
-    if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS or not token.isascii():
-        raise AuthError("malformed credential")
-    parts = token.split(".")
-    if len(parts) != 3:
-        raise AuthError("malformed credential: expected version.claims.signature")
-    version, encoded_claims, signature = parts
-    if version != TOKEN_VERSION:
-        raise AuthError(f"unsupported credential version {version[:16]!r}")
-    return f"{version}.{encoded_claims}", encoded_claims, signature
+    return encode_token(key, TOKEN_VERSION, claims)
 
 
 def _is_id(value: object) -> bool:
@@ -145,8 +120,10 @@ def _is_id(value: object) -> bool:
 
 def _decode_claims(encoded_claims: str) -> CredentialClaims:
     try:
-        claims = json.loads(_b64decode(encoded_claims).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        claims = decode_claims(encoded_claims)
+    except Base64Error:
+        raise AuthError("malformed credential: bad base64") from None
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise AuthError("malformed credential: claims are not JSON") from None
     if not isinstance(claims, dict):
         raise AuthError("malformed credential: claims are not an object")
@@ -171,13 +148,11 @@ def _decode_claims(encoded_claims: str) -> CredentialClaims:
 
 def verify_credential(key: bytes, token: str, now: float) -> Principal:
     """The principal a token proves, or AuthError if it is malformed, tampered with, or expired."""
-    _check_key(key)
-    signed_text, encoded_claims, signature = _split_token(token)
-    # Compare the canonical text of the signature, not decoded bytes: base64 has spare bits, and a token
-    # with an altered signature string should not verify even when it decodes to the same bytes.
-    if not hmac.compare_digest(signature.encode("ascii", "replace"), _signature(key, signed_text).encode()):
+    check_key_length(key)
+    parts = split_token(token, CREDENTIAL_FORMAT)
+    if not signature_matches(key, parts):
         raise AuthError("credential signature does not match (tampered with, or signed with another key)")
-    claims = _decode_claims(encoded_claims)
+    claims = _decode_claims(parts.encoded_claims)
     if now >= claims.expires_at:
         raise AuthError(f"credential expired {now - claims.expires_at:.0f}s ago")
     return claims.principal
@@ -185,69 +160,7 @@ def verify_credential(key: bytes, token: str, now: float) -> Principal:
 
 def peek_credential(token: str) -> CredentialClaims:
     """Read a token's claims WITHOUT checking the signature: only for deciding when to fetch a new one."""
-    _, encoded_claims, _ = _split_token(token)
-    return _decode_claims(encoded_claims)
-
-
-# --------------------------------------------------------------------------------------------- key
-
-
-def _read_key(path: Path) -> bytes:
-    """The key at ``path``, refusing a file anyone but its owner can read: ssh's rule for private keys."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as key_file:
-        info = os.fstat(key_file.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise AuthError(f"key file {path} is not a regular file")
-        if info.st_mode & 0o077:
-            raise AuthError(
-                f"key file {path} is readable by others (mode {info.st_mode & 0o777:04o}); want 0600"
-            )
-        key = key_file.read(KEY_BYTES + 1)
-    if len(key) != KEY_BYTES:
-        raise AuthError(f"key file {path} holds {len(key)} bytes, expected {KEY_BYTES}")
-    return key
-
-
-def load_or_create_key(path: Path) -> bytes:
-    """The signing key at ``path``; on first use, 32 random bytes written there with mode 0600.
-
-    The new key is written to a private temporary file and hard-linked into place, so the key file
-    appears complete or not at all, and two controllers starting at once agree on one key (the loser of
-    the race gets EEXIST and reads the winner's) instead of one silently replacing the other's.
-    """
-    path = Path(path)
-    try:
-        return _read_key(path)
-    except FileNotFoundError:
-        pass
-    except OSError as error:
-        raise AuthError(f"cannot read key file {path}: {error.strerror}") from None
-
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
-    key = os.urandom(KEY_BYTES)
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)  # the umask can only narrow the mode, but be explicit
-            os.write(fd, key)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(temporary, path)
-        except FileExistsError:
-            return _read_key(path)
-        finally:
-            os.unlink(temporary)
-        directory_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(directory_fd)  # a key lost in a crash would void every credential issued with it
-        finally:
-            os.close(directory_fd)
-    except OSError as error:
-        raise AuthError(f"cannot create key file {path}: {error.strerror}") from None
-    return key
+    return _decode_claims(split_token(token, CREDENTIAL_FORMAT).encoded_claims)
 
 
 # ------------------------------------------------------------------------------------------ service
@@ -286,7 +199,7 @@ class CredentialService:
         clock: Callable[[], float] = time.time,
         workers: int = 4,
     ) -> None:
-        _check_key(key)
+        check_key_length(key)
         if not hasattr(socket, "SO_PEERCRED"):
             raise AuthError("the credential service needs SO_PEERCRED (Linux)")
         self.socket_path = os.fspath(socket_path)

@@ -4,7 +4,7 @@ On the controller host the kernel vouches for a caller (garrison.auth). From a l
 so an admin issues the user a token (``gadmin token issue --user alice --lifetime 7d``); the CLI keeps it
 in a 0600 file in the user's config directory and sends it as ``x-garrison-token`` metadata, over TLS.
 
-Format, like the local credential: ``t1.<claims>.<signature>``; ``<claims>`` is unpadded URL-safe base64
+Format, garrison.signing's like the local credential's: ``t1.<claims>.<signature>``; ``<claims>`` is unpadded URL-safe base64
 of compact JSON {"sub": user, "uid", "jti": token id, "iat", "exp"}, and ``<signature>`` the HMAC-SHA256
 of ``t1.<claims>`` under the controller's token key (a different key from the credential key, so either
 can be rotated alone). The version tag differs from the credential's ``v1`` and is signed, so one kind
@@ -20,8 +20,6 @@ groups takes effect at once, and a user whose uid changed or who was removed is 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
 import math
 import os
@@ -35,8 +33,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from garrison.auth import AuthError, _b64decode, _b64encode, principal_for
+from garrison.auth import principal_for
 from garrison.model.domain import Principal
+from garrison.signing import (
+    AuthError,
+    SignedToken,
+    TokenFormat,
+    decode_claims,
+    encode_token,
+    signature_matches,
+    split_token,
+)
 
 TOKEN_METADATA_KEY = "x-garrison-token"
 TOKEN_VERSION = "t1"
@@ -52,6 +59,16 @@ _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 class TokenError(AuthError):
     """A token is malformed, forged, expired or revoked; the message is one line saying which."""
+
+
+USER_TOKEN_FORMAT = TokenFormat(
+    tag=TOKEN_VERSION,
+    noun="token",
+    shape="t1.claims.signature",
+    max_chars=MAX_TOKEN_CHARS,
+    error=TokenError,
+    strips_whitespace=True,
+)
 
 
 @dataclass(frozen=True)
@@ -90,10 +107,6 @@ def parse_lifetime(text: str) -> float:
     return seconds
 
 
-def _sign(key: bytes, text: str) -> str:
-    return _b64encode(hmac.new(key, text.encode("ascii"), hashlib.sha256).digest())
-
-
 def issue_token(key: bytes, claims: TokenClaims) -> str:
     body = {
         "sub": claims.user,
@@ -102,20 +115,11 @@ def issue_token(key: bytes, claims: TokenClaims) -> str:
         "iat": claims.issued_at,
         "exp": claims.expires_at,
     }
-    encoded = _b64encode(json.dumps(body, separators=(",", ":"), sort_keys=True).encode("utf-8"))
-    signed = f"{TOKEN_VERSION}.{encoded}"
-    return f"{signed}.{_sign(key, signed)}"
+    return encode_token(key, TOKEN_VERSION, body)
 
 
-def _split(token: str) -> tuple[str, str, str]:
-    if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS or not token.isascii():
-        raise TokenError("malformed token")
-    parts = token.strip().split(".")
-    if len(parts) != 3:
-        raise TokenError("malformed token: expected t1.claims.signature")
-    if parts[0] != TOKEN_VERSION:
-        raise TokenError(f"unsupported token version {parts[0][:16]!r}")
-    return f"{parts[0]}.{parts[1]}", parts[1], parts[2]
+def _split(token: str) -> SignedToken:
+    return split_token(token, USER_TOKEN_FORMAT)
 
 
 def _finite_number(value: object) -> bool:
@@ -124,8 +128,8 @@ def _finite_number(value: object) -> bool:
 
 def _decode(encoded: str) -> TokenClaims:
     try:
-        body = json.loads(_b64decode(encoded).decode("utf-8"))
-    except (AuthError, UnicodeDecodeError, ValueError):
+        body = decode_claims(encoded)
+    except ValueError:  # bad base64 (Base64Error), not UTF-8 (UnicodeDecodeError), not JSON
         raise TokenError("malformed token: claims are not base64 JSON") from None
     if not isinstance(body, dict):
         raise TokenError("malformed token: claims are not an object")
@@ -145,10 +149,10 @@ def _decode(encoded: str) -> TokenClaims:
 
 def verify_token_signature(key: bytes, token: str, now: float) -> TokenClaims:
     """The claims of a token signed with ``key`` and not expired at ``now``; TokenError otherwise."""
-    signed, encoded, signature = _split(token)
-    if not hmac.compare_digest(signature.encode("ascii", "replace"), _sign(key, signed).encode("ascii")):
+    parts = _split(token)
+    if not signature_matches(key, parts):
         raise TokenError("token signature does not match (forged, altered, or signed with another key)")
-    claims = _decode(encoded)
+    claims = _decode(parts.encoded_claims)
     if now >= claims.expires_at:
         raise TokenError(f"token {claims.token_id} of {claims.user} expired {now - claims.expires_at:.0f}s ago")
     return claims
@@ -156,8 +160,7 @@ def verify_token_signature(key: bytes, token: str, now: float) -> TokenClaims:
 
 def peek_token(token: str) -> TokenClaims:
     """A token's claims WITHOUT checking its signature: for the CLI to say when its token runs out."""
-    _, encoded, _ = _split(token)
-    return _decode(encoded)
+    return _decode(_split(token).encoded_claims)
 
 
 # ---------------------------------------------------------------------------------- registry

@@ -14,7 +14,7 @@ from garrison.config import ENV_OVERRIDES, ConfigError, load_config
 from garrison.logs import OneLineFormatter, kv, stderr_is_journal
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG_SOURCE = REPO / "garrison" / "config.py"
+CONFIG_SOURCE = REPO / "garrison" / "config" / "sections.py"  # where every section's keys are read
 DOCS = REPO / "docs"
 
 
