@@ -20,7 +20,6 @@ BIN = Path(sys.executable).parent
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
 
 
-
 @dataclass
 class Cluster:
     state_dir: Path

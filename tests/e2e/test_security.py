@@ -278,7 +278,6 @@ def test_expired_and_forged_tokens_are_refused(users: Users, cluster: Cluster) -
 # ------------------------------------------------------------------------------------ mutual TLS
 
 
-
 @dataclass
 class TlsCluster:
     root: Path

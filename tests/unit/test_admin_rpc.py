@@ -76,7 +76,6 @@ def call(controller: ControllerProcess) -> Iterator[Caller]:
         yield Caller(controller, channel)
 
 
-
 def submit(call: Caller, who: Principal, **spec: Any) -> int:
     request = pb.SubmitJobRequest(spec=pb.JobSpec(name="t", command=["true"], workdir="/", **spec))
     return int(call(who, "SubmitJob", request, service="client").job_id)

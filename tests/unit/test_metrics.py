@@ -261,7 +261,6 @@ def launch(manager: JobManager, job_id: int, gpus: tuple[int, ...], command: tup
     )
 
 
-
 def test_agent_endpoint(fake_node: fake_nvml.FakeNvmlLibrary, tmp_path: Path) -> None:
     manager = JobManager(tmp_path / "agent", str(tmp_path / "notify.sock"), allow_root_jobs=True)
     launch(manager, 7, (1, 2), ("sleep", "30"))  # 2 ranks, one per GPU

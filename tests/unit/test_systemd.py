@@ -230,7 +230,6 @@ def scrape(port: int) -> str:
         return str(response.read().decode())
 
 
-
 class Daemons:
     def __init__(self, base: Path) -> None:
         self.base = base
