@@ -25,6 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# A script, so its own directory is on sys.path, not tests/: put tests/ there for the shared helpers package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers.polling import WaitTimeout, wait_until  # noqa: E402
+
 BIN = Path(sys.executable).parent
 JOB_COMMAND = "date +%s.%N"
 POLL_INTERVAL_S = 0.2  # bench.sh polls squeue every 0.2 s
@@ -42,13 +46,14 @@ def wait_all_done(client, first: int, count: int, timeout: float) -> float:  # t
     that every job completed."""
     from garrison.protos.v1 import garrison_pb2 as pb
 
-    deadline = time.monotonic() + timeout
     ids = [str(i) for i in range(first, first + count)]
     active = pb.ListJobsRequest(states=["PENDING", "CONFIGURING", "RUNNING", "COMPLETING"], job_ids=ids)
-    while client.call("ListJobs", active).jobs:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out: {len(client.call('ListJobs', active).jobs)}/{count} jobs not ended")
-        time.sleep(POLL_INTERVAL_S)
+    try:
+        # A fixed interval, not wait_until's backoff: the figure is "when squeue-style polling sees them end".
+        wait_until(lambda: not client.call("ListJobs", active).jobs, timeout, what=f"{count} jobs to end",
+                   interval_s=POLL_INTERVAL_S, max_interval_s=POLL_INTERVAL_S)
+    except WaitTimeout:
+        raise SystemExit(f"timed out: {len(client.call('ListJobs', active).jobs)}/{count} jobs not ended") from None
     finished = time.time()
     states = {str(j.job_id): j.state for j in client.call("ListJobs", pb.ListJobsRequest(job_ids=ids)).jobs}
     bad = [job_id for job_id in ids if states.get(job_id) != "COMPLETED"]

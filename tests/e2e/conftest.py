@@ -8,30 +8,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.polling import wait_until
 
 BIN = Path(sys.executable).parent
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
-
-
-def wait_until(what: str, predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Poll an external condition with backoff until it holds, failing after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.3)
 
 
 @dataclass
@@ -64,9 +50,8 @@ class Cluster:
 
     def wait_state(self, job_id: str, states: set[str], timeout: float = 60.0) -> dict[str, Any]:
         return wait_until(
-            f"job {job_id} to reach {sorted(states)}",
             lambda: next((j for j in self.jobs(job_id) if j["state"] in states), None),
-            timeout,
+            timeout, what=f"job {job_id} to reach {sorted(states)}",
         )
 
     def wait_done(self, job_id: str, timeout: float = 60.0) -> dict[str, Any]:

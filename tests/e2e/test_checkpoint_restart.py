@@ -8,8 +8,9 @@ import os
 import signal
 
 import pytest
+from helpers.polling import wait_until
 
-from .conftest import Cluster, wait_until
+from .conftest import Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,7 @@ def test_checkpoint_marks_survive_a_controller_restart(preempting_cluster: Clust
     b = c.submit("-q", "low", "-G", "4", "-t", "10:00", "--wrap", "sleep 300")
     c.wait_state(b, {"RUNNING"})
     go.touch()
-    wait_until("job A to mark its checkpoint", saved.exists)
+    wait_until(saved.exists, 30, what="job A to mark its checkpoint")
 
     os.kill(c.pid("controller"), signal.SIGKILL)
     c.up()  # restarts only the controller, at the same address; the agent reconnects and registers again

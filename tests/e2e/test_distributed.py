@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.polling import wait_until
 
-from .conftest import Cluster, start_cluster, stop_cluster, wait_until
+from .conftest import Cluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
@@ -79,7 +80,10 @@ def test_killing_one_rank_restarts_the_gang(cluster: Cluster) -> None:
     job_id = cluster.submit("--launch", "rank", "-N", "2", "--gpus-per-node", "1", "--max-restarts", "1", "-o", "restart-%j.out",
                             "--wrap", body)
     victim = pids / f"{job_id}.0.1"
-    pid = int(wait_until("rank 1 of attempt 0", lambda: victim.exists() and victim.read_text().strip()))
+    pid = int(wait_until(
+        lambda: victim.exists() and victim.read_text().strip(),
+        30, what="rank 1 of attempt 0",
+    ))
     os.kill(pid, signal.SIGKILL)
     job = cluster.wait_done(job_id, timeout=60)
     assert job["state"] == "COMPLETED" and job["restart_count"] == 1
@@ -124,7 +128,10 @@ def test_killing_an_agent_requeues_its_job_onto_the_other(twin_cluster: Cluster)
     job_id = c.submit("-N", "1", "--gpus-per-node", "8", "--launch", "node", "-o", "moved-%j.out", "--wrap", body)
     job = c.wait_state(job_id, {"RUNNING"})
     first_node = job["nodes"][0]
-    stale_pid = int(wait_until("the first attempt", lambda: marker.exists() and marker.read_text().strip()))
+    stale_pid = int(wait_until(
+        lambda: marker.exists() and marker.read_text().strip(),
+        30, what="the first attempt",
+    ))
     agent = "agent-" + first_node.removeprefix("node")
     os.kill(c.pid(agent), signal.SIGKILL)
     job = c.wait_done(job_id, timeout=60)  # heartbeat timeout (10 s in `garrison up`), requeue, run elsewhere
@@ -143,7 +150,7 @@ def test_killing_an_agent_requeues_its_job_onto_the_other(twin_cluster: Cluster)
             return True
         return False
 
-    wait_until("the stale attempt to be killed", stale_gone)
+    wait_until(stale_gone, 30, what="the stale attempt to be killed")
     nodes = {line.split()[0]: line.split()[1] for line in c.run("ginfo").stdout.splitlines()[1:]}
     assert nodes[first_node] in ("IDLE", "MIXED")
 

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.polling import wait_until
 
-from .conftest import Cluster, wait_until
+from .conftest import Cluster
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
@@ -32,7 +33,7 @@ def test_preempted_training_resumes_to_identical_weights(preempting_cluster: Clu
                    "--wrap", f"exec {sys.executable} {EXAMPLE} {weights}")
     checkpoint = c.work / ".garrison" / "checkpoints" / low / "ckpt.pt"
     c.wait_state(low, {"RUNNING"})
-    wait_until("the first periodic checkpoint", checkpoint.exists, timeout=120)
+    wait_until(checkpoint.exists, 120, what="the first periodic checkpoint")
 
     urgent = c.submit("-q", "urgent", "-N", "1", "--gpus-per-node", "8", "--launch", "node",
                       "-o", "urgent-%j.out", "--wrap", "echo urgent ran on $CUDA_VISIBLE_DEVICES")

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.polling import wait_until
 
-from .conftest import Cluster, start_cluster, stop_cluster, wait_until
+from .conftest import Cluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -45,13 +46,16 @@ def cluster() -> Iterator[Cluster]:
         # reconnect by themselves).
         pid = c.pid("controller")
         os.kill(pid, signal.SIGTERM)
-        wait_until("the controller to stop", lambda: not _alive(pid))
+        wait_until(lambda: not _alive(pid), 30, what="the controller to stop")
         config = c.state_dir / "garrison.toml"
         config.write_text(config.read_text() + SCHEDULER)
         c.up()
-        wait_until("both nodes back", lambda: all(
-            line.split()[1] in ("IDLE", "MIXED", "ALLOCATED") for line in c.run("ginfo").stdout.splitlines()[1:]
-        ))
+        wait_until(
+            lambda: all(
+                line.split()[1] in ("IDLE", "MIXED", "ALLOCATED") for line in c.run("ginfo").stdout.splitlines()[1:]
+            ),
+            30, what="both nodes back",
+        )
         yield c
     finally:
         stop_cluster(c)
@@ -71,7 +75,7 @@ def done(cluster: Cluster, array_ids: list[int], timeout: float) -> list[dict[st
         jobs = [j for j in cluster.jobs() if j["array_job_id"] in array_ids]
         return jobs if jobs and all(j["state"] == "COMPLETED" for j in jobs) else None
 
-    return wait_until(f"arrays {array_ids} to complete", finished, timeout)
+    return wait_until(finished, timeout, what=f"arrays {array_ids} to complete")
 
 
 def gpu_seconds(jobs: list[dict[str, Any]], start: float, end: float) -> float:
@@ -83,10 +87,13 @@ def test_a_quota_caps_a_team(cluster: Cluster) -> None:
     cluster.run("gadmin", "quota", "set", "-A", "capped", "--max-gpus", "2")
     assert "gpus=2" in cluster.run("gadmin", "quota", "show", "-A", "capped").stdout
     first = int(cluster.submit("--array", "1-6", "-A", "capped", "-G", "1", "-t", "0:30", "--wrap", "sleep 2"))
-    waiting = wait_until("a task held back by the quota", lambda: [
-        j for j in cluster.jobs() if j["array_job_id"] == first and j["state"] == "PENDING"
-        and j["reason"] == "QuotaGPUs"
-    ])
+    waiting = wait_until(
+        lambda: [
+            j for j in cluster.jobs() if j["array_job_id"] == first and j["state"] == "PENDING"
+            and j["reason"] == "QuotaGPUs"
+        ],
+        30, what="a task held back by the quota",
+    )
     assert waiting
     jobs = done(cluster, [first], timeout=60)
     # Never more than 2 GPUs at once, though 16 were free.
@@ -128,9 +135,12 @@ def test_a_backfilled_short_job_does_not_delay_the_top_job(cluster: Cluster) -> 
     long = cluster.submit("-N", "1", "--gpus-per-node", "8", "-t", "0:20", "--wrap", "sleep 120")
     long_job = cluster.wait_state(long, {"RUNNING"})
     top = cluster.submit("-N", "2", "--gpus-per-node", "8", "-t", "0:30", "--wrap", "sleep 1")
-    estimate = wait_until("the top job's reservation", lambda: next(
-        (j["estimated_start"] for j in queue_json(cluster, "--start")["jobs"]
-         if j["job_id"] == top and j["estimated_start"]), None))
+    estimate = wait_until(
+        lambda: next(
+            (j["estimated_start"] for j in queue_json(cluster, "--start")["jobs"]
+             if j["job_id"] == top and j["estimated_start"]), None),
+        30, what="the top job's reservation",
+    )
     assert abs(estimate - (long_job["start_time"] + 20)) <= 2.0
     short = cluster.submit("-G", "1", "-t", "0:05", "--wrap", "sleep 1")
     late = cluster.submit("-G", "1", "-t", "5:00", "--wrap", "sleep 1")
@@ -138,9 +148,12 @@ def test_a_backfilled_short_job_does_not_delay_the_top_job(cluster: Cluster) -> 
     assert short_job["state"] == "COMPLETED"
     # The long one would overlap the reservation: it waits, with a reservation of its own after the top job's.
     assert cluster.job(top)["state"] == "PENDING"
-    late_estimate = wait_until("the late job's reservation", lambda: next(
-        (j["estimated_start"] for j in queue_json(cluster, "--start")["jobs"]
-         if j["job_id"] == late and j["estimated_start"]), None))
+    late_estimate = wait_until(
+        lambda: next(
+            (j["estimated_start"] for j in queue_json(cluster, "--start")["jobs"]
+             if j["job_id"] == late and j["estimated_start"]), None),
+        30, what="the late job's reservation",
+    )
     assert late_estimate >= estimate
     top_job = cluster.wait_state(top, {"RUNNING", "COMPLETING", "COMPLETED"}, timeout=60)
     late_job = cluster.wait_done(late, timeout=60)
@@ -162,11 +175,14 @@ def test_job_control_and_priority_views(cluster: Cluster, tmp_path: Path) -> Non
         assert default[2] == "0/0/2/2" and default[3].startswith("0/0/") and default[4] == "node[1-2]"  # drained
         job = cluster.submit("-G", "1", "-q", "high", "--wrap", "true")
         cluster.run("gcontrol", "hold", job)
-        wait_until("the hold", lambda: cluster.job(job)["reason"] == "Held")
+        wait_until(lambda: cluster.job(job)["reason"] == "Held", 30, what="the hold")
         cluster.run("gcontrol", "release", job)
         cluster.run("gcontrol", "update", job, "--time-limit", "10:00", "--priority", "7")
-        details = wait_until("priority factors", lambda: next(
-            (j for j in queue_json(cluster, "--priority")["jobs"] if j["job_id"] == job and j["priority"]), None))
+        details = wait_until(
+            lambda: next(
+                (j for j in queue_json(cluster, "--priority")["jobs"] if j["job_id"] == job and j["priority"]), None),
+            30, what="priority factors",
+        )
         assert details["factors"]["admin"] == 7 and details["factors"]["qos"] > 0
         table = cluster.run("gqueue", "--priority", "-j", job).stdout
         assert table.split("\n")[0].split()[:4] == ["JOBID", "USER", "ACCOUNT", "PRIORITY"]
@@ -190,14 +206,20 @@ def test_ginfo_shows_the_cpus_and_memory_a_job_holds(cluster: Cluster, tmp_path:
     job = cluster.submit("-G", "1", "--cpus-per-gpu", "1", "--mem", "300", "-t", "1:00",
                          "--wrap", f"while [ ! -e {release} ]; do sleep 0.1; done")
     (node,) = cluster.wait_state(job, {"RUNNING"})["nodes"]
-    held = wait_until("ginfo to show the job's CPU", lambda: (
-        (cols := _node_columns(cluster)[node])[3].startswith("1/") and cols))
+    held = wait_until(
+        lambda: (
+            (cols := _node_columns(cluster)[node])[3].startswith("1/") and cols),
+        30, what="ginfo to show the job's CPU",
+    )
     assert held[4].startswith("<1/") and held[4].endswith("G")
     detail = cluster.run("gjob", job).stdout
     assert "CpusPerGpu=1 MemPerNode=300M" in detail
     assert re.search(rf"Attempt 0: RUNNING .*{node}:gpus=\d+:cpus=\d+:mem=300M", detail), detail
     release.touch()
     assert cluster.wait_done(job)["state"] == "COMPLETED"
-    freed = wait_until("ginfo to show the CPU free", lambda: (
-        (cols := _node_columns(cluster)[node])[3].startswith("0/") and cols))
+    freed = wait_until(
+        lambda: (
+            (cols := _node_columns(cluster)[node])[3].startswith("0/") and cols),
+        30, what="ginfo to show the CPU free",
+    )
     assert freed[4].startswith("0/")

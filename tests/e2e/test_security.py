@@ -22,7 +22,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -32,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.polling import wait_until
+from helpers.ports import free_port
 
-from .conftest import BIN, Cluster, start_cluster, stop_cluster, wait_until
+from .conftest import BIN, Cluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -265,10 +266,9 @@ def test_expired_and_forged_tokens_are_refused(users: Users, cluster: Cluster) -
     # made just before the expiry may still pass the CLI's check and be refused by the controller instead,
     # "expired 0s ago": a refusal too, but not the one this test is about.)
     expired = wait_until(
-        "the token to expire",
         lambda: (p := run_as(users, bob, cluster, "gqueue", env={"GARRISON_TOKEN": token})).returncode == 1
-        and "expired" in p.stderr and p,
-        timeout=30,
+            and "expired" in p.stderr and p,
+        30, what="the token to expire",
     )
     if "expired at" not in expired.stderr:
         expired = run_as(users, bob, cluster, "gqueue", env={"GARRISON_TOKEN": token})
@@ -276,12 +276,6 @@ def test_expired_and_forged_tokens_are_refused(users: Users, cluster: Cluster) -
 
 
 # ------------------------------------------------------------------------------------ mutual TLS
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -325,7 +319,7 @@ def tls_cluster() -> Iterator[TlsCluster]:
                    timeout=60)
     subprocess.run([gadmin, "cert", "issue-agent", "node1", "--dir", str(root / "other-ca")], check=True,
                    capture_output=True, timeout=60)
-    address, agent_address = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
+    address, agent_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     (root / "garrison.toml").write_text(
         f'[controller]\naddress = "{address}"\nagent_address = "{agent_address}"\n'
         f'database = "sqlite:///{root / "controller.db"}"\nstate_dir = "{root / "controller"}"\n'
@@ -343,9 +337,11 @@ def tls_cluster() -> Iterator[TlsCluster]:
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     cluster = TlsCluster(root, env, controller, [])
     try:
-        wait_until("the TLS controller to serve",
-                   lambda: subprocess.run([str(BIN / "ginfo")], env=env, capture_output=True).returncode == 0
-                   or controller.poll() is not None)
+        wait_until(
+            lambda: subprocess.run([str(BIN / "ginfo")], env=env, capture_output=True).returncode == 0
+                or controller.poll() is not None,
+            30, what="the TLS controller to serve",
+        )
         assert controller.poll() is None, cluster.log("controller")
         yield cluster
     finally:
@@ -370,17 +366,21 @@ def test_agents_without_the_right_certificate_never_register(tls_cluster: TlsClu
                             root / "other-ca" / "agents" / "node1.key")
     tls_cluster.start_agent("wrong-name", "node1", root / "ca" / "agents" / "node2.crt",
                             root / "ca" / "agents" / "node2.key")
-    wait_until("the controller to refuse the agent with node2's certificate",
-               lambda: "the certificate of node 'node2' may not register as 'node1'" in tls_cluster.log("controller"))
-    wait_until("the agent with another CA's certificate to fail its handshake",
-               lambda: tls_cluster.log("impostor").count("link to controller") >= 2)
+    wait_until(
+        lambda: "the certificate of node 'node2' may not register as 'node1'" in tls_cluster.log("controller"),
+        30, what="the controller to refuse the agent with node2's certificate",
+    )
+    wait_until(
+        lambda: tls_cluster.log("impostor").count("link to controller") >= 2,
+        30, what="the agent with another CA's certificate to fail its handshake",
+    )
     assert _nodes(tls_cluster) == []
 
 
 def test_the_certified_agent_registers_and_runs_a_job_over_mutual_tls(tls_cluster: TlsCluster) -> None:
     root = tls_cluster.root
     tls_cluster.start_agent("agent1", "node1", root / "ca" / "agents" / "node1.crt", root / "ca" / "agents" / "node1.key")
-    wait_until("node1 to register over mutual TLS", lambda: _nodes(tls_cluster) == ["node1"])
+    wait_until(lambda: _nodes(tls_cluster) == ["node1"], 30, what="node1 to register over mutual TLS")
     env = tls_cluster.env
     submitted = subprocess.run([str(BIN / "gsub"), "--parsable", "-G", "1", "-o", "tls-%j.out", "--wrap", "echo over-tls"],
                                env=env, capture_output=True, text=True, cwd=str(root / "work"), timeout=60)
@@ -393,7 +393,7 @@ def test_the_certified_agent_registers_and_runs_a_job_over_mutual_tls(tls_cluste
         jobs = json.loads(out)["jobs"]
         return str(jobs[0]["state"]) if jobs and jobs[0]["state"] in ("COMPLETED", "FAILED", "CANCELLED") else ""
 
-    assert wait_until(f"job {job} to finish", state, timeout=60) == "COMPLETED"
+    assert wait_until(state, 60, what=f"job {job} to finish") == "COMPLETED"
     assert (root / "work" / f"tls-{job}.out").read_text() == "over-tls\n"
     # A plain-text client on the TLS port is refused with one clear line.
     plain = dict(env, GARRISON_CONTROLLER=env["CLIENT_ADDRESS"])

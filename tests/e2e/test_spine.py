@@ -9,8 +9,9 @@ import subprocess
 import time
 
 import pytest
+from helpers.polling import wait_until
 
-from .conftest import BIN, Cluster, wait_until
+from .conftest import BIN, Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,10 @@ def test_cancel_running_job_kills_its_processes(cluster: Cluster) -> None:
     marker = cluster.work / "cancel-pid"
     job_id = cluster.submit("-G", "1", "--wrap", f"echo $$ > {marker}; exec sleep 300")
     cluster.wait_state(job_id, {"RUNNING"})
-    pid = int(wait_until("the job to write its pid", lambda: marker.exists() and marker.read_text().strip()))
+    pid = int(wait_until(
+        lambda: marker.exists() and marker.read_text().strip(),
+        30, what="the job to write its pid",
+    ))
     cluster.run("gcancel", job_id)
     assert cluster.wait_done(job_id)["state"] == "CANCELLED"
     with pytest.raises(ProcessLookupError):
@@ -74,7 +78,7 @@ def test_gcancel_signal_reaches_the_ranks_and_leaves_the_job_to_finish(cluster: 
     ready, got = cluster.work / "usr1-ready", cluster.work / "usr1-got"
     job_id = cluster.submit("-G", "1", "--wrap", f"trap 'echo usr1 > {got}' USR1; touch {ready}; "
                             f"while [ ! -e {got} ]; do sleep 0.05; done; echo finished")
-    wait_until("the job to set its trap", ready.exists)
+    wait_until(ready.exists, 30, what="the job to set its trap")
     cluster.run("gcancel", "--signal", "USR1", job_id)
     assert cluster.wait_done(job_id)["state"] == "COMPLETED"
     assert got.read_text() == "usr1\n"
@@ -107,10 +111,10 @@ def test_array_with_limit(cluster: Cluster) -> None:
     job_id = cluster.submit("--array", "1-6%2", "-G", "1", "-o", "arr-%A_%a.out", "--wrap",
                             "echo task $GARRISON_ARRAY_TASK_ID of $GARRISON_ARRAY_JOB_ID")
     tasks = wait_until(
-        "every array task to end",
         lambda: (lambda js: js if len(js) == 6 and all(j["state"] == "COMPLETED" for j in js) else None)(
             cluster.jobs(job_id)
         ),
+        30, what="every array task to end",
     )
     assert sorted(j["job_id"] for j in tasks) == sorted(f"{job_id}_{i}" for i in range(1, 7))
     for i in range(1, 7):
@@ -127,8 +131,11 @@ def test_dependencies_start_a_job_after_others_or_say_they_never_will(cluster: C
     assert cluster.wait_done(failing)["state"] == "FAILED"
     expected = [("PENDING", "Dependency"), ("PENDING", "DependencyNeverSatisfied")]
     # A cycle after the failing job's end gives the second its reason.
-    wait_until("the dependency reasons", lambda: [(j["state"], j["reason"]) for j in
-                                                  (cluster.job(after_ok), cluster.job(never))] == expected)
+    wait_until(
+        lambda: [(j["state"], j["reason"]) for j in
+            (cluster.job(after_ok), cluster.job(never))] == expected,
+        30, what="the dependency reasons",
+    )
     assert f"Dependency=afterok:{first}" in cluster.run("gjob", after_ok).stdout
     go.touch()
     done = cluster.wait_done(after_ok)
@@ -145,7 +152,10 @@ def test_singleton_jobs_of_one_name_run_one_at_a_time(cluster: Cluster) -> None:
                            f"while [ ! -e {go} ]; do sleep 0.05; done")
     second = cluster.submit("-J", "chain", "-d", "singleton", "-G", "1", "--wrap", "true")
     cluster.wait_state(first, {"RUNNING"})
-    wait_until("the second to wait for the first", lambda: cluster.job(second)["reason"] == "Dependency")
+    wait_until(
+        lambda: cluster.job(second)["reason"] == "Dependency",
+        30, what="the second to wait for the first",
+    )
     go.touch()
     assert cluster.wait_done(second)["state"] == "COMPLETED"
     assert cluster.job(second)["start_time"] >= cluster.job(first)["end_time"]
@@ -164,8 +174,11 @@ def test_exclude_keeps_a_job_off_the_named_nodes(cluster: Cluster) -> None:
 
 def test_a_job_submitted_held_starts_once_released(cluster: Cluster) -> None:
     job_id = cluster.submit("-H", "-G", "1", "--array", "1-2", "--wrap", "true")
-    tasks = wait_until("both tasks to wait as held", lambda: (lambda ts: ts if all(t["reason"] for t in ts) else None)(
-        cluster.jobs(job_id)))
+    tasks = wait_until(
+        lambda: (lambda ts: ts if all(t["reason"] for t in ts) else None)(
+            cluster.jobs(job_id)),
+        30, what="both tasks to wait as held",
+    )
     assert [(t["state"], t["reason"]) for t in tasks] == [("PENDING", "Held")] * 2
     cluster.run("gcontrol", "release", job_id)
     for task in tasks:
@@ -175,7 +188,10 @@ def test_a_job_submitted_held_starts_once_released(cluster: Cluster) -> None:
 def test_a_job_waits_for_its_begin_time(cluster: Cluster) -> None:
     submitted = time.time()
     job_id = cluster.submit("--begin", "now+3", "-G", "1", "-o", "begin-%j.out", "--wrap", "date +%s.%N")
-    wait_until("the job to wait for its begin time", lambda: cluster.job(job_id)["reason"] == "BeginTime")
+    wait_until(
+        lambda: cluster.job(job_id)["reason"] == "BeginTime",
+        30, what="the job to wait for its begin time",
+    )
     assert cluster.wait_done(job_id)["state"] == "COMPLETED"
     started = float((cluster.work / f"begin-{job_id}.out").read_text())
     assert submitted + 3 <= started  # and, with a cycle each second, soon after
@@ -312,7 +328,10 @@ def test_cancel_someone_elses_job_is_refused(cluster: Cluster) -> None:
 
 def test_controller_sigkill_restart_finishes_every_job_exactly_once(cluster: Cluster) -> None:
     ids = [cluster.submit("-G", "1", "-o", "once-%j.out", "--wrap", "echo ran; sleep 0.3") for _ in range(12)]
-    wait_until("some jobs to start", lambda: any(j["state"] != "PENDING" for j in cluster.jobs(*ids)))
+    wait_until(
+        lambda: any(j["state"] != "PENDING" for j in cluster.jobs(*ids)),
+        30, what="some jobs to start",
+    )
     os.kill(cluster.pid("controller"), signal.SIGKILL)
     cluster.up()  # restarts only the controller, at the same address
     for job_id in ids:

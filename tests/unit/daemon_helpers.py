@@ -1,4 +1,4 @@
-"""Helpers for tests that start the daemons as processes: free ports and the $NOTIFY_SOCKET receiver."""
+"""Helpers for tests that start the daemons as processes: the $NOTIFY_SOCKET receiver."""
 
 from __future__ import annotations
 
@@ -6,12 +6,6 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class NotifySocket:

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from helpers.polling import WaitTimeout, wait_until
+from helpers.ports import free_port
 
 from garrison.auth import fetch_credential
 from garrison.protos.v1 import garrison_pb2 as pb
@@ -25,12 +25,6 @@ from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 from garrison.tls import CHANNEL_OPTIONS, channel_credentials, init_ca, issue_agent
 
 START_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def make_ca(directory: Path, nodes: tuple[str, ...] = ("node1",)) -> Path:
@@ -138,16 +132,20 @@ def running_controller(
 
 
 def _wait_until_serving(controller: ControllerProcess) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
     with controller.client_channel() as channel:
         stub = pb_grpc.ControllerStub(channel)
-        while True:
+
+        def answers_hello() -> bool:
             if controller.process.poll() is not None:
                 raise RuntimeError(f"the controller exited {controller.process.returncode}:\n{controller.log_text()[-3000:]}")
             try:
-                # wait_for_ready blocks until the port accepts, so this loop turns only on real failures.
+                # wait_for_ready blocks until the port accepts, so this turns false only on real failures.
                 stub.Hello(pb.HelloRequest(), timeout=1.0, wait_for_ready=True)
-                return
             except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the controller did not serve:\n{controller.log_text()[-3000:]}") from None
+                return False
+            return True
+
+        try:
+            wait_until(answers_hello, START_TIMEOUT_S, what="the controller to answer Hello")
+        except WaitTimeout:
+            raise RuntimeError(f"the controller did not serve:\n{controller.log_text()[-3000:]}") from None

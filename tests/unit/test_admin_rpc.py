@@ -8,12 +8,13 @@ service would sign them for those users), so the tests can act as several users 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from helpers.polling import wait_until
 from security_helpers import ControllerProcess, running_controller
 
 from garrison.auth import issue_credential, load_or_create_key
@@ -75,19 +76,6 @@ def call(controller: ControllerProcess) -> Iterator[Caller]:
         yield Caller(controller, channel)
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.3)
-
-
 def submit(call: Caller, who: Principal, **spec: Any) -> int:
     request = pb.SubmitJobRequest(spec=pb.JobSpec(name="t", command=["true"], workdir="/", **spec))
     return int(call(who, "SubmitJob", request, service="client").job_id)
@@ -129,13 +117,13 @@ def test_owners_coordinators_and_admins_control_jobs(call: Caller) -> None:
                        "and admins may hold it")
     assert call.refused(CORA, "ControlJobs", adminpb.JobControlRequest(action="hold", job_ids=[str(other)]))
     assert list(call(MALLORY, "ControlJobs", hold).job_ids) == [job]
-    wait_for("the hold to show", lambda: reason(call, job) == "Held")
+    wait_until(lambda: reason(call, job) == "Held", 20, what="the hold to show")
     # A coordinator's hold is an admin's hold: the owner cannot release it.
     call(CORA, "ControlJobs", hold)
     release = adminpb.JobControlRequest(action="release", job_ids=[str(job)])
     assert "held by an admin or coordinator" in call.refused(MALLORY, "ControlJobs", release)
     assert list(call(CORA, "ControlJobs", release).job_ids) == [job]
-    wait_for("the release to show", lambda: reason(call, job) != "Held")
+    wait_until(lambda: reason(call, job) != "Held", 20, what="the release to show")
 
     priority = adminpb.JobControlRequest(action="update", job_ids=[str(job)], priority=100)
     assert "only admins may set a job's priority" in call.refused(MALLORY, "ControlJobs", priority)
@@ -149,8 +137,11 @@ def test_owners_coordinators_and_admins_control_jobs(call: Caller) -> None:
     (info,) = call(MALLORY, "ListJobs", pb.ListJobsRequest(job_ids=[str(job)]), service="client").jobs
     assert info.time_limit_s == 300 and info.priority == 100
 
-    wait_for("a cycle to price the job", lambda: call(MALLORY, "QueueDetails", adminpb.QueueDetailsRequest(
-        job_ids=[str(job)])).jobs[0].HasField("priority"))
+    wait_until(
+        lambda: call(MALLORY, "QueueDetails", adminpb.QueueDetailsRequest(
+            job_ids=[str(job)])).jobs[0].HasField("priority"),
+        20, what="a cycle to price the job",
+    )
     (detail,) = call(MALLORY, "QueueDetails", adminpb.QueueDetailsRequest(job_ids=[str(job)])).jobs
     assert detail.position >= 1 and detail.factors.admin == 100 and detail.factors.qos > 0
     # Coordinators may cancel their account's jobs; others may not.
@@ -229,7 +220,7 @@ def test_only_admins_may_raise_a_priority_with_a_negative_nice(call: Caller) -> 
         details = call(CAROL, "QueueDetails", adminpb.QueueDetailsRequest(job_ids=[str(lowered), str(raised)])).jobs
         return {d.job.job_id: d.factors.nice for d in details if d.HasField("factors")}
 
-    assert wait_for("a cycle to price both jobs", lambda: len(factors()) == 2 and factors()) == {
+    assert wait_until(lambda: len(factors()) == 2 and factors(), 20, what="a cycle to price both jobs") == {
         lowered: 300, raised: -300}
 
     # gcontrol update --nice: an owner may choose any nice value but a negative one; an admin any.
@@ -241,7 +232,10 @@ def test_only_admins_may_raise_a_priority_with_a_negative_nice(call: Caller) -> 
     assert "only admins may give a negative --nice" in call.refused(MALLORY, "ControlJobs", adminpb.JobControlRequest(
         action="update", job_ids=[str(lowered)], nice=-1))
     assert update(CAROL, lowered, -40) == [lowered]
-    assert wait_for("the new nice values", lambda: factors() == {lowered: -40, raised: -300} and factors())
+    assert wait_until(
+        lambda: factors() == {lowered: -40, raised: -300} and factors(),
+        20, what="the new nice values",
+    )
 
 
 def test_accounting_and_holds_survive_a_restart(controller: ControllerProcess, tmp_path: Path) -> None:
@@ -258,7 +252,7 @@ def test_accounting_and_holds_survive_a_restart(controller: ControllerProcess, t
         gold = next(q for q in policy.qos if q.name == "gold")
         assert gold.priority == 99 and gold.max_gpus_per_user == 3
         assert next(a for a in policy.accounts if a.name == "vault").parent == "teamB"
-        wait_for("the hold to show after the restart", lambda: reason(call, job) == "Held")
+        wait_until(lambda: reason(call, job) == "Held", 20, what="the hold to show after the restart")
         release = adminpb.JobControlRequest(action="release", job_ids=[str(job)])
         assert "held by an admin" in call.refused(MALLORY, "ControlJobs", release)
 

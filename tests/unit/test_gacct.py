@@ -18,7 +18,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from daemon_helpers import NotifySocket, free_port
+from daemon_helpers import NotifySocket
+from helpers.ports import free_port
 
 from garrison.cli.accounting import (
     FormatError,

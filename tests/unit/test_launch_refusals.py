@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers.polling import wait_until
 
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation
 from garrison.model.launch import LaunchDescription
@@ -48,7 +49,6 @@ def test_a_user_name_with_another_uid_here_is_refused(tmp_path: Path) -> None:
 
 def test_a_supervisor_killed_under_its_job_is_reported_with_its_last_words(tmp_path: Path) -> None:
     import signal
-    import time
 
     from garrison.nodeagent.supervisor import client as supervisor
 
@@ -57,26 +57,28 @@ def test_a_supervisor_killed_under_its_job_is_reported_with_its_last_words(tmp_p
     sleeper = JobSpec(name="s", command=("sleep", "60"), gpus_per_node=1, workdir="/tmp")
     manager.launch(replace(request(me.pw_name, me.pw_uid), spec=sleeper))
     job_dir = manager.job_dir(1, 0)
-    deadline = time.monotonic() + 20
-    while (status := supervisor.read_status(job_dir)) is None or not status.ranks or status.ranks[0].pgid is None:
-        assert time.monotonic() < deadline, "the supervisor never reported its rank's process group"
-        time.sleep(0.01)  # polling the supervisor's status file, bounded
+
+    def status_with_the_rank_pgid() -> supervisor.SupervisorStatus | None:
+        status = supervisor.read_status(job_dir)
+        return status if status is not None and status.ranks and status.ranks[0].pgid is not None else None
+
+    status = wait_until(status_with_the_rank_pgid, 20, what="the supervisor to report its rank's process group")
     with open(job_dir / "supervisor.log", "a") as log:
         log.write("RuntimeError: the last thing it said\n")  # what a crashing supervisor leaves behind
     pid = supervisor.supervisor_pid(job_dir)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    while supervisor.is_alive(job_dir):
-        assert time.monotonic() < deadline, "the supervisor did not die"
-        time.sleep(0.01)
+    wait_until(lambda: not supervisor.is_alive(job_dir), 20, what="the supervisor to die")
     result = manager.result(1, 0)
     assert result is not None and result.error == "supervisor died: RuntimeError: the last thing it said"
     # What it left running was killed (the rank's process group is gone once init has reaped it).
     pgid = status.ranks[0].pgid
-    while True:
+
+    def group_is_gone() -> bool:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
-            break
-        assert time.monotonic() < deadline, f"the rank's process group {pgid} is still there"
-        time.sleep(0.01)  # waiting for init to reap the killed rank, bounded
+            return True
+        return False
+
+    wait_until(group_is_gone, 20, what=f"init to reap the killed rank's process group {pgid}")

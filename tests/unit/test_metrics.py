@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers.polling import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from garrison.controller import metrics
@@ -263,23 +263,12 @@ def launch(manager: JobManager, job_id: int, gpus: tuple[int, ...], command: tup
     )
 
 
-def wait_for(what: str, predicate, timeout: float = 20.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while not (result := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(delay)  # polling a supervisor's status file, bounded
-        delay = min(delay * 2, 0.2)
-    return result
-
-
 def test_agent_endpoint(fake_node: fake_nvml.FakeNvmlLibrary, tmp_path: Path) -> None:
     manager = JobManager(tmp_path / "agent", str(tmp_path / "notify.sock"), allow_root_jobs=True)
     launch(manager, 7, (1, 2), ("sleep", "30"))  # 2 ranks, one per GPU
     launch(manager, 8, (3,), ("true",))
     try:
-        wait_for("job 8 to end", lambda: manager.result(8, 0))
+        wait_until(lambda: manager.result(8, 0), 20, what="job 8 to end")
         fake_node.set_usage(1, gpu_percent=87, memory_percent=40, memory_used_mib=30_000)
         fake_node.set_usage(2, gpu_percent=91, memory_percent=42, memory_used_mib=31_000)
         assert [j.job_id for j in running_jobs(manager.jobs_dir)] == [7]
@@ -291,7 +280,7 @@ def test_agent_endpoint(fake_node: fake_nvml.FakeNvmlLibrary, tmp_path: Path) ->
             endpoint.stop()
     finally:
         manager.signal(7, 0, "kill")
-        wait_for("job 7 to end", lambda: manager.result(7, 0))
+        wait_until(lambda: manager.result(7, 0), 20, what="job 7 to end")
 
     uuid1 = fake_gpu_uuid("m-node", 1)
     gpu1 = {"node": "m-node", "gpu": "1", "uuid": uuid1, "name": fake_node.machine.gpus[1].name}

@@ -18,11 +18,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
+from helpers.polling import wait_until
 
 from garrison.nodeagent.supervisor import client, core
 from garrison.nodeagent.supervisor.forkserver import start_forkserver
@@ -32,19 +32,6 @@ DEADLINE_S = 10.0
 SHELL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 # A rank that runs until the test creates its release file (the loop is the job's, not the test's).
 WAIT_FOR_RELEASE = 'while [ ! -e "$RELEASE" ]; do sleep 0.01; done'
-
-T = TypeVar("T")
-
-
-def wait_until(what: str, condition: Callable[[], T | None], timeout: float = DEADLINE_S) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
 
 
 def process_is_gone(pid: int) -> bool:
@@ -152,7 +139,7 @@ class Jobs:
             status = client.read_status(job_dir)
             return status if status is not None and status.state == "running" else None
 
-        return wait_until(f"{job_dir.name} to run", running)
+        return wait_until(running, DEADLINE_S, what=f"{job_dir.name} to run")
 
     def release(self) -> None:
         (self.root / "release").touch()
@@ -223,7 +210,7 @@ def test_exit_codes_per_rank(jobs: Jobs) -> None:
     assert status.started_at is not None and status.finished_at is not None
     assert status.started_at <= status.finished_at
     assert status.supervisor_pid == client.supervisor_pid(job_dir)
-    wait_until("the supervisor to exit", lambda: not client.is_alive(job_dir))
+    wait_until(lambda: not client.is_alive(job_dir), DEADLINE_S, what="the supervisor to exit")
     assert not client.terminate(job_dir) and not client.send(job_dir, signal.SIGUSR1)
 
 
@@ -267,7 +254,7 @@ def test_sigusr1_reaches_the_rank(jobs: Jobs) -> None:
     marker, ready = jobs.root / "got-usr1", jobs.root / "ready"
     script = f"trap 'echo usr1 > {marker}; exit 0' USR1; touch {ready}; while :; do sleep 1; done"
     job_dir = jobs.launch(jobs.rank(0, script))
-    wait_until("the rank to install its trap", ready.exists)
+    wait_until(ready.exists, DEADLINE_S, what="the rank to install its trap")
     assert client.send(job_dir, signal.SIGUSR1)
     status = jobs.wait_finished(job_dir)
     assert marker.read_text() == "usr1\n" and status.ranks[0].exit_code == 0
@@ -277,7 +264,7 @@ def test_sigusr1_reaches_the_rank(jobs: Jobs) -> None:
 def test_other_signals_go_through_control_requests(jobs: Jobs) -> None:
     ready = jobs.root / "ready"
     job_dir = jobs.launch(jobs.rank(0, f"trap 'exit 42' ALRM; touch {ready}; while :; do sleep 1; done"))
-    wait_until("the rank to install its trap", ready.exists)
+    wait_until(ready.exists, DEADLINE_S, what="the rank to install its trap")
     assert client.send(job_dir, signal.SIGALRM)
     assert jobs.wait_finished(job_dir).ranks[0].exit_code == 42
     assert os.listdir(job_dir / core.CONTROL_DIR) == []
@@ -291,7 +278,10 @@ def test_terminate_escalates_to_sigkill_after_kill_wait(jobs: Jobs) -> None:
         jobs.rank(1, f"touch {polite_ready}; exec sleep 100"),
         kill_wait_s=0.3,
     )
-    wait_until("both ranks to be ready", lambda: stubborn_ready.exists() and polite_ready.exists())
+    wait_until(
+        lambda: stubborn_ready.exists() and polite_ready.exists(),
+        DEADLINE_S, what="both ranks to be ready",
+    )
     asked_at = time.monotonic()
     assert client.terminate(job_dir)
     status = jobs.wait_finished(job_dir)
@@ -303,7 +293,7 @@ def test_terminate_escalates_to_sigkill_after_kill_wait(jobs: Jobs) -> None:
 def test_kill_now_does_not_wait(jobs: Jobs) -> None:
     ready = jobs.root / "ready"
     job_dir = jobs.launch(jobs.rank(0, f"trap '' TERM; touch {ready}; exec sleep 100"), kill_wait_s=60)
-    wait_until("the rank", ready.exists)
+    wait_until(ready.exists, DEADLINE_S, what="the rank")
     assert client.kill_now(job_dir)
     status = jobs.wait_finished(job_dir)
     assert status.ranks[0].exit_code == 128 + signal.SIGKILL and status.terminated_by == "SIGKILL"
@@ -328,10 +318,16 @@ def test_rank_ends_only_when_its_process_group_is_empty(jobs: Jobs) -> None:
             f"mv {background_pid_file}.tmp {background_pid_file}; exit 5",
         )
     )
-    background_pid = int(wait_until("the background sleep", lambda: read_text_if_exists(background_pid_file)))
+    background_pid = int(wait_until(
+        lambda: read_text_if_exists(background_pid_file),
+        DEADLINE_S, what="the background sleep",
+    ))
     leader_pid = jobs.wait_running(job_dir).ranks[0].pid
     assert leader_pid is not None
-    wait_until("the supervisor to reap the leader", lambda: not os.path.exists(f"/proc/{leader_pid}"))
+    wait_until(
+        lambda: not os.path.exists(f"/proc/{leader_pid}"),
+        DEADLINE_S, what="the supervisor to reap the leader",
+    )
     status = client.read_status(job_dir)
     assert status is not None and status.state == "running"
     assert not status.ranks[0].ended and status.ranks[0].exit_code is None
@@ -379,7 +375,7 @@ def test_spawn_is_idempotent(jobs: Jobs) -> None:
     for spawner in spawners:
         spawner.join()
     assert len(pids) == 4 and len(set(pids)) == 1
-    wait_until("the rank to start", count_file.exists)
+    wait_until(count_file.exists, DEADLINE_S, what="the rank to start")
     assert client.spawn(job_dir, spec) == pids[0]
     jobs.release()
     jobs.wait_finished(job_dir)
@@ -461,7 +457,7 @@ def test_notify_datagram_and_a_missing_notify_socket(jobs: Jobs) -> None:
     spec = dataclasses.replace(spec, notify_socket=str(jobs.root / "nobody-listens.sock"))
     job_dir = jobs.job_dir()
     client.spawn(job_dir, spec)
-    wait_until("the supervisor to exit", lambda: not client.is_alive(job_dir))
+    wait_until(lambda: not client.is_alive(job_dir), DEADLINE_S, what="the supervisor to exit")
     status = client.read_status(job_dir)
     assert status is not None and status.finished and status.ranks[0].exit_code == 0
 
@@ -469,15 +465,15 @@ def test_notify_datagram_and_a_missing_notify_socket(jobs: Jobs) -> None:
 def test_kill_orphans_after_the_supervisor_was_killed(jobs: Jobs) -> None:
     ready = jobs.root / "ready"
     job_dir = jobs.launch(jobs.rank(0, f"touch {ready}; exec sleep 100"))
-    wait_until("the rank", ready.exists)
+    wait_until(ready.exists, DEADLINE_S, what="the rank")
     status = jobs.wait_running(job_dir)
     rank_pgid = status.ranks[0].pgid
     assert rank_pgid is not None
     os.kill(status.supervisor_pid, signal.SIGKILL)
-    wait_until("the supervisor's death to show", lambda: not client.is_alive(job_dir))
+    wait_until(lambda: not client.is_alive(job_dir), DEADLINE_S, what="the supervisor's death to show")
     assert not group_is_gone(rank_pgid)  # the rank outlives its supervisor, as it must
     assert client.kill_orphans(job_dir) == [rank_pgid]
-    wait_until("the orphaned group to die", lambda: group_is_gone(rank_pgid))
+    wait_until(lambda: group_is_gone(rank_pgid), DEADLINE_S, what="the orphaned group to die")
 
 
 def test_kill_orphans_leaves_a_reused_process_group_alone(jobs: Jobs) -> None:
@@ -537,12 +533,18 @@ def test_fork_server_supervisors_outlive_it_and_are_reaped(jobs: Jobs) -> None:
         )
         assert jobs.wait_finished(first).ranks[0].exit_code == 7
         first_pid = int((first / core.PID_FILE).read_text())
-        wait_until("the fork server to reap the first supervisor", lambda: not Path(f"/proc/{first_pid}").exists())
-        wait_until("the rank", ready.exists)
+        wait_until(
+            lambda: not Path(f"/proc/{first_pid}").exists(),
+            DEADLINE_S, what="the fork server to reap the first supervisor",
+        )
+        wait_until(ready.exists, DEADLINE_S, what="the rank")
         # The agent restarting takes its fork server with it; the supervisors it forked run on.
         server.kill()
         server.wait()
-        wait_until("the orphaned supervisor to be re-parented", lambda: parent_pid(second_pid) != server.pid)
+        wait_until(
+            lambda: parent_pid(second_pid) != server.pid,
+            DEADLINE_S, what="the orphaned supervisor to be re-parented",
+        )
         assert client.is_alive(second) and client.terminate(second)
         status = jobs.wait_finished(second)
         assert status.ranks[0].exit_code == 128 + signal.SIGTERM and status.terminated_by == "SIGTERM"

@@ -18,14 +18,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from daemon_helpers import NotifySocket, free_port
+from daemon_helpers import NotifySocket
+from helpers.polling import wait_until
+from helpers.ports import free_port
 
 from garrison import sdnotify
 from garrison.config import load_config
@@ -230,19 +230,6 @@ def scrape(port: int) -> str:
         return str(response.read().decode())
 
 
-def wait_until(what: str, predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(delay)  # polling a daemon's observable state, bounded by the deadline
-        delay = min(delay * 1.5, 0.3)
-
-
 class Daemons:
     def __init__(self, base: Path) -> None:
         self.base = base
@@ -348,11 +335,14 @@ def test_daemons_start_like_their_units_and_jobs_outlive_an_agent_restart(daemon
 
         job_id = daemons.cli("gsub", "--parsable", "-G", "2", "--wrap",
                              "touch started; sleep 3; touch finished").strip()
-        wait_until("the job's rank to start", lambda: (base / "work" / "started").exists())
-        job_metrics = wait_until("the agent to show the job", lambda: [
-            line for line in scrape(daemons.agent_metrics).splitlines()
-            if line.startswith("garrison_job_gpus{") and f'job="{job_id}"' in line
-        ])
+        wait_until(lambda: (base / "work" / "started").exists(), 30, what="the job's rank to start")
+        job_metrics = wait_until(
+            lambda: [
+                line for line in scrape(daemons.agent_metrics).splitlines()
+                if line.startswith("garrison_job_gpus{") and f'job="{job_id}"' in line
+            ],
+            30, what="the agent to show the job",
+        )
         assert job_metrics[0].endswith(" 2.0"), job_metrics
         assert 'garrison_node_gpus_allocated{node="sd-node"} 2.0' in scrape(daemons.controller_metrics)
 
@@ -360,8 +350,11 @@ def test_daemons_start_like_their_units_and_jobs_outlive_an_agent_restart(daemon
         from garrison.nodeagent.supervisor import client as supervisor
 
         # The running attempt (a launch can fail and be retried as attempt 1, e.g. when its port is busy).
-        job_dir = wait_until("the job's supervisor", lambda: next(
-            (d for d in (base / "agent" / "jobs").glob(f"{job_id}.*") if supervisor.is_alive(d)), None))
+        job_dir = wait_until(
+            lambda: next(
+                (d for d in (base / "agent" / "jobs").glob(f"{job_id}.*") if supervisor.is_alive(d)), None),
+            30, what="the job's supervisor",
+        )
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=30) == 0
         assert supervisor.is_alive(job_dir)  # the job's supervisor (and its rank) outlived the agent
