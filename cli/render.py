@@ -260,7 +260,7 @@ def _node_allocation(a: Any) -> str:
     """``node1:gpus=0,1`` and, when the job holds them, ``:cpus=0-7:mem=4096M``."""
     text = f"{a.node}:gpus={','.join(str(g) for g in a.gpus) or '-'}"
     if a.cpus:
-        from garrison.cpulist import format_cpu_list
+        from garrison.model.cpulist import format_cpu_list
 
         text += f":cpus={format_cpu_list(a.cpus)}"
     if a.mem_mb:

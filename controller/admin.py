@@ -20,7 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from garrison.controller.accounts import (
+from garrison.controller.engine import Engine, NotFound, PermissionDenied
+from garrison.controller.sched.fairshare import fair_share_factors, normalised_shares
+from garrison.controller.sched.priority import PriorityContext, PriorityFactors
+from garrison.controller.validate import MAX_NICE, ValidationError
+from garrison.model.accounts import (
     UNSET,
     Account,
     Accounting,
@@ -30,10 +34,6 @@ from garrison.controller.accounts import (
     Qos,
     User,
 )
-from garrison.controller.engine import Engine, NotFound, PermissionDenied
-from garrison.controller.sched.fairshare import fair_share_factors, normalised_shares
-from garrison.controller.sched.priority import PriorityContext, PriorityFactors
-from garrison.controller.validate import MAX_NICE, ValidationError
 from garrison.model.domain import Job, JobState, Node, Principal
 
 log = logging.getLogger("garrison.controller.admin")

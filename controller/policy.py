@@ -13,12 +13,12 @@ import logging
 from dataclasses import dataclass, replace
 
 from garrison.config import ControllerConfig, SchedulerSettings, SwitchConfig
-from garrison.controller.accounts import Account, Accounting, Limits, PartitionDef, Qos, User
 from garrison.controller.sched.cycle import Plan, SchedulerConfig
 from garrison.controller.sched.presets import preset
 from garrison.controller.sched.snapshot import Snapshot
 from garrison.controller.state import ClusterState
 from garrison.controller.usage import UsageLedger
+from garrison.model.accounts import Account, Accounting, Limits, PartitionDef, Qos, User
 from garrison.model.domain import Principal
 
 log = logging.getLogger("garrison.controller.policy")

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from garrison.controller.accounts import Accounting
 from garrison.controller.dependency import dependency_reason, parse_dependency
 from garrison.controller.sched.snapshot import (
     EMPTY_ACCOUNTING,
@@ -25,6 +24,7 @@ from garrison.controller.sched.snapshot import (
     UsageView,
     parse_cpu_list,
 )
+from garrison.model.accounts import Accounting
 from garrison.model.domain import Job, JobState, Node, NodeState
 from garrison.model.jobrefs import JobLookup, parse_job_ref
 

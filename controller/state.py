@@ -34,8 +34,8 @@ from garrison.model.domain import (
 )
 
 if TYPE_CHECKING:
-    from garrison.controller.accounts import Accounting
     from garrison.controller.store import Store
+    from garrison.model.accounts import Accounting
 
 log = logging.getLogger("garrison.controller.state")
 

@@ -13,9 +13,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from garrison.controller.accounts import UsageRecord, UsageState
 from garrison.controller.sched.fairshare import accrued
 from garrison.controller.sched.snapshot import UsageView
+from garrison.model.accounts import UsageRecord, UsageState
 
 Association = tuple[str, str]
 

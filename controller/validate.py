@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from garrison.config import ControllerConfig, PartitionConfig
-from garrison.controller.accounts import Accounting, AccountingError, PartitionDef
 from garrison.controller.dependency import parse_dependency
 from garrison.controller.sched.placement import gang_shape, gpu_matches
 from garrison.controller.signals import parse_signal_request
+from garrison.model.accounts import Accounting, AccountingError, PartitionDef
 from garrison.model.domain import JobSpec, LaunchMode, Node, Principal
 
 MAX_SCRIPT_BYTES = 1 << 20

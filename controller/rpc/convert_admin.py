@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from garrison.controller.accounts import UNSET, Account, Accounting, PartitionDef, Qos, User
+from garrison.model.accounts import UNSET, Account, Accounting, PartitionDef, Qos, User
 from garrison.model.domain import Attempt, Job
 from garrison.protos.v1 import accounting_pb2 as apb
 from garrison.protos.v1 import admin_pb2 as adminpb

@@ -25,7 +25,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 
-from garrison.controller.accounts import Accounting, PartitionDef
 from garrison.controller.sched.backfill import Reservation, Timeline
 from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.framework import Candidate, Request
@@ -41,6 +40,7 @@ from garrison.controller.sched.snapshot import (
     RunningJob,
     Snapshot,
 )
+from garrison.model.accounts import Accounting, PartitionDef
 from garrison.model.domain import Allocation
 
 __all__ = ["Plan", "Preempt", "Reason", "Reservation", "SchedulerConfig", "Start", "schedule"]

@@ -18,7 +18,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from garrison.controller.accounts import Accounting
+from garrison.model.accounts import Accounting
 
 Association = tuple[str, str]  # (account, user)
 

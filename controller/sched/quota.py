@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from garrison.controller.accounts import Accounting
 from garrison.controller.sched.snapshot import PendingJob, RunningJob, UsageView
+from garrison.model.accounts import Accounting
 
 
 class Reason:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from garrison.controller.accounts import Accounting
-from garrison.cpulist import parse_cpu_list as parse_cpu_list
+from garrison.model.accounts import Accounting
+from garrison.model.cpulist import parse_cpu_list as parse_cpu_list
 from garrison.model.domain import Allocation, JobSpec, NodeInventory
 
 # How long a job may run when neither it, its partition nor anything else says (Slurm's default is the

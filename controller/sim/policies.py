@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from garrison.config import ConfigError, ControllerConfig, PartitionConfig, load_config
-from garrison.controller.accounts import Accounting, UsageState
 from garrison.controller.policy import scheduler_config, seed_accounting, switch_paths
 from garrison.controller.sched.cycle import Plan, SchedulerConfig
 from garrison.controller.sched.presets import policy_presets
@@ -32,6 +31,7 @@ from garrison.controller.sched.snapshot import NodeView, PendingJob, RunningJob,
 from garrison.controller.sim.cluster import SimCluster
 from garrison.controller.sim.trace import TraceJob
 from garrison.controller.usage import UsageLedger
+from garrison.model.accounts import Accounting, UsageState
 from garrison.model.domain import Allocation, JobSpec
 
 POLICY_NAMES = ("fifo", "fifo-easy", "garrison")

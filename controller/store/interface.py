@@ -6,9 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from garrison.model.accounts import Accounting, UsageState
 from garrison.model.domain import Job, JobState, Node
-
-from ..accounts import Accounting, UsageState
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,17 @@ from typing import Any
 from sqlalchemy import Insert, delete, select
 from sqlalchemy.engine import Connection
 
-from ..accounts import Account, Accounting, Limits, PartitionDef, Qos, UsageRecord, UsageState, User
+from garrison.model.accounts import (
+    Account,
+    Accounting,
+    Limits,
+    PartitionDef,
+    Qos,
+    UsageRecord,
+    UsageState,
+    User,
+)
+
 from . import schema
 
 SEEDED = "seeded"

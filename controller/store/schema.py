@@ -123,7 +123,7 @@ counters = Table(
 
 # -- Scheduling policy (migration 0002): the accounting data gadmin manages, decayed usage, job holds ---------
 # Small tables, rewritten as a whole on every admin change (SqlStore.save_accounting), so they carry no
-# foreign keys between them: Accounting (controller/accounts.py) validates the whole before it is saved.
+# foreign keys between them: Accounting (garrison/model/accounts.py) validates the whole before it is saved.
 # Lists are JSON text, like the job spec.
 
 accounts = Table(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from garrison.cpulist import format_cpu_list
 from garrison.machines.description import (
     GpuDescription,
     LaneEnd,
@@ -19,6 +18,7 @@ from garrison.machines.description import (
     fake_gpu_uuid,
     pcie_relation,
 )
+from garrison.model.cpulist import format_cpu_list
 from garrison.model.domain import Gpu, NodeInventory
 
 

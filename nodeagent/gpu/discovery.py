@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pynvml
 
-from garrison.cpulist import format_cpu_list as format_cpu_list
+from garrison.model.cpulist import format_cpu_list as format_cpu_list
 from garrison.model.domain import Gpu, NodeInventory
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 
 from garrison.config import ConfigError, ControllerConfig, parse_config
-from garrison.controller.accounts import (
+from garrison.controller.policy import scheduler_config, seed_accounting, switch_paths
+from garrison.controller.sched.presets import preset
+from garrison.controller.usage import UsageLedger
+from garrison.controller.validate import ValidationError, validate_submission
+from garrison.model.accounts import (
     Account,
     Accounting,
     AccountingError,
@@ -16,10 +20,6 @@ from garrison.controller.accounts import (
     UsageState,
     User,
 )
-from garrison.controller.policy import scheduler_config, seed_accounting, switch_paths
-from garrison.controller.sched.presets import preset
-from garrison.controller.usage import UsageLedger
-from garrison.controller.validate import ValidationError, validate_submission
 from garrison.model.domain import JobSpec, Principal
 
 

@@ -50,34 +50,7 @@ PROGRAMS = (CONTROLLER, NODEAGENT, CLI)
 # The arrows this branch still has, as (rule, "file -> module"): other parts of issue 14 are removing them
 # in parallel with this test. test_every_known_offender_is_still_an_offence fails once one is gone, so the
 # list can only shrink.
-KNOWN_OFFENDERS: frozenset[tuple[str, str]] = frozenset({
-    # gsim's entry point moves into the simulator (controller/sim/main.py), so the CLI imports no controller.
-    ("b", "cli/gsim.py -> garrison.controller.sim.cluster"),
-    ("b", "cli/gsim.py -> garrison.controller.sim.policies"),
-    ("b", "cli/gsim.py -> garrison.controller.sim.replay"),
-    ("b", "cli/gsim.py -> garrison.controller.sim.trace"),
-    ("b", "cli/gsim.py -> garrison.controller.sim.metrics"),
-    ("b", "cli/gsim.py -> garrison.controller.sim.report"),
-    ("b", "cli/gsim.py -> garrison.controller.sim.study"),
-    # `garrison up` starts the agent as a process instead of importing its fake NVML and supervisor client.
-    ("e", "cli/up.py -> garrison.nodeagent.gpu.fake_nvml"),
-    ("e", "cli/up.py -> garrison.nodeagent.supervisor.client"),
-    ("g", "cli/up.py -> garrison.nodeagent.gpu.fake_nvml"),
-    ("g", "cli/up.py -> garrison.nodeagent.supervisor.client"),
-    # The simulator's cluster reads machine descriptions without the agent's GPU package.
-    ("g", "controller/sim/cluster.py -> garrison.nodeagent.gpu.discovery"),
-    ("g", "controller/sim/cluster.py -> garrison.nodeagent.gpu.fake_nvml"),
-    # Found by this test and not among the arrows named when it was written: the scheduling core reads the
-    # controller's account tree and garrison.cpulist (both belong in garrison.model), and the agent's GPU
-    # package re-exports the CLI's topology rendering.
-    ("a", "controller/sched/cycle.py -> garrison.controller.accounts"),
-    ("a", "controller/sched/fairshare.py -> garrison.controller.accounts"),
-    ("a", "controller/sched/quota.py -> garrison.controller.accounts"),
-    ("a", "controller/sched/snapshot.py -> garrison.controller.accounts"),
-    ("a", "controller/sched/snapshot.py -> garrison.cpulist"),
-    ("c", "nodeagent/gpu/__init__.py -> garrison.cli.topo"),
-    ("e", "nodeagent/gpu/__init__.py -> garrison.cli.topo"),
-})
+KNOWN_OFFENDERS: frozenset[tuple[str, str]] = frozenset()  # removed by the layers work; must stay empty
 
 
 @dataclass(frozen=True)

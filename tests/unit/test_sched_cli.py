@@ -9,10 +9,10 @@ from pathlib import Path
 
 from garrison.cli.gadmin_policy import account_rows, limits_text, partition_rows, qos_rows, usage_rows
 from garrison.cli.queue_views import details_json, priority_rows, start_rows
-from garrison.controller.accounts import Account, Accounting, Limits, PartitionDef, Qos
 from garrison.controller.admin import PendingLine
 from garrison.controller.rpc import convert_admin
 from garrison.controller.sched.priority import PriorityFactors, PriorityWeights
+from garrison.model.accounts import Account, Accounting, Limits, PartitionDef, Qos
 from garrison.model.domain import Job, JobSpec
 from garrison.protos.v1 import admin_pb2 as adminpb
 

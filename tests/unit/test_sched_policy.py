@@ -8,12 +8,12 @@ import pytest
 from sched_helpers import NOW, busy, node, pending, running
 
 from garrison.config import PRESET_TIME_LIMIT_LONG_S, PRESET_TIME_LIMIT_SHORT_S
-from garrison.controller.accounts import Account, Accounting, Limits, PartitionDef, Qos, User
 from garrison.controller.sched.cycle import Reason, SchedulerConfig, schedule
 from garrison.controller.sched.fairshare import accrued, decay, fair_share_factors, normalised_shares
 from garrison.controller.sched.presets import policy_presets, preset
 from garrison.controller.sched.priority import PriorityContext, PriorityWeights, time_limit_factor
 from garrison.controller.sched.snapshot import NodeView, RunningJob, Snapshot, UsageView
+from garrison.model.accounts import Account, Accounting, Limits, PartitionDef, Qos, User
 from garrison.model.domain import Allocation, NodeAllocation
 
 GARRISON = preset("garrison")

@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sched_helpers import NOW, node, pending, running
 
-from garrison.controller.accounts import Account, Accounting, Limits, PartitionDef, Qos
 from garrison.controller.sched.cycle import Plan, schedule
 from garrison.controller.sched.presets import preset
 from garrison.controller.sched.snapshot import RunningJob, Snapshot
+from garrison.model.accounts import Account, Accounting, Limits, PartitionDef, Qos
 
 ACCOUNTING = Accounting(
     accounts=(Account("org"), Account("a", "org"), Account("b", "org"), Account("c")),

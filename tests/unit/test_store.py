@@ -30,16 +30,6 @@ from alembic.script import ScriptDirectory
 from psycopg import sql
 from sqlalchemy import Engine, create_engine, event, inspect, select, text
 
-from garrison.controller.accounts import (
-    Account,
-    Accounting,
-    Limits,
-    PartitionDef,
-    Qos,
-    UsageRecord,
-    UsageState,
-    User,
-)
 from garrison.controller.store import (
     JobQuery,
     LoadedState,
@@ -59,6 +49,16 @@ from garrison.controller.store.serde import (
     inventory_to_json,
     spec_from_json,
     spec_to_json,
+)
+from garrison.model.accounts import (
+    Account,
+    Accounting,
+    Limits,
+    PartitionDef,
+    Qos,
+    UsageRecord,
+    UsageState,
+    User,
 )
 from garrison.model.domain import (
     Allocation,
