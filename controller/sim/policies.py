@@ -8,7 +8,7 @@ function rather than a copy of it:
 
 - ``load_policy``: a policy name -> the core's ``SchedulerConfig``. ``fifo`` and ``fifo-easy`` are the
   core's presets (sched/presets.py); ``garrison`` is what the daemon derives from its configuration
-  (controller/policy.py ``scheduler_config``), from the shipped defaults or from ``--config``. The
+  (controller/sched_settings.py ``scheduler_config``), from the shipped defaults or from ``--config``. The
   accounting data (accounts, QoS, partitions, quotas) is seeded from the same configuration with the
   daemon's ``seed_accounting``;
 - ``SnapshotBuilder``: the snapshot's pieces kept up to date as the replay starts and ends jobs (node
@@ -25,10 +25,10 @@ from pathlib import Path
 
 from garrison.config import ConfigError, ControllerConfig, PartitionConfig, load_config
 from garrison.controller.accounts import Accounting, UsageState
-from garrison.controller.policy import scheduler_config, seed_accounting, switch_paths
 from garrison.controller.sched.cycle import Plan, SchedulerConfig
 from garrison.controller.sched.presets import policy_presets
 from garrison.controller.sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot, node_view
+from garrison.controller.sched_settings import scheduler_config, seed_accounting, switch_paths
 from garrison.controller.sim.cluster import SimCluster
 from garrison.controller.sim.trace import TraceJob
 from garrison.controller.usage import UsageLedger

@@ -16,7 +16,7 @@ from garrison.controller.accounts import (
     UsageState,
     User,
 )
-from garrison.controller.policy import scheduler_config, seed_accounting, switch_paths
+from garrison.controller.sched_settings import scheduler_config, seed_accounting, switch_paths
 from garrison.controller.sched.presets import preset
 from garrison.controller.usage import UsageLedger
 from garrison.controller.validate import ValidationError, validate_submission
