@@ -13,19 +13,20 @@ function rather than a copy of it:
   daemon's ``seed_accounting``;
 - ``SnapshotBuilder``: the snapshot's pieces kept up to date as the replay starts and ends jobs (node
   views rebuilt only for nodes whose GPUs changed, pending and running views built once), and fair-share
-  usage charged through the daemon's own ``UsageLedger``, so a cycle costs what the scheduler does;
-- ``plan_starts`` / ``plan_preemptions``: what a plan asks for.
+  usage charged through the daemon's own ``UsageLedger``, so a cycle costs what the scheduler does.
+
+Plans are applied by the controller's own attempt ledger (controller/ledger.py ``AttemptLedger.apply``),
+in replay.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from garrison.config import ConfigError, ControllerConfig, PartitionConfig, load_config
 from garrison.controller.accounts import Accounting, UsageState
-from garrison.controller.sched.cycle import Plan, SchedulerConfig
+from garrison.controller.sched.cycle import SchedulerConfig
 from garrison.controller.sched.presets import policy_presets
 from garrison.controller.sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot, node_view
 from garrison.controller.sched_settings import scheduler_config, seed_accounting, switch_paths
@@ -230,11 +231,3 @@ class SnapshotBuilder:
             usage=self.ledger.view(),
         )
 
-
-def plan_starts(plan: Plan) -> Sequence[tuple[int, Allocation]]:
-    return [(start.job_id, start.allocation) for start in plan.starts]
-
-
-def plan_preemptions(plan: Plan) -> Iterable[tuple[int, int, float]]:
-    """(job id, attempt, grace seconds) of each running job the plan wants preempted."""
-    return [(p.job_id, p.attempt, float(p.grace_s)) for p in plan.preempts]
