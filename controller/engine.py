@@ -2,7 +2,8 @@
 
 All state changes happen on the asyncio event loop thread, one at a time; a scheduling cycle computes its
 plan off the loop on an immutable snapshot and the plan is re-checked when applied (ClusterState
-.start_attempts). The engine hands the instructions that state operations return to the agents' sessions.
+.apply_plan, through the attempt ledger). The engine hands the instructions that state operations return
+to the agents' sessions.
 
 It speaks only the domain: commands and results are controller/commands.py's values, and an agent's session
 (controller/rpc/services.py) turns what the engine sends it into messages. So the engine imports no
@@ -162,8 +163,12 @@ class Engine:
 
     def _apply_plan(self, plan: Plan) -> None:
         now = self.clock.now()
-        instructions = self.state.start_attempts([(s.job_id, s.allocation) for s in plan.starts], now)
-        for victim in getattr(plan, "preempts", ()):
+        # The ledger accepts what still holds of the (possibly stale) plan; the rest is dropped, with why.
+        result, instructions = self.state.apply_plan(plan, now)
+        for rejection in result.rejected:
+            log.debug("plan: job=%d %s dropped: %s", rejection.job_id,
+                      "preemption" if rejection.victim else "start", rejection.reason.value)
+        for victim in result.preempting:
             instructions += self.preempt(victim.job_id, victim.grace_s, now)
         self.state.wait_reasons.update(plan.waiting)
         for job_id, reason in plan.waiting.items():

@@ -29,7 +29,8 @@ from garrison.model.domain import Job, JobState, Node, NodeState
 from garrison.model.jobrefs import JobLookup, parse_job_ref
 
 if TYPE_CHECKING:
-    from garrison.controller.state import ClusterState, LiveAttempt
+    from garrison.controller.ledger import LiveAttempt
+    from garrison.controller.state import ClusterState
 
 
 def pending_view(job: Job) -> PendingJob:

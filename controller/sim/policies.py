@@ -8,26 +8,27 @@ function rather than a copy of it:
 
 - ``load_policy``: a policy name -> the core's ``SchedulerConfig``. ``fifo`` and ``fifo-easy`` are the
   core's presets (sched/presets.py); ``garrison`` is what the daemon derives from its configuration
-  (controller/policy.py ``scheduler_config``), from the shipped defaults or from ``--config``. The
+  (controller/sched_settings.py ``scheduler_config``), from the shipped defaults or from ``--config``. The
   accounting data (accounts, QoS, partitions, quotas) is seeded from the same configuration with the
   daemon's ``seed_accounting``;
 - ``SnapshotBuilder``: the snapshot's pieces kept up to date as the replay starts and ends jobs (node
   views rebuilt only for nodes whose GPUs changed, pending and running views built once), and fair-share
-  usage charged through the daemon's own ``UsageLedger``, so a cycle costs what the scheduler does;
-- ``plan_starts`` / ``plan_preemptions``: what a plan asks for.
+  usage charged through the daemon's own ``UsageLedger``, so a cycle costs what the scheduler does.
+
+Plans are applied by the controller's own attempt ledger (controller/ledger.py ``AttemptLedger.apply``),
+in replay.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from garrison.config import ConfigError, ControllerConfig, PartitionConfig, load_config
-from garrison.controller.policy import scheduler_config, seed_accounting, switch_paths
-from garrison.controller.sched.cycle import Plan, SchedulerConfig
+from garrison.controller.sched.cycle import SchedulerConfig
 from garrison.controller.sched.presets import policy_presets
 from garrison.controller.sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot, node_view
+from garrison.controller.sched_settings import scheduler_config, seed_accounting, switch_paths
 from garrison.controller.sim.cluster import SimCluster
 from garrison.controller.sim.trace import TraceJob
 from garrison.controller.usage import UsageLedger
@@ -230,11 +231,3 @@ class SnapshotBuilder:
             usage=self.ledger.view(),
         )
 
-
-def plan_starts(plan: Plan) -> Sequence[tuple[int, Allocation]]:
-    return [(start.job_id, start.allocation) for start in plan.starts]
-
-
-def plan_preemptions(plan: Plan) -> Iterable[tuple[int, int, float]]:
-    """(job id, attempt, grace seconds) of each running job the plan wants preempted."""
-    return [(p.job_id, p.attempt, float(p.grace_s)) for p in plan.preempts]

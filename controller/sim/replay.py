@@ -2,8 +2,10 @@
 
 Events are job arrivals and job ends. At each event time the replay applies the events (ends first, so
 their GPUs are free for the jobs that arrive at the same moment), builds a snapshot of the virtual cluster,
-calls the scheduling core, and applies the plan the way the controller does (ClusterState.start_attempts):
-a start is accepted only if the job is still pending and all its GPUs are still free.
+calls the scheduling core, and applies the plan exactly as the controller does: through the same attempt
+ledger and its ``apply(plan, now)`` (controller/ledger.py), which accepts a start only if the job is still
+pending and all its GPUs are still free, and a preemption only if its attempt is still running and not
+being stopped already. The ledger is also the replay's record of which GPUs each running attempt holds.
 
 Time between events is skipped: nothing changes then. A cycle is also skipped when it could not start
 anything whatever the policy: no job pending, or no GPU free (with preemption off). Every other event
@@ -25,12 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from garrison.controller.clock import ManualClock
+from garrison.controller.ledger import AttemptLedger
 from garrison.controller.sched.cycle import schedule
 from garrison.controller.sim.cluster import SimCluster
 from garrison.controller.sim.metrics import ContentionTracker, JobOutcome, ReplayResult
-from garrison.controller.sim.policies import Policy, SnapshotBuilder, plan_preemptions, plan_starts
+from garrison.controller.sim.policies import Policy, SnapshotBuilder
 from garrison.controller.sim.trace import TraceError, TraceJob
-from garrison.model.domain import Allocation
+from garrison.model.domain import Allocation, Node
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +92,13 @@ class Replay:
         ]
         self.clock = ManualClock(in_order[0].submit_s if in_order else 0.0)
         self.builder = SnapshotBuilder(cluster, policy, self.clock.now())
-        self.free = {n.name: set(range(n.gpu_count)) for n in cluster.nodes}
+        # The controller's own bookkeeping of attempts and GPUs: every simulated node is up, its agent
+        # connected; ledger.queued is the replay's queue (job id -> the number of its next attempt).
+        self.ledger = AttemptLedger()
+        for node in cluster.nodes:
+            self.ledger.nodes[node.name] = Node(name=node.name, inventory=node.inventory)
+            self.ledger.connected.add(node.name)
         self.switch_of = {n.name: n.switch for n in cluster.nodes}
-        self.free_count = cluster.total_gpus
-        self.pending: set[int] = set()
         self.pending_sizes: Counter[int] = Counter()  # GPUs asked for -> pending jobs asking for that many
         self.running: dict[int, _Job] = {}
         self.events: list[tuple[float, int, int, int, int]] = []  # (time, kind, seq, job id, attempt)
@@ -122,11 +128,12 @@ class Replay:
             if self.events:
                 upcoming.append(self.events[0][0])
             now = min(upcoming)
-            self.busy_gpu_s += (self.cluster.total_gpus - self.free_count) * (now - last)
-            if self.pending and self.free_count:
-                idle = self.free_count * (now - last)
+            free_count = self.free_count
+            self.busy_gpu_s += (self.cluster.total_gpus - free_count) * (now - last)
+            if self.ledger.queued and free_count:
+                idle = free_count * (now - last)
                 self.idle_waiting_gpu_s += idle
-                if min(self.pending_sizes) <= self.free_count:
+                if min(self.pending_sizes) <= free_count:
                     self.idle_fitting_gpu_s += idle
             self.tracker.advance(now)
             self.clock.advance(now - self.clock.now())
@@ -179,18 +186,23 @@ class Replay:
 
     # ---------------------------------------------------------------------------------------------
 
+    @property
+    def free_count(self) -> int:
+        """GPUs no attempt holds, cluster-wide."""
+        return self.cluster.total_gpus - self.ledger.held_gpu_count()
+
     def _record(self, now: float) -> None:
         busy = self.cluster.total_gpus - self.free_count
         if self.times and self.times[-1] == now:
-            self.queue_length[-1] = len(self.pending)
+            self.queue_length[-1] = len(self.ledger.queued)
             self.busy_gpus[-1] = busy
             return
         self.times.append(now)
-        self.queue_length.append(len(self.pending))
+        self.queue_length.append(len(self.ledger.queued))
         self.busy_gpus.append(busy)
 
     def _add_pending(self, job: _Job) -> None:
-        self.pending.add(job.job_id)
+        self.ledger.queued[job.job_id] = job.attempt
         self.pending_sizes[job.trace.gpus] += 1
 
     def _arrive(self, job: _Job, now: float) -> None:
@@ -200,26 +212,20 @@ class Replay:
 
     def _cycle(self, now: float) -> None:
         preempting = self.policy.config.preemption
-        if not self.pending or (self.free_count == 0 and not preempting):
+        if not self.ledger.queued or (self.free_count == 0 and not preempting):
             return
         if preempting:
             self._report_checkpoints(now)
         plan = schedule(self.builder.build(), now, self.policy.config)
         self.cycles += 1
-        # As the engine applies a plan: starts first (re-checked), then preemptions.
-        for job_id, allocation in plan_starts(plan):
-            self._start(job_id, allocation, now)
-        for job_id, attempt, grace_s in plan_preemptions(plan):
-            job = self.running.get(job_id)
-            if job is not None and job.attempt == attempt and not job.stopping:
-                self._begin_preemption(job, now, grace_s)
-
-    def _allocation_free(self, allocation: Allocation) -> bool:
-        for node_alloc in allocation.nodes:
-            free = self.free.get(node_alloc.node)
-            if free is None or any(g not in free for g in node_alloc.gpus):
-                return False
-        return True
+        # As the engine applies a plan: the ledger accepts what holds, starts first, then preemptions. The
+        # simulator's snapshot is never stale, so a rejected start means the plan itself was inconsistent.
+        result = self.ledger.apply(plan, now)
+        self.rejected_starts += sum(1 for r in result.rejected if r.victim is None)
+        for start in result.started:
+            self._start(start.job_id, start.allocation, now)
+        for victim in result.preempting:
+            self._begin_preemption(self.jobs[victim.job_id - 1], now, float(victim.grace_s))
 
     def _slowdown(self, job: _Job, allocation: Allocation) -> float:
         factor = self.options.gang_slowdown
@@ -235,19 +241,11 @@ class Replay:
         return slowdown
 
     def _start(self, job_id: int, allocation: Allocation, now: float) -> None:
-        # The controller's re-check (ClusterState.start_attempts): still pending, GPUs still free. The
-        # simulator's snapshot is never stale, so a refused start means the plan itself was inconsistent.
-        if job_id not in self.pending or not self._allocation_free(allocation):
-            self.rejected_starts += 1
-            return
+        """The ledger accepted this start (its GPUs are now the attempt's): run the job."""
         job = self.jobs[job_id - 1]
         for node_alloc in allocation.nodes:
-            free = self.free[node_alloc.node]
-            free.difference_update(node_alloc.gpus)
-            self.builder.set_free(node_alloc.node, frozenset(free))
+            self.builder.set_free(node_alloc.node, self.ledger.free_gpus(self.ledger.nodes[node_alloc.node]))
         gpus = allocation.gpu_count()
-        self.free_count -= gpus
-        self.pending.discard(job_id)
         self.pending_sizes[job.trace.gpus] -= 1
         if not self.pending_sizes[job.trace.gpus]:
             del self.pending_sizes[job.trace.gpus]  # min(pending_sizes) is the smallest waiting job
@@ -269,13 +267,13 @@ class Replay:
         heapq.heappush(self.events, (now + run_time, _END, self._seq, job_id, job.attempt))
 
     def _release(self, job: _Job) -> None:
+        """Every rank of the job's attempt has ended: the ledger frees its GPUs and forgets it."""
         assert job.allocation is not None
+        live = self.ledger.live[(job.job_id, job.attempt)]
         for node_alloc in job.allocation.nodes:
-            free = self.free[node_alloc.node]
-            free.update(node_alloc.gpus)
-            self.builder.set_free(node_alloc.node, frozenset(free))
-        gpus = job.allocation.gpu_count()
-        self.free_count += gpus
+            self.ledger.release_node(live, node_alloc.node)
+            self.builder.set_free(node_alloc.node, self.ledger.free_gpus(self.ledger.nodes[node_alloc.node]))
+        self.ledger.close(live)
         del self.running[job.job_id]
         job.allocation = None
 
@@ -311,6 +309,7 @@ class Replay:
     def _begin_preemption(self, job: _Job, now: float, grace_s: float) -> None:
         """The controller warns the job and stops it after the grace period; its GPUs stay busy until then."""
         job.stopping = True
+        self.ledger.begin_preemption(self.ledger.live[(job.job_id, job.attempt)], now + grace_s)
         self.builder.job_stopping(job.job_id)
         self._seq += 1
         heapq.heappush(self.events, (now + grace_s, _PREEMPTED, self._seq, job.job_id, job.attempt))
@@ -329,12 +328,12 @@ class Replay:
         lost = progress - kept + self.options.restart_cost_s
         self.lost_gpu_s += lost * gpus
         job.remaining_s = max(job.remaining_s - kept, 0.0) + self.options.restart_cost_s
+        self._release(job)  # before the attempt number moves on: the ledger knows the attempt by it
         job.preemptions += 1
         job.attempt += 1
         job.stopping = False
         job.timed_out = False
         self.preemptions += 1
-        self._release(job)
         self.builder.job_ended(job.job_id)
         self.tracker.change(job.account, held=-gpus, waiting=1)
         self._add_pending(job)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from garrison.config import ConfigError, ControllerConfig, parse_config
-from garrison.controller.policy import scheduler_config, seed_accounting, switch_paths
 from garrison.controller.sched.presets import preset
+from garrison.controller.sched_settings import scheduler_config, seed_accounting, switch_paths
 from garrison.controller.usage import UsageLedger
 from garrison.controller.validate import ValidationError, validate_submission
 from garrison.model.accounts import (
