@@ -14,10 +14,7 @@ from dataclasses import dataclass
 
 from garrison.model.domain import Allocation, JobSpec, LaunchMode
 from garrison.model.launch import LaunchDescription
-from garrison.model.outputpath import expand_output_pattern
-
-DEFAULT_OUTPUT = "garrison-%j.out"
-DEFAULT_ARRAY_OUTPUT = "garrison-%A_%a.out"
+from garrison.model.outputpath import resolve_output_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,18 +51,13 @@ def ranks_on_node(spec: JobSpec, allocation: Allocation, node_rank: int) -> int:
     return max(1, len(allocation.nodes[node_rank].gpus))
 
 
-def _resolve_output(pattern: str, launch: LaunchDescription, rank: int) -> str:
-    path = expand_output_pattern(
-        pattern,
-        job_id=launch.job_id,
-        rank=rank,
-        node_rank=launch.node_rank,
-        array_job_id=launch.array_job_id,
-        array_task_id=launch.array_task_id,
-        user=launch.user,
+def _resolve_output(pattern: str | None, launch: LaunchDescription, rank: int) -> str:
+    """The rank's file by the one rule gjob shows too (garrison.model.outputpath)."""
+    return resolve_output_path(
+        pattern, workdir=launch.spec.workdir, job_id=launch.job_id, rank=rank, node_rank=launch.node_rank,
+        array_job_id=launch.array_job_id, array_task_id=launch.array_task_id, user=launch.user,
         job_name=launch.spec.name,
     )
-    return path if os.path.isabs(path) else os.path.join(launch.spec.workdir, path)
 
 
 def plan_ranks(launch: LaunchDescription, paths: AttemptPaths, argv: Sequence[str]) -> list[RankPlan]:
@@ -77,7 +69,6 @@ def plan_ranks(launch: LaunchDescription, paths: AttemptPaths, argv: Sequence[st
     first_rank = sum(counts[: launch.node_rank])
     world = sum(counts)
     gpus = nodes[launch.node_rank].gpus
-    output = spec.output or (DEFAULT_ARRAY_OUTPUT if launch.array_job_id is not None else DEFAULT_OUTPUT)
 
     common: dict[str, str] = dict(spec.env)
     common.update(
@@ -134,7 +125,7 @@ def plan_ranks(launch: LaunchDescription, paths: AttemptPaths, argv: Sequence[st
                 env["TORCHELASTIC_ERROR_FILE"] = os.path.join(paths.error_file_dir, f"error-{rank}.json")
         env["GARRISON_PROCID"] = str(rank)
         env["GARRISON_LOCALID"] = str(local_rank)
-        stdout = _resolve_output(output, launch, rank)
+        stdout = _resolve_output(spec.output, launch, rank)
         stderr = _resolve_output(spec.error, launch, rank) if spec.error else stdout
         plans.append(RankPlan(rank=rank, argv=tuple(argv), env=env, cwd=spec.workdir, stdout=stdout, stderr=stderr))
     return plans
