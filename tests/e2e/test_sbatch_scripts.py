@@ -8,8 +8,9 @@ import signal
 import subprocess
 
 import pytest
+from helpers.polling import wait_until
 
-from .conftest import BIN, Cluster, wait_until
+from .conftest import BIN, Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,7 @@ def test_gsub_wait_exits_with_the_job_exit_code_through_a_controller_restart(clu
     )
     assert waiter.stdout is not None
     job_id = waiter.stdout.readline().strip()
-    wait_until("the job to start", marker.exists)
+    wait_until(marker.exists, 60, what="the job to start")
     os.kill(cluster.pid("controller"), signal.SIGKILL)
     cluster.up()  # the same controller, at the same address, from its database
     (cluster.work / "wait-started.go").touch()
