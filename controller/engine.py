@@ -443,6 +443,14 @@ class Engine:
             return direct
         return jobs[0]
 
+    def job_for_viewer(self, principal: Principal, ref: str) -> Job:
+        """``get_job`` as ``principal`` may see it: a job's script and environment (which hold paths, tokens
+        and keys as often as not) go to its owner and to admins only, as scontrol show job keeps them."""
+        job = self.get_job(ref)
+        if principal.uid == job.uid or self.is_admin(principal):
+            return job
+        return replace(job, spec=replace(job.spec, script=None, env={}))
+
     # ---------------------------------------------------------------------------------------------
     # Agent link
 

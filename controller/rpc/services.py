@@ -241,9 +241,9 @@ class ControllerService(pb_grpc.ControllerServicer):
 
     @mapped_errors
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.JobInfo:
-        self.auth.principal(context)
+        principal = self.auth.principal(context)
         check_list([request.job_id], "job ids", MAX_JOB_REF_CHARS)
-        job = self.engine.get_job(request.job_id)
+        job = self.engine.job_for_viewer(principal, request.job_id)
         return convert.job_to_pb(job, self.engine.clock.now(), with_spec=True)
 
     @mapped_errors

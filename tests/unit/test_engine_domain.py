@@ -113,3 +113,34 @@ def test_importing_the_engine_and_state_loads_no_wire_format() -> None:
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert completed.returncode == 0, completed.stderr
     assert json.loads(completed.stdout) == []
+
+
+def test_a_jobs_script_and_environment_are_shown_to_its_owner_and_admins_only(tmp_path: Path) -> None:
+    import asyncio
+
+    from garrison.config import ControllerConfig
+    from garrison.controller.clock import ManualClock
+    from garrison.controller.commands import SubmitCommand
+    from garrison.controller.engine import Engine
+    from garrison.controller.state import ClusterState
+    from garrison.controller.store import open_store
+    from garrison.model.domain import JobSpec, Principal
+
+    async def scenario() -> None:
+        config = ControllerConfig(database=f"sqlite:///{tmp_path / 'g.db'}", state_dir=str(tmp_path))
+        clock = ManualClock(1000.0)
+        state = ClusterState(open_store(config.database), config.heartbeat_timeout_s)
+        state.load(clock.now(), config.finished_job_retention_s)
+        engine = Engine(config, state, clock)
+        alice, bob, root = Principal("alice", 1000, 1000), Principal("bob", 1001, 1001), Principal("root", 0, 0)
+        spec = JobSpec(name="t", command=(), script="#!/bin/sh\nexport KEY=s3cret\n", workdir="/",
+                       env={"WANDB_API_KEY": "k"})
+        job_id = engine.submit(alice, SubmitCommand(spec)).job_id
+        for viewer in (alice, root):
+            seen = engine.job_for_viewer(viewer, str(job_id)).spec
+            assert seen.script == spec.script and dict(seen.env) == {"WANDB_API_KEY": "k"}
+        hidden = engine.job_for_viewer(bob, str(job_id)).spec
+        assert hidden.script is None and dict(hidden.env) == {} and hidden.name == "t"
+        assert state.jobs[job_id].spec.script == spec.script  # only the view is cut
+
+    asyncio.run(scenario())
