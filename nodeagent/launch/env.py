@@ -6,7 +6,7 @@ CUDA_VISIBLE_DEVICES lists the node's allocated GPUs in local-rank order: entry 
 own GPU, as under torchrun (scripts call torch.cuda.set_device(LOCAL_RANK)).
 
 Every launch also gets Slurm's variables (SLURM_JOB_ID, SLURM_JOB_NODELIST, ... as sbatch sets them, see
-docs/slurm.md), so Slurm batch scripts run unchanged. TORCHELASTIC_* are set only where Garrison stands in
+docs/quickstart.md), so Slurm batch scripts run unchanged. TORCHELASTIC_* are set only where Garrison stands in
 for torchrun's agent (per-rank launches): Lightning takes their presence for a torchrun job.
 """
 

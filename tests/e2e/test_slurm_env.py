@@ -100,3 +100,20 @@ def test_signal_b_reaches_the_batch_shell_and_not_its_children(cluster: Cluster)
     lines = log.read_text().splitlines()
     assert "child ready" in lines and "shell got USR1" in lines, lines
     assert "child got USR1" not in lines, lines
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may write /etc/hosts")
+def test_garrison_up_names_its_nodes_in_etc_hosts_and_down_removes_them() -> None:
+    from pathlib import Path
+
+    from .conftest import start_cluster, stop_cluster
+
+    hosts = Path("/etc/hosts")
+    cluster = start_cluster(["pcie4"], ["--agents", "1"])
+    marker = f"# BEGIN garrison local cluster {cluster.state_dir.resolve()}\n"
+    try:
+        text = hosts.read_text()
+        assert marker + "127.0.1.1 node1\n" in text, text
+    finally:
+        stop_cluster(cluster)
+    assert marker not in hosts.read_text()
