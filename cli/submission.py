@@ -465,6 +465,7 @@ def parse_submission(
         nice=converted("nice", parse_nice) or 0,
         umask=_current_umask(),
         array_max_running=array.max_running if array is not None else None,
+        submit_host=os.uname().nodename or None,  # socket.gethostname()'s answer, without importing socket
     )
     return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos,
                       hold=bool(chosen.flag("hold")), test_only=bool(chosen.flag("test_only")),

@@ -2,6 +2,10 @@
 
 `up` writes the configuration on first use and reuses it afterwards, so a second `up` on a partly dead
 directory restarts only the dead daemons, at the same addresses.
+
+Agent N is node ``nodeN`` at its own loopback address 127.0.1.N (cli/hostsfile.py). As root, `up` gives
+those names to /etc/hosts in a block of this cluster's own, so that a script taking MASTER_ADDR from
+$SLURM_JOB_NODELIST resolves it; `down` removes the block.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TextIO
 import click
 
 from garrison.cli.client import Client, CliError, fail
+from garrison.cli.hostsfile import node_address, update_hosts
 from garrison.config import ConfigError, load_config
 
 READY_TIMEOUT_S = 60.0
@@ -73,7 +78,7 @@ def _write_configs(state_dir: Path, topologies: list[str], database: str | None 
                 "[agent]",
                 f"controller = {_toml_str(_address(state_dir))}",
                 f"node_name = {_toml_str(f'node{i}')}",
-                'address = "127.0.0.1"',
+                f"address = {_toml_str(node_address(i))}",
                 f"state_dir = {_toml_str(str(state_dir / f'agent-{i}'))}",
                 f"credential_socket = {_toml_str(str(state_dir / 'auth.sock'))}",
                 f"fake_topology = {_toml_str(topo)}",
@@ -216,7 +221,26 @@ def cluster_up(
         return wanted <= up
 
     _wait_for("every agent to register", all_registered, deadline)
+    _name_nodes(state_dir, agent_configs)
     return address
+
+
+def _node_names(agent_configs: list[Path]) -> list[tuple[str, str]]:
+    return [(node_address(int(p.stem.split("-")[1])), f"node{p.stem.split('-')[1]}") for p in agent_configs]
+
+
+def _name_nodes(state_dir: Path, agent_configs: list[Path]) -> None:
+    """As root, this cluster's block in /etc/hosts; otherwise say once that the names will not resolve."""
+    entries = _node_names(agent_configs)
+    if os.geteuid() != 0:
+        names = ", ".join(name for _, name in entries)
+        print(f"garrison up: not root: node names ({names}) will not resolve here (no /etc/hosts entries); "
+              "jobs get their head node's address in MASTER_ADDR", file=sys.stderr)
+        return
+    try:
+        update_hosts(state_dir, entries)
+    except OSError as exc:
+        raise CliError(f"cannot write the node names to /etc/hosts: {exc}") from None
 
 
 def _answers_hello(address: str) -> bool:
@@ -256,6 +280,11 @@ def cluster_down(state_dir: Path) -> None:
     if agent_configs:
         _kill_leftover_jobs(agent_configs)
     _stop_pid(state_dir / "controller.pid", str(state_dir / "garrison.toml"))
+    if os.geteuid() == 0:
+        try:
+            update_hosts(state_dir, [])
+        except OSError as exc:
+            raise CliError(f"cannot remove the node names from /etc/hosts: {exc}") from None
 
 
 def _kill_leftover_jobs(agent_configs: list[Path]) -> None:

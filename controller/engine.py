@@ -57,7 +57,7 @@ from garrison.controller.state import (
     SignalAttempt,
 )
 from garrison.controller.validate import Resolved, ValidationError, validate_submission
-from garrison.model.domain import Job, JobState, Principal
+from garrison.model.domain import Job, JobSpec, JobState, Principal
 from garrison.model.jobrefs import MAX_ID, JobLookup, parse_job_ref
 from garrison.model.launch import LaunchDescription
 
@@ -219,6 +219,8 @@ class Engine:
         attempt = job.attempts[ins.attempt]
         names = attempt.allocation.node_names
         head = self.sessions.get(names[0])
+        spec = job.spec
+        warning = parse_signal_request(spec.signal) if spec.signal else None
         return LaunchDescription(
             job_id=job.job_id,
             attempt=ins.attempt,
@@ -235,6 +237,15 @@ class Engine:
             time_limit_s=job.time_limit_s,
             array_job_id=job.array_job_id,
             array_task_id=job.array_task_id,
+            account=job.account,
+            partition=job.partition,
+            qos=spec.qos or "",
+            cluster_name=self.config.cluster_name,
+            array_task_count=spec.array_task_count,
+            array_task_min=spec.array_task_min,
+            array_task_max=spec.array_task_max,
+            array_task_step=spec.array_task_step,
+            batch_signal=warning.signum if warning is not None and warning.batch_only else 0,
         )
 
     def preempt(self, job_id: int, grace_s: float, now: float) -> list[Instruction]:
@@ -288,6 +299,7 @@ class Engine:
             submit_time=now,
         )
         if indices:
+            common["spec"] = with_array_summary(resolved.spec, indices)
             jobs = [
                 Job(job_id=first + i, array_job_id=first, array_task_id=index, **common)  # type: ignore[arg-type]
                 for i, index in enumerate(indices)
@@ -529,3 +541,12 @@ class Engine:
             PartitionRow(name=p.name, default=p.default, default_time_s=p.default_time_s, max_time_s=p.max_time_s)
             for p in self.policy.accounting.partitions
         ]
+
+
+def with_array_summary(spec: JobSpec, indices: Sequence[int]) -> JobSpec:
+    """The spec of an array's tasks, with the index set as Slurm's SLURM_ARRAY_TASK_COUNT/MIN/MAX/STEP give
+    it: the step of an evenly spaced set (1-7:2 gives 2), else 1."""
+    ordered = sorted(indices)
+    gaps = {b - a for a, b in zip(ordered, ordered[1:], strict=False)}
+    return replace(spec, array_task_count=len(ordered), array_task_min=ordered[0], array_task_max=ordered[-1],
+                   array_task_step=gaps.pop() if len(gaps) == 1 else 1)

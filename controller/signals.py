@@ -14,18 +14,22 @@ DEFAULT_WARNING_SIGNAL = signal.SIGUSR1
 class SignalRequest:
     signum: int
     seconds: int
+    batch_only: bool = False  # B:: the batch shell only (each rank's own process), not its process group
 
 
 def parse_signal_request(text: str) -> SignalRequest:
     """"USR1@90", "SIGUSR2@60", "B:USR1@30", "10@5" -> SignalRequest. ValueError with one line otherwise.
 
-    The R: (reservation) and B: (batch shell only) prefixes are accepted for Slurm scripts' sake; Garrison
-    always signals every rank's process group, which is what B: scripts and step scripts both need.
+    As in Slurm, B: signals only the batch shell: each rank's own process, not the rest of its process
+    group (the shell's children). R: (reservation) is accepted and changes nothing: like no prefix, the
+    signal reaches every rank's whole process group.
     """
     spec = text.strip()
-    for prefix in ("R:", "B:", "RB:", "BR:"):
+    batch_only = False
+    for prefix in ("RB:", "BR:", "R:", "B:"):
         if spec.upper().startswith(prefix):
             spec = spec[len(prefix) :]
+            batch_only = "B" in prefix
             break
     name, at, secs = spec.partition("@")
     if not at:
@@ -35,7 +39,7 @@ def parse_signal_request(text: str) -> SignalRequest:
     number = parse_signal_name(name, "--signal")
     if number in (signal.SIGKILL, signal.SIGSTOP):
         raise ValueError(f"--signal: signal {number} cannot be used as a warning")
-    return SignalRequest(number, int(secs))
+    return SignalRequest(number, int(secs), batch_only)
 
 
 def parse_signal_name(text: str, option: str) -> int:

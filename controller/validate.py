@@ -21,6 +21,8 @@ MAX_NODES = 1 << 14
 MAX_PATTERN_LEN = 4096
 MAX_NICE = 2_147_483_645  # sbatch's range
 JOB_NAME = re.compile(r"^[A-Za-z0-9._+@:=,-][A-Za-z0-9._+@:=, -]{0,127}$")
+# gsub's host name (SLURM_SUBMIT_HOST): informational, but it lands in every rank's environment.
+SUBMIT_HOST = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252}[A-Za-z0-9])?$")
 
 
 class ValidationError(ValueError):
@@ -111,6 +113,8 @@ def validate_submission(
             parse_signal_request(spec.signal)
         except ValueError as exc:
             raise ValidationError(str(exc)) from None
+    if spec.submit_host is not None and not SUBMIT_HOST.match(spec.submit_host):
+        raise ValidationError(f"submit host must be a host name, got {spec.submit_host[:100]!r}")
     if spec.exclude:
         unknown = [name for name in spec.exclude if name not in nodes]
         if unknown:

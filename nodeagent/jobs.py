@@ -115,7 +115,8 @@ class JobManager:
             checkpoint_dir=checkpoint_dir_for(launch.spec, launch.job_id),
             checkpoint_mark=str(job_dir / USER_DIR / CHECKPOINT_MARK),
         )
-        ranks = plan_ranks(launch, paths, argv)
+        # Unbound ranks may use every CPU the agent may (SLURM_CPUS_ON_NODE).
+        ranks = plan_ranks(launch, paths, argv, cpus_on_node=len(os.sched_getaffinity(0)))
         if not ranks:
             (staging / PLACEHOLDER).touch()
             staging.rename(job_dir)
@@ -239,6 +240,7 @@ def supervisor_spec(
         notify_socket=notify_socket,
         umask=launch.spec.umask,
         cpus=cpus,
+        batch_signal=launch.batch_signal,
     )
 
 

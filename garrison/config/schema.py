@@ -137,6 +137,7 @@ class ControllerConfig:
     schedule_interval_s: float = 1.0
     kill_wait_s: float = 10.0
     finished_job_retention_s: float = 300.0
+    cluster_name: str = "garrison"  # SLURM_CLUSTER_NAME in every job
     allow_root_jobs: bool = False
     agent_uids: tuple[int, ...] = (0,)
     accounts: tuple[str, ...] = ("default",)

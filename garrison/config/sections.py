@@ -8,6 +8,7 @@ key through a TableReader so unknown keys are refused, then hands the result to 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -89,6 +90,7 @@ def read_controller(table: Mapping[str, Any], where: str) -> ControllerConfig:
         schedule_interval_s=s.get_number("schedule_interval_s", d.schedule_interval_s, 0.01),
         kill_wait_s=s.get_number("kill_wait_s", d.kill_wait_s),
         finished_job_retention_s=s.get_number("finished_job_retention_s", d.finished_job_retention_s),
+        cluster_name=_cluster_name(s.get_str("cluster_name", d.cluster_name), s.where),
         allow_root_jobs=s.get_bool("allow_root_jobs", d.allow_root_jobs),
         agent_uids=s.get_int_list("agent_uids", d.agent_uids),
         accounts=accounts,
@@ -281,3 +283,13 @@ def read_agent(table: Mapping[str, Any], where: str) -> AgentConfig:
     s.finish()
     check_agent(cfg, where)
     return cfg
+
+
+_CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _cluster_name(value: str, where: str) -> str:
+    """A name jobs see as SLURM_CLUSTER_NAME: letters, digits and ._- as Slurm's ClusterName."""
+    if not _CLUSTER_NAME.match(value):
+        raise ConfigError(f"{where}.cluster_name: 1-64 letters, digits and ._- (starting with a letter or digit)")
+    return value

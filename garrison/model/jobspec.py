@@ -51,6 +51,14 @@ class JobSpec:
     nice: int = 0  # --nice: subtracted from the job's priority (negative only for admins)
     umask: int | None = None  # the submitter's umask, applied to the ranks
     array_max_running: int | None = None  # %N of --array: tasks of this array running at once
+    # -- Slurm's variables (SLURM_SUBMIT_HOST, SLURM_ARRAY_TASK_COUNT/MIN/MAX/STEP) ----------------------------
+    submit_host: str | None = None  # gsub's host name, informational only (the controller checks its form)
+    # The array's index set, summarised by the controller at submission (not on the JobSpec message, like
+    # array_max_running): 0 tasks when the job is not an array task.
+    array_task_count: int = 0
+    array_task_min: int = 0
+    array_task_max: int = 0
+    array_task_step: int = 0
 
     def total_gpus(self) -> int:
         """Total GPUs this job needs (0 for a CPU-only job)."""

@@ -29,6 +29,16 @@ class LaunchDescription:
     time_limit_s: int
     array_job_id: int | None = None
     array_task_id: int | None = None
+    # -- What the agent cannot know by itself, for Slurm's variables (SLURM_JOB_ACCOUNT, ...) --------------
+    account: str = ""  # the resolved account, partition and QoS (not only what the user typed)
+    partition: str = ""
+    qos: str = ""
+    cluster_name: str = ""  # the controller's cluster_name setting
+    array_task_count: int = 0  # the array's index set, summarised: 0 when not an array task
+    array_task_min: int = 0
+    array_task_max: int = 0
+    array_task_step: int = 0
+    batch_signal: int = 0  # --signal=B:SIG: SIG goes to each rank's own process, not its group; 0 = none
 
     @property
     def node(self) -> str:

@@ -107,6 +107,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         nice=msg.nice,
         umask=msg.umask if msg.HasField("umask") else None,
         gpu_mem_mb=msg.gpu_mem_mb,
+        submit_host=msg.submit_host or None,
     )
 
 
@@ -216,6 +217,15 @@ def launch_to_pb(launch: LaunchDescription) -> pb.LaunchJob:
         restart_count=launch.restart_count,
         kill_wait_s=launch.kill_wait_s,
         time_limit_s=launch.time_limit_s,
+        account=launch.account,
+        partition=launch.partition,
+        qos=launch.qos,
+        cluster_name=launch.cluster_name,
+        array_task_count=launch.array_task_count,
+        array_task_min=launch.array_task_min,
+        array_task_max=launch.array_task_max,
+        array_task_step=launch.array_task_step,
+        batch_signal=launch.batch_signal,
     )
     if launch.array_job_id is not None:
         msg.array_job_id = launch.array_job_id
@@ -241,4 +251,13 @@ def launch_from_pb(msg: pb.LaunchJob) -> LaunchDescription:
         time_limit_s=msg.time_limit_s,
         array_job_id=msg.array_job_id if msg.HasField("array_job_id") else None,
         array_task_id=msg.array_task_id if msg.HasField("array_task_id") else None,
+        account=msg.account,
+        partition=msg.partition,
+        qos=msg.qos,
+        cluster_name=msg.cluster_name,
+        array_task_count=msg.array_task_count,
+        array_task_min=msg.array_task_min,
+        array_task_max=msg.array_task_max,
+        array_task_step=msg.array_task_step,
+        batch_signal=msg.batch_signal,
     )

@@ -36,6 +36,7 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "exclude": list(spec.exclude),
         "gpu_mem_mb": spec.gpu_mem_mb,
         "nice": spec.nice,
+        "submit_host": spec.submit_host or "",
     }
     optional = {
         "script": spec.script,

@@ -15,7 +15,8 @@ appending this directory to sys.path, so it must not use package-relative import
 either: when started that way it is the top-level module ``core``.
 
 Control protocol (signals sent to the supervisor pid):
-  SIGUSR1, SIGUSR2  forwarded to every rank's process group
+  SIGUSR1, SIGUSR2  forwarded to every rank's process group (to each rank's own process
+                    only when it is the launch's batch_signal: --signal=B:, as in Slurm)
   SIGTERM           terminate: SIGCONT+SIGTERM to every rank group, SIGKILL to the
                     groups still alive after kill_wait_s
   SIGINT            SIGKILL every rank group now
@@ -132,7 +133,8 @@ class Launch:
     """The parts of launch.json the supervisor needs (schema: spec.LaunchSpec)."""
 
     __slots__ = (
-        "job_id", "attempt", "uid", "gid", "groups", "user", "ranks", "kill_wait_s", "notify_socket", "umask", "cpus"
+        "job_id", "attempt", "uid", "gid", "groups", "user", "ranks", "kill_wait_s", "notify_socket", "umask", "cpus",
+        "batch_signal",
     )
 
     def __init__(self, document: dict[str, Any]) -> None:
@@ -151,6 +153,7 @@ class Launch:
             self.umask = None if umask is None else int(umask) & 0o777
             cpus = document.get("cpus")
             self.cpus = None if not cpus else [int(cpu) for cpu in cpus]
+            self.batch_signal = int(document.get("batch_signal") or 0)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise LaunchError(f"malformed {LAUNCH_FILE}: {error!r}") from error
 
@@ -471,7 +474,7 @@ class Supervisor:
         if signal_number == signal.SIGCHLD:
             return  # reaping happens at the top of the loop
         if signal_number in FORWARDED_SIGNALS:
-            self._signal_ranks(signal_number)
+            self._forward(signal_number)
         elif signal_number == TERMINATE_SIGNAL:
             self._terminate()
         elif signal_number == KILL_NOW_SIGNAL:
@@ -505,6 +508,20 @@ class Supervisor:
             except (ProcessLookupError, PermissionError) as error:
                 _log(f"rank {rank.rank}: killpg({rank.pid}, {signal_number}): {error}")
 
+    def _forward(self, signal_number: int) -> None:
+        """A signal for the job: every rank's process group, or, for the job's --signal=B: signal, only
+        each rank's own process (the batch shell), not the children it started."""
+        if signal_number != self.launch.batch_signal:
+            self._signal_ranks(signal_number)
+            return
+        for rank in self.ranks:
+            if rank.ended or rank.pid is None or rank.leader_exit_code is not None:
+                continue  # a leader already reaped: its pid may be reused
+            try:
+                os.kill(rank.pid, signal_number)
+            except (ProcessLookupError, PermissionError) as error:
+                _log(f"rank {rank.rank}: kill({rank.pid}, {signal_number}): {error}")
+
     def _process_control_requests(self) -> None:
         control_dir = os.path.join(self.job_dir, CONTROL_DIR)
         try:
@@ -522,7 +539,7 @@ class Supervisor:
             except (OSError, ValueError) as error:
                 _log(f"ignoring control request {name}: {error!r}")
                 continue
-            self._signal_ranks(signal_number)
+            self._forward(signal_number)
 
     # --- reporting -------------------------------------------------------------
 

@@ -99,6 +99,7 @@ class LaunchSpec:
     notify_socket: str | None = None
     umask: int | None = None  # the submitter's umask, applied after dropping privileges
     cpus: list[int] | None = None  # CPU ids every rank is bound to (sched_setaffinity); None: not bound
+    batch_signal: int = 0  # --signal=B:SIG: forwarded SIG reaches each rank's own process, not its group
 
     def __post_init__(self) -> None:
         if not self.ranks:
@@ -130,6 +131,7 @@ class LaunchSpec:
             notify_socket=_optional_field(document, "notify_socket", str),
             umask=_optional_field(document, "umask", int),
             cpus=_optional_field(document, "cpus", list),
+            batch_signal=_optional_field(document, "batch_signal", int) or 0,
         )
 
 

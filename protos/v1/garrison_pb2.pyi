@@ -205,6 +205,7 @@ class JobSpec(_message.Message):
     BEGIN_TIME_FIELD_NUMBER: _builtins.int
     NICE_FIELD_NUMBER: _builtins.int
     GPU_MEM_MB_FIELD_NUMBER: _builtins.int
+    SUBMIT_HOST_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     script: _builtins.str
     nodes: _builtins.int
@@ -237,6 +238,8 @@ class JobSpec(_message.Message):
     """--nice: subtracted from the job's priority; negative only for admins"""
     gpu_mem_mb: _builtins.int
     """--gpu-mem: the least memory (MiB) each allocated GPU must have"""
+    submit_host: _builtins.str
+    """gsub's host name (SLURM_SUBMIT_HOST); informational, checked for its form"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -276,10 +279,11 @@ class JobSpec(_message.Message):
         begin_time: _builtins.float | None = ...,
         nice: _builtins.int = ...,
         gpu_mem_mb: _builtins.int = ...,
+        submit_host: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "begin_time", b"begin_time", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "script", b"script", "time_limit_s", b"time_limit_s", "umask", b"umask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "begin_time", b"begin_time", "command", b"command", "cpus_per_gpu", b"cpus_per_gpu", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "nice", b"nice", "no_requeue", b"no_requeue", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "begin_time", b"begin_time", "command", b"command", "cpus_per_gpu", b"cpus_per_gpu", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "nice", b"nice", "no_requeue", b"no_requeue", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "submit_host", b"submit_host", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__begin_time: _TypeAlias = _typing.Literal["begin_time"]  # noqa: Y015
     _WhichOneofArgType__begin_time: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time"]  # noqa: Y015
@@ -1181,6 +1185,15 @@ class LaunchJob(_message.Message):
     ARRAY_TASK_ID_FIELD_NUMBER: _builtins.int
     KILL_WAIT_S_FIELD_NUMBER: _builtins.int
     TIME_LIMIT_S_FIELD_NUMBER: _builtins.int
+    ACCOUNT_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    QOS_FIELD_NUMBER: _builtins.int
+    CLUSTER_NAME_FIELD_NUMBER: _builtins.int
+    ARRAY_TASK_COUNT_FIELD_NUMBER: _builtins.int
+    ARRAY_TASK_MIN_FIELD_NUMBER: _builtins.int
+    ARRAY_TASK_MAX_FIELD_NUMBER: _builtins.int
+    ARRAY_TASK_STEP_FIELD_NUMBER: _builtins.int
+    BATCH_SIGNAL_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     attempt: _builtins.int
     user: _builtins.str
@@ -1195,6 +1208,20 @@ class LaunchJob(_message.Message):
     array_task_id: _builtins.int
     kill_wait_s: _builtins.float
     time_limit_s: _builtins.int
+    account: _builtins.str
+    """Slurm's variables: what the agent cannot know by itself.
+    resolved account, partition and QoS
+    """
+    partition: _builtins.str
+    qos: _builtins.str
+    cluster_name: _builtins.str
+    array_task_count: _builtins.int
+    """the array's index set, summarised (0: not an array task)"""
+    array_task_min: _builtins.int
+    array_task_max: _builtins.int
+    array_task_step: _builtins.int
+    batch_signal: _builtins.int
+    """--signal=B:SIG: SIG reaches each rank's own process only, not its group"""
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -1219,10 +1246,19 @@ class LaunchJob(_message.Message):
         array_task_id: _builtins.int | None = ...,
         kill_wait_s: _builtins.float = ...,
         time_limit_s: _builtins.int = ...,
+        account: _builtins.str = ...,
+        partition: _builtins.str = ...,
+        qos: _builtins.str = ...,
+        cluster_name: _builtins.str = ...,
+        array_task_count: _builtins.int = ...,
+        array_task_min: _builtins.int = ...,
+        array_task_max: _builtins.int = ...,
+        array_task_step: _builtins.int = ...,
+        batch_signal: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_task_id", b"_array_task_id", "array_job_id", b"array_job_id", "array_task_id", b"array_task_id", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_task_id", b"_array_task_id", "allocation", b"allocation", "array_job_id", b"array_job_id", "array_task_id", b"array_task_id", "attempt", b"attempt", "gid", b"gid", "job_id", b"job_id", "kill_wait_s", b"kill_wait_s", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "restart_count", b"restart_count", "spec", b"spec", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_task_id", b"_array_task_id", "account", b"account", "allocation", b"allocation", "array_job_id", b"array_job_id", "array_task_count", b"array_task_count", "array_task_id", b"array_task_id", "array_task_max", b"array_task_max", "array_task_min", b"array_task_min", "array_task_step", b"array_task_step", "attempt", b"attempt", "batch_signal", b"batch_signal", "cluster_name", b"cluster_name", "gid", b"gid", "job_id", b"job_id", "kill_wait_s", b"kill_wait_s", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "partition", b"partition", "qos", b"qos", "restart_count", b"restart_count", "spec", b"spec", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__array_job_id: _TypeAlias = _typing.Literal["array_job_id"]  # noqa: Y015
     _WhichOneofArgType__array_job_id: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id"]  # noqa: Y015

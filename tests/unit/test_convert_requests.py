@@ -172,6 +172,11 @@ def test_the_engines_instructions_become_controller_messages() -> None:
     )
     message = instruction_to_pb(launch)
     assert message.WhichOneof("kind") == "launch" and launch_from_pb(message.launch) == launch
+    # What Slurm's variables need beyond the spec travels too (and the spec's submit host).
+    slurm = replace(launch, spec=replace(launch.spec, submit_host="login1"), account="physics", partition="gpu",
+                    qos="high", cluster_name="tiny", array_task_count=4, array_task_min=1, array_task_max=7,
+                    array_task_step=2, batch_signal=10)
+    assert launch_from_pb(instruction_to_pb(slurm).launch) == slurm
 
     for action, wire in (("signal", pb.SignalJob.SIGNAL), ("terminate", pb.SignalJob.TERMINATE), ("kill", pb.SignalJob.KILL)):
         signal = instruction_to_pb(SignalAttempt("n1", 7, 1, action, 15 if action == "signal" else 0)).signal

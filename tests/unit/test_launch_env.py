@@ -79,3 +79,87 @@ def test_supervisor_spec_is_built_from_the_description_and_the_ranks() -> None:
     assert (spec.job_id, spec.attempt, spec.uid, spec.gid, spec.user) == (12, 2, 1000, 1000, "u")
     assert (spec.groups, spec.cpus, spec.notify_socket, spec.kill_wait_s) == ([1000, 27], [0, 1], "/run/notify.sock", 5.0)
     assert [(r.rank, r.argv, r.env) for r in spec.ranks] == [(r.rank, list(r.argv), dict(r.env)) for r in ranks]
+
+
+def slurm_context(launch: LaunchMode, node_rank: int = 0, **changes: object) -> LaunchDescription:
+    from dataclasses import replace
+
+    spec = JobSpec(name="train", command=(), script="#!/bin/sh\n", nodes=3, gpus_per_node=2, launch=launch,
+                   workdir="/home/u/run", env={"HOME": "/home/u", "TORCHELASTIC_RUN_ID": "outer"},
+                   submit_host="login1", qos="normal")
+    allocation = Allocation((NodeAllocation("node1", (4, 5), cpus=(0, 1, 2, 3), mem_mb=90_000),
+                             NodeAllocation("node2", (1, 0), cpus=(8, 9, 10, 11), mem_mb=90_000),
+                             NodeAllocation("dgx7", (0, 1), cpus=(0, 1, 2, 3), mem_mb=90_000)))
+    base = LaunchDescription(job_id=41, attempt=0, user="u", uid=1000, gid=1000, spec=spec, allocation=allocation,
+                             node_rank=node_rank, master_addr="node1", master_port=29500, restart_count=1,
+                             kill_wait_s=5.0, time_limit_s=600, account="physics", partition="gpu", qos="normal",
+                             cluster_name="tiny")
+    spec_changes = {k: v for k, v in changes.items() if k in ("ntasks_per_node",)}
+    others = {k: v for k, v in changes.items() if k not in spec_changes}
+    return replace(base, spec=replace(spec, **spec_changes), **others)  # type: ignore[arg-type]
+
+
+def test_batch_script_gets_slurms_job_variables() -> None:
+    [rank] = plan(slurm_context(LaunchMode.SINGLE), ["script"])
+    env = rank.env
+    assert (env["SLURM_JOB_ID"], env["SLURM_JOBID"], env["SLURM_JOB_NAME"]) == ("41", "41", "train")
+    assert env["SLURM_JOB_NODELIST"] == env["SLURM_NODELIST"] == "dgx7,node[1-2]"
+    assert (env["SLURM_JOB_NUM_NODES"], env["SLURM_NNODES"]) == ("3", "3")
+    assert env["SLURM_TASKS_PER_NODE"] == "1(x3)"  # sbatch's default: one task per node
+    assert "SLURM_NTASKS" not in env and "SLURM_NTASKS_PER_NODE" not in env  # none asked for
+    assert (env["SLURM_GPUS_ON_NODE"], env["SLURM_JOB_GPUS"], env["SLURM_CPUS_ON_NODE"]) == ("2", "4,5", "4")
+    assert env["SLURM_MEM_PER_NODE"] == "90000"
+    assert (env["SLURM_SUBMIT_DIR"], env["SLURM_SUBMIT_HOST"]) == ("/home/u/run", "login1")
+    assert (env["SLURM_JOB_PARTITION"], env["SLURM_JOB_ACCOUNT"], env["SLURM_JOB_QOS"]) == ("gpu", "physics", "normal")
+    assert (env["SLURM_RESTART_COUNT"], env["SLURM_CLUSTER_NAME"]) == ("1", "tiny")
+    # The batch shell is no task of a step, and no torchrun agent exists: nothing of the kind.
+    assert not {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_ARRAY_JOB_ID"} & set(env)
+    assert not [name for name in env if name.startswith("TORCHELASTIC_")]
+
+
+def test_ntasks_per_node_gives_the_job_its_task_counts_even_for_a_batch_script() -> None:
+    [rank] = plan(slurm_context(LaunchMode.SINGLE, ntasks_per_node=4), ["script"])
+    env = rank.env
+    assert (env["SLURM_NTASKS"], env["SLURM_NPROCS"], env["SLURM_NTASKS_PER_NODE"]) == ("12", "12", "4")
+    assert (env["SLURM_TASKS_PER_NODE"], env["SLURM_CPUS_PER_TASK"]) == ("4(x3)", "1")
+
+
+def test_per_rank_launch_gives_each_rank_its_slurm_task_ids() -> None:
+    ranks = plan(slurm_context(LaunchMode.RANK, node_rank=1), ["train"])
+    ids = [(r.env["SLURM_PROCID"], r.env["SLURM_LOCALID"], r.env["SLURM_NODEID"]) for r in ranks]
+    assert ids == [("2", "0", "1"), ("3", "1", "1")]
+    assert (ranks[0].env["SLURM_NTASKS"], ranks[0].env["SLURM_TASKS_PER_NODE"]) == ("6", "2(x3)")
+    assert ranks[0].env["SLURM_JOB_GPUS"] == "0,1"  # the node's GPU ids, sorted, as Slurm lists them
+    assert ranks[0].env["TORCHELASTIC_RUN_ID"] == "garrison-41"  # ours, where Garrison stands in for torchrun
+
+
+def test_node_launch_drops_inherited_torchelastic_variables() -> None:
+    [rank] = plan(slurm_context(LaunchMode.NODE, node_rank=2), ["torchrun", "train.py"])
+    assert not [name for name in rank.env if name.startswith("TORCHELASTIC_")]
+    assert (rank.env["SLURM_PROCID"], rank.env["SLURM_NODEID"], rank.env["SLURM_NTASKS"]) == ("2", "2", "3")
+
+
+def test_array_task_sees_its_array_index_set() -> None:
+    launch = slurm_context(LaunchMode.SINGLE, array_job_id=40, array_task_id=3, array_task_count=4,
+                           array_task_min=1, array_task_max=7, array_task_step=2)
+    env = plan(launch, ["script"])[0].env
+    assert (env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"]) == ("40", "3")
+    assert [env[f"SLURM_ARRAY_TASK_{k}"] for k in ("COUNT", "MIN", "MAX", "STEP")] == ["4", "1", "7", "2"]
+
+
+def test_unbound_node_reports_the_agents_cpus() -> None:
+    from dataclasses import replace
+
+    launch = slurm_context(LaunchMode.SINGLE)
+    bare = Allocation(tuple(replace(n, cpus=(), mem_mb=0) for n in launch.allocation.nodes))
+    env = plan_ranks(replace(launch, allocation=bare), PATHS, ["script"], cpus_on_node=16)[0].env
+    assert env["SLURM_CPUS_ON_NODE"] == "16" and "SLURM_CPUS_PER_TASK" not in env
+    assert "SLURM_MEM_PER_NODE" not in env
+
+
+def test_tasks_per_node_text_is_slurms_form() -> None:
+    from garrison.nodeagent.launch.env import tasks_per_node_text
+
+    assert tasks_per_node_text([4, 4, 2]) == "4(x2),2"
+    assert tasks_per_node_text([1]) == "1"
+    assert tasks_per_node_text([2, 1, 2]) == "2,1,2"

@@ -29,7 +29,9 @@ def test_bad_signals_are_named(text: str, message: str) -> None:
 
 @pytest.mark.parametrize(("text", "request_"), [
     ("USR1@90", SignalRequest(10, 90)),
-    ("B:SIGUSR2@30", SignalRequest(12, 30)),
+    ("B:SIGUSR2@30", SignalRequest(12, 30, batch_only=True)),
+    ("b:usr1@30", SignalRequest(10, 30, batch_only=True)),
+    ("R:USR1@30", SignalRequest(10, 30)),  # R: changes nothing here: every rank's process group
     ("10", SignalRequest(10, 60)),  # Slurm's default lead time
 ])
 def test_warning_requests(text: str, request_: SignalRequest) -> None:

@@ -113,6 +113,11 @@ def full_spec() -> JobSpec:
         nice=-250,
         umask=0o027,
         array_max_running=4,
+        submit_host="login-1.example.org",
+        array_task_count=10,
+        array_task_min=1,
+        array_task_max=19,
+        array_task_step=2,
     )
 
 

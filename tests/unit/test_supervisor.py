@@ -261,6 +261,28 @@ def test_sigusr1_reaches_the_rank(jobs: Jobs) -> None:
     assert status.terminated_by is None
 
 
+# The shell's child: a sleep, which USR1 (no handler) kills. The shell's trap ends the child with TERM and
+# records how it died: by USR1 (138) if the signal reached the whole group, by TERM (143) if only the shell.
+CHILD_SEES = (
+    "trap 'kill -TERM $child; wait $child; echo $? > {marker}; exit 0' USR1; "
+    "sleep 300 & child=$!; touch {ready}; while :; do wait $child; done"
+)
+
+
+@pytest.mark.parametrize(("batch_signal", "child_exit"), [(int(signal.SIGUSR1), "143"), (0, "138")])
+def test_a_batch_signal_reaches_only_the_ranks_own_process(jobs: Jobs, batch_signal: int, child_exit: str) -> None:
+    from dataclasses import replace
+
+    marker, ready = jobs.root / "child-exit", jobs.root / "ready"
+    spec = replace(jobs.spec(jobs.rank(0, CHILD_SEES.format(marker=marker, ready=ready))), batch_signal=batch_signal)
+    job_dir = jobs.job_dir()
+    client.spawn(job_dir, spec)
+    wait_until(ready.exists, DEADLINE_S, what="the rank to start its child")
+    assert client.send(job_dir, signal.SIGUSR1)
+    assert jobs.wait_finished(job_dir).ranks[0].exit_code == 0
+    assert marker.read_text().strip() == child_exit
+
+
 def test_other_signals_go_through_control_requests(jobs: Jobs) -> None:
     ready = jobs.root / "ready"
     job_dir = jobs.launch(jobs.rank(0, f"trap 'exit 42' ALRM; touch {ready}; while :; do sleep 1; done"))

@@ -1,0 +1,119 @@
+"""Slurm's variables, node names that resolve, and --signal=B:, on a real local cluster, with scripts written
+as Slurm users write them: directives only, no Garrison option."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import pytest
+
+from .conftest import Cluster
+
+pytestmark = pytest.mark.slow
+
+SLURM_VARS = (
+    "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+    "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_TASKS_PER_NODE", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS",
+    "SLURM_SUBMIT_DIR", "SLURM_SUBMIT_HOST", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT",
+    "SLURM_RESTART_COUNT", "SLURM_CLUSTER_NAME", "SLURM_CPUS_ON_NODE",
+)
+
+
+def values(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def test_a_two_node_batch_script_runs_once_and_sees_slurms_variables(cluster: Cluster) -> None:
+    resolve = f"{sys.executable} -c 'import os, socket; print(\"resolved=\" + \",\".join(socket.gethostbyname(n) for n in os.environ[\"GARRISON_NODELIST\"].split(\",\")))'"
+    script = (
+        "#!/bin/bash\n"
+        "#SBATCH --job-name=slurm-env\n"
+        "#SBATCH -N 2\n"
+        "#SBATCH --gpus-per-node=4\n"
+        "#SBATCH --time=00:05:00\n"
+        "#SBATCH --output=env-%j.out\n"
+        "echo run=once\n"
+        + "".join(f'echo "{name}=${name}"\n' for name in SLURM_VARS)
+        + 'echo "procid=${SLURM_PROCID-unset} torchelastic=${TORCHELASTIC_RUN_ID-unset}"\n'
+        + (resolve + "\n" if os.geteuid() == 0 else "")
+    )
+    (cluster.work / "env.sh").write_text(script)
+    job_id = cluster.run("gsub", "--parsable", "env.sh").stdout.strip()
+    job = cluster.wait_done(job_id)
+    assert job["state"] == "COMPLETED", job
+    out = (cluster.work / f"env-{job_id}.out").read_text()
+    assert out.count("run=once") == 1, out
+    env = values(out)
+    nodes = job["nodes"]
+    assert sorted(nodes) == ["node1", "node2"]
+    assert env["SLURM_JOB_ID"] == env["SLURM_JOBID"] == job_id and env["SLURM_JOB_NAME"] == "slurm-env"
+    assert env["SLURM_JOB_NODELIST"] == env["SLURM_NODELIST"] == "node[1-2]"
+    assert env["SLURM_JOB_NUM_NODES"] == env["SLURM_NNODES"] == "2" and env["SLURM_TASKS_PER_NODE"] == "1(x2)"
+    assert env["SLURM_GPUS_ON_NODE"] == "4" and len(env["SLURM_JOB_GPUS"].split(",")) == 4
+    assert env["SLURM_SUBMIT_DIR"] == str(cluster.work) and env["SLURM_SUBMIT_HOST"] == os.uname().nodename
+    assert (env["SLURM_JOB_PARTITION"], env["SLURM_JOB_ACCOUNT"]) == (job["partition"], job["account"])
+    assert (env["SLURM_RESTART_COUNT"], env["SLURM_CLUSTER_NAME"]) == ("0", "garrison")
+    assert int(env["SLURM_CPUS_ON_NODE"]) >= 1
+    assert "procid=unset torchelastic=unset" in out  # a batch script: no task of a step, no torchrun agent
+    if os.geteuid() == 0:
+        # garrison up named the nodes in /etc/hosts: each its own loopback address.
+        addresses = dict(zip(nodes, env["resolved"].split(","), strict=True))
+        assert addresses == {name: f"127.0.1.{name.removeprefix('node')}" for name in nodes}
+        assert socket.gethostbyname("node1") == "127.0.1.1"
+
+
+def test_array_tasks_read_their_index_and_the_arrays_index_set(cluster: Cluster) -> None:
+    script = (
+        "#!/bin/bash\n"
+        "#SBATCH --array=1-4%2\n"
+        "#SBATCH --output=array-%A_%a.out\n"
+        'echo "$SLURM_ARRAY_JOB_ID $SLURM_ARRAY_TASK_ID $SLURM_ARRAY_TASK_COUNT $SLURM_ARRAY_TASK_MIN '
+        '$SLURM_ARRAY_TASK_MAX $SLURM_ARRAY_TASK_STEP"\n'
+    )
+    (cluster.work / "array.sh").write_text(script)
+    array_id = cluster.run("gsub", "--parsable", "array.sh").stdout.strip()
+    tasks = [cluster.wait_done(f"{array_id}_{i}") for i in range(1, 5)]
+    assert all(t["state"] == "COMPLETED" for t in tasks), tasks
+    for i in range(1, 5):
+        line = (cluster.work / f"array-{array_id}_{i}.out").read_text().strip()
+        assert line == f"{array_id} {i} 4 1 4 1"
+
+
+def test_signal_b_reaches_the_batch_shell_and_not_its_children(cluster: Cluster) -> None:
+    log = cluster.work / "batch-signal.log"
+    script = (
+        "#!/bin/bash\n"
+        "#SBATCH --time=0:06\n"
+        "#SBATCH --signal=B:USR1@3\n"
+        "#SBATCH --output=/dev/null\n"
+        f"trap 'echo shell got USR1 >> {log}' USR1\n"
+        f"sh -c \"trap 'echo child got USR1 >> {log}' USR1; echo child ready >> {log}; "
+        'while :; do sleep 0.05; done" &\n'
+        "while :; do sleep 0.05; done\n"
+    )
+    (cluster.work / "bsignal.sh").write_text(script)
+    job_id = cluster.run("gsub", "--parsable", "bsignal.sh").stdout.strip()
+    job = cluster.wait_done(job_id, timeout=30)
+    assert job["state"] == "TIMEOUT", job
+    lines = log.read_text().splitlines()
+    assert "child ready" in lines and "shell got USR1" in lines, lines
+    assert "child got USR1" not in lines, lines
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may write /etc/hosts")
+def test_garrison_up_names_its_nodes_in_etc_hosts_and_down_removes_them() -> None:
+    from pathlib import Path
+
+    from .conftest import start_cluster, stop_cluster
+
+    hosts = Path("/etc/hosts")
+    cluster = start_cluster(["pcie4"], ["--agents", "1"])
+    marker = f"# BEGIN garrison local cluster {cluster.state_dir.resolve()}\n"
+    try:
+        text = hosts.read_text()
+        assert marker + "127.0.1.1 node1\n" in text, text
+    finally:
+        stop_cluster(cluster)
+    assert marker not in hosts.read_text()
