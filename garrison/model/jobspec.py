@@ -51,6 +51,10 @@ class JobSpec:
     nice: int = 0  # --nice: subtracted from the job's priority (negative only for admins)
     umask: int | None = None  # the submitter's umask, applied to the ranks
     array_max_running: int | None = None  # %N of --array: tasks of this array running at once
+    # Node selection (sbatch -C, -w, --exclusive)
+    constraint: str | None = None  # -C: node features, "a100&ib" or "a100|h100" (garrison/model/features.py)
+    nodelist: tuple[str, ...] = ()  # -w: nodes the job must include (more are added when -N is larger)
+    exclusive: bool = False  # --exclusive: whole nodes (every GPU, CPU and MB of each), shared with no job
 
     def total_gpus(self) -> int:
         """Total GPUs this job needs (0 for a CPU-only job)."""

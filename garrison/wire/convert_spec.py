@@ -36,6 +36,9 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "exclude": list(spec.exclude),
         "gpu_mem_mb": spec.gpu_mem_mb,
         "nice": spec.nice,
+        "constraint": spec.constraint or "",
+        "nodelist": list(spec.nodelist),
+        "exclusive": spec.exclusive,
     }
     optional = {
         "script": spec.script,

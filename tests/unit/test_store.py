@@ -113,6 +113,9 @@ def full_spec() -> JobSpec:
         nice=-250,
         umask=0o027,
         array_max_running=4,
+        constraint="h100&ib|a100",
+        nodelist=("gpu-b", "gpu-c"),
+        exclusive=True,
     )
 
 
@@ -210,6 +213,7 @@ def sample_inventory(hostname: str = "gpu-a", gpu_count: int = 2) -> NodeInvento
         cpus=192,
         memory_mb=2_063_000,
         model="dgx-h100",
+        features=("h100", "ib"),
     )
 
 
