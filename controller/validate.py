@@ -160,8 +160,18 @@ def validate_submission(
         raise ValidationError("array %limit must be positive")
 
     members = partition_nodes(part, list(nodes.values()))
-    spec, members = _check_node_selection(spec, members, nodes, part.name)
-    _check_fits_somewhere(spec, members, part.name)
+    spec, chosen = _check_node_selection(spec, members, nodes, part.name)
+    try:
+        _check_fits_somewhere(spec, chosen, part.name)
+    except ValidationError as exc:
+        if len(chosen) == len(members):
+            raise
+        from garrison.controller.limits import shown
+
+        within = f"--nodelist {shown(','.join(spec.nodelist))}" if spec.nodelist else ""
+        within = " and ".join(filter(None, [f"--constraint {shown(spec.constraint)}" if spec.constraint else "",
+                                            within]))
+        raise ValidationError(f"{exc} (counting only the nodes that match {within})") from None
     return Resolved(spec=spec, account=account, partition=part.name, time_limit_s=time_limit)
 
 
