@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from sched_helpers import NOW, busy, machine, node, pending, running
 
-from garrison.config import ControllerConfig
+from garrison.config import ConfigError, ControllerConfig, parse_config
 from garrison.controller.sched.cycle import Reason, schedule
 from garrison.controller.sched.placement import place
 from garrison.controller.sched.presets import preset
@@ -16,6 +16,10 @@ from garrison.controller.sched.snapshot import Snapshot
 from garrison.controller.validate import ValidationError, validate_submission
 from garrison.model.domain import JobSpec, Node, Principal
 from garrison.model.features import ConstraintError, check_feature_names, parse_constraint, satisfies
+from garrison.plainmsg import from_plain
+from garrison.protos.v1 import garrison_pb2 as pb
+from garrison.wire.convert import inventory_from_pb, inventory_to_pb, spec_from_pb
+from garrison.wire.convert_spec import spec_to_pb, spec_to_plain
 
 GARRISON = preset("garrison")
 
@@ -71,6 +75,25 @@ def test_configured_feature_names_are_checked_and_deduplicated() -> None:
     assert check_feature_names(["a100", "ib", "a100"], "agent.features") == ("a100", "ib")
     with pytest.raises(ConstraintError, match=r"agent.features: invalid feature name 'a&b'"):
         check_feature_names(["a&b"], "agent.features")
+
+
+def test_the_agent_configuration_lists_the_nodes_features() -> None:
+    assert parse_config({"agent": {"features": ["a100", "ib"]}}, "t.toml").agent.features == ("a100", "ib")
+    assert parse_config({}, "t.toml").agent.features == ()
+    with pytest.raises(ConfigError, match=r"agent.features: invalid feature name 'a\|b'"):
+        parse_config({"agent": {"features": ["a|b"]}}, "t.toml")
+    with pytest.raises(ConfigError, match="agent.features: expected a list of strings"):
+        parse_config({"agent": {"features": [1]}}, "t.toml")
+
+
+def test_the_fields_cross_the_wire() -> None:
+    spec = JobSpec(name="j", command=("true",), constraint="a100&ib|h100", nodelist=("n1", "n2"), exclusive=True)
+    assert spec_from_pb(spec_to_pb(spec)) == spec
+    assert from_plain(spec_to_plain(spec), pb.JobSpec) == spec_to_pb(spec)
+    plain = JobSpec(name="j", command=("true",))
+    assert spec_from_pb(spec_to_pb(plain)) == plain
+    inventory = replace(machine("pcie4", "n1"), features=("a6000", "ib"))
+    assert inventory_from_pb(inventory_to_pb(inventory)) == inventory
 
 
 # -- scheduling ----------------------------------------------------------------------------------------------
