@@ -216,7 +216,7 @@ def _check_node_selection(
     specification"), a node that does not exist or is not in the partition, more -w nodes than -N."""
     from garrison.controller.limits import shown
 
-    members_before = members
+    in_partition = {n.name for n in members}
     if spec.constraint is not None:
         try:
             terms = parse_constraint(spec.constraint)
@@ -246,7 +246,7 @@ def _check_node_selection(
         outside = [name for name in spec.nodelist if name not in member_names]
         if outside:
             why = f"is not in partition {partition!r}"
-            if spec.constraint is not None and outside[0] in nodes and nodes[outside[0]] in members_before:
+            if outside[0] in in_partition:  # so it is the constraint that leaves it out
                 why = f"lacks the features {shown(spec.constraint)}"
             raise ValidationError(f"--nodelist: node {shown(outside[0])} {why}")
         if spec.nodes is None:
