@@ -349,6 +349,24 @@ def parse_export(text: str, environ: Mapping[str, str]) -> dict[str, str]:
     return exported
 
 
+def parse_constraint_text(text: str) -> str:
+    """-C/--constraint: a feature expression (``a100&ib``, ``a100|h100``), checked and kept as given."""
+    from garrison.model.features import ConstraintError, parse_constraint
+
+    try:
+        parse_constraint(text.strip())
+    except ConstraintError as err:
+        raise UsageError(str(err)) from None
+    return text.strip()
+
+
+def parse_exclusive(text: str) -> bool:
+    """--exclusive (alone), or sbatch's =user, =mcs and =topo, which Garrison takes as whole nodes too."""
+    if text not in ("node", "user", "mcs", "topo"):
+        raise UsageError(f"expected --exclusive alone or --exclusive=user|mcs|topo, got {text[:40]!r}")
+    return True
+
+
 def expand_hostlist(text: str) -> list[str]:
     """gsub's reading of a host list (-x, -w): the shared parser, its errors as usage errors."""
     try:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 JOB_COLUMNS = ("JOBID", "PARTITION", "NAME", "USER", "ACCOUNT", "STATE", "TIME", "GPUS", "NODES(REASON)")
-NODE_COLUMNS = ("NODE", "STATE", "GPUS(A/T)", "CPUS(A/T)", "MEM(A/T)", "MODEL", "GPU", "REASON")
+NODE_COLUMNS = ("NODE", "STATE", "GPUS(A/T)", "CPUS(A/T)", "MEM(A/T)", "MODEL", "GPU", "FEATURES", "REASON")
 LIVE_STATES = ("CONFIGURING", "RUNNING", "COMPLETING")  # a job holding GPUs
 
 
@@ -162,8 +162,9 @@ def node_row(node: Any) -> tuple[str, ...]:
     gpu_model = node.inventory.gpus[0].name if node.inventory.gpus else "-"
     cpus = f"{node.allocated_cpus}/{node.inventory.cpus}"
     memory = format_memory_pair(node.allocated_memory_mb, node.inventory.memory_mb)
+    features = ",".join(node.inventory.features) or "-"  # what gsub -C selects on (sinfo's AVAIL_FEATURES)
     return (node.name, state, f"{allocated}/{total}", cpus, memory, node.inventory.model or "-", gpu_model,
-            node.reason)
+            features, node.reason)
 
 
 PARTITION_COLUMNS = ("PARTITION", "TIMELIMIT", "NODES(A/I/O/T)", "GPUS(A/I/O/T)", "NODELIST")
@@ -217,6 +218,8 @@ def job_detail(job: Any) -> str:
         f"   Launch={spec.launch or 'rank'} WorkDir={spec.workdir} Dependency={spec.dependency or '(null)'}",
         f"   ExcNodeList={','.join(spec.exclude) or '(null)'} "
         f"BeginTime={_ts(spec.begin_time) if spec.HasField('begin_time') else '(null)'} Nice={spec.nice}",
+        f"   ReqNodeList={','.join(spec.nodelist) or '(null)'} Features={spec.constraint or '(null)'} "
+        f"Exclusive={'yes' if spec.exclusive else 'no'}",
         f"   Command={' '.join(spec.command) if spec.command else '(script)'}",
         f"   StdOut={_output_path(job, spec.output)} StdErr={_output_path(job, spec.error or spec.output)}",
     ]

@@ -27,7 +27,9 @@ from .parsing import (
     expand_hostlist,
     parse_array,
     parse_begin_time,
+    parse_constraint_text,
     parse_count,
+    parse_exclusive,
     parse_export,
     parse_gpu_request,
     parse_memory_mb,
@@ -144,6 +146,13 @@ def _gsub_parser() -> Parser:
                         help="The job is not requeued after a node failure.")
     _option(parser, "--max-restarts", metavar="N", help_text="Times a failed job is restarted (default: 0).")
     _option(parser, "-x", "--exclude", metavar="NODES", help_text="Nodes not to run on, e.g. node3,gpu[01-04].")
+    _option(parser, "-w", "--nodelist", metavar="NODES",
+            help_text="Nodes to run on, all of them, e.g. node[1-2] (with a larger -N, others are added).")
+    _option(parser, "-C", "--constraint", metavar="FEATURES",
+            help_text="Node features the job needs: a100, a100&ib (and), a100|h100 (or).")
+    _option(parser, "--exclusive", metavar="[=user|mcs|topo]",
+            help_text="Whole nodes: every GPU, CPU and MB of each, shared with no other job.")
+    parser.bare_values["--exclusive"] = "node"
     _option(parser, "--nice", metavar="[=N]",
             help_text="Lower the job's priority by N (100 if alone; only admins may give a negative N). "
                       "The value must be attached: --nice=500.")
@@ -466,6 +475,9 @@ def parse_submission(
         umask=_current_umask(),
         array_max_running=array.max_running if array is not None else None,
         submit_host=os.uname().nodename or None,  # socket.gethostname()'s answer, without importing socket
+        constraint=converted("constraint", parse_constraint_text),
+        nodelist=tuple(converted("nodelist", expand_hostlist) or ()),
+        exclusive=bool(converted("exclusive", parse_exclusive)),
     )
     return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos,
                       hold=bool(chosen.flag("hold")), test_only=bool(chosen.flag("test_only")),

@@ -64,6 +64,16 @@ def _controller_section(state_dir: Path, port: int, allow_root: bool, database: 
     )
 
 
+# The node features (sbatch -C) a fake node of each built-in machine gets: its GPU model, as sites commonly
+# name them, and its GPU interconnect. A machine description given as a file gets none.
+FAKE_NODE_FEATURES = {
+    "dgx-a100": ("a100", "nvswitch"),
+    "dgx1v": ("v100", "nvlink"),
+    "pcie4": ("a6000",),
+    "pcie8": ("l40s",),
+}
+
+
 def _write_configs(state_dir: Path, topologies: list[str], database: str | None = None, extra: str = "") -> None:
     allow_root = os.geteuid() == 0
     controller = _controller_section(state_dir, _free_port(), allow_root, database)
@@ -82,6 +92,7 @@ def _write_configs(state_dir: Path, topologies: list[str], database: str | None 
                 f"state_dir = {_toml_str(str(state_dir / f'agent-{i}'))}",
                 f"credential_socket = {_toml_str(str(state_dir / 'auth.sock'))}",
                 f"fake_topology = {_toml_str(topo)}",
+                f"features = [{', '.join(_toml_str(f) for f in FAKE_NODE_FEATURES.get(topo, ()))}]",
                 "",
             ]
         )

@@ -72,6 +72,8 @@ def check_spec_limits(spec: JobSpec) -> None:
             raise ValidationError(f"{option} pattern is invalid (NUL, newline or over {MAX_PATH_CHARS} characters)")
     if len(spec.exclude) > MAX_LIST_ITEMS:
         raise ValidationError(f"--exclude: too many nodes: {len(spec.exclude)} (at most {MAX_LIST_ITEMS})")
+    if len(spec.nodelist) > MAX_LIST_ITEMS:
+        raise ValidationError(f"--nodelist: too many nodes: {len(spec.nodelist)} (at most {MAX_LIST_ITEMS})")
     _check_name(spec.account, "account")
     _check_name(spec.partition, "partition")
     _check_name(spec.qos, "QoS")

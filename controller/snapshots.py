@@ -66,9 +66,18 @@ class SnapshotCache:
     ) -> Snapshot:
         running = self._running_jobs(state)
         used_cpus, used_memory = state.held_cpus_and_memory()
+        # Which nodes some attempt holds, and which an --exclusive one holds (even a job asking for no GPU,
+        # CPU or memory occupies its nodes for --exclusive).
+        busy: set[str] = set()
+        exclusive: set[str] = set()
+        for run in running:
+            busy.update(run.allocation.node_names)
+            job = state.jobs.get(run.job_id)
+            if job is not None and job.spec.exclusive:
+                exclusive.update(run.allocation.node_names)
         nodes = tuple(
             self._node_view(state, node, frozenset(used_cpus.get(node.name, ())), used_memory.get(node.name, 0),
-                            (switches or {}).get(node.name, ()))
+                            (switches or {}).get(node.name, ()), node.name not in busy, node.name in exclusive)
             for node in state.nodes.values()
         )
         if self._pending is None:
@@ -135,12 +144,13 @@ class SnapshotCache:
         self._pending[job.job_id] = pending_view(job)
 
     def _node_view(
-        self, state: ClusterState, node: Node, used_cpus: frozenset[int], used_memory: int, switches: tuple[str, ...]
+        self, state: ClusterState, node: Node, used_cpus: frozenset[int], used_memory: int, switches: tuple[str, ...],
+        idle: bool = True, held_exclusively: bool = False,
     ) -> NodeView:
         owned = frozenset(state.gpu_owner.get(node.name, ()))
         connected = node.name in state.connected
         partitions = state.node_partitions.get(node.name, frozenset())
-        key = (node, connected, partitions, owned, used_cpus, used_memory, switches)
+        key = (node, connected, partitions, owned, used_cpus, used_memory, switches, idle, held_exclusively)
         found = self._nodes.get(node.name)
         if found is not None and found[0][0] is node and found[0][1:] == key[1:]:
             return found[1]
@@ -166,6 +176,9 @@ class SnapshotCache:
             memory_mb=inventory.memory_mb,
             free_memory_mb=max(0, inventory.memory_mb - used_memory),
             switches=switches,
+            features=frozenset(node.features),
+            idle=idle,
+            held_exclusively=held_exclusively,
         )
         self._nodes[node.name] = (key, view)
         return view

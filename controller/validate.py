@@ -12,6 +12,7 @@ from garrison.controller.sched.placement import gang_shape, gpu_matches
 from garrison.controller.signals import parse_signal_request
 from garrison.model.accounts import Accounting, AccountingError, PartitionDef
 from garrison.model.domain import JobSpec, LaunchMode, Node, Principal
+from garrison.model.features import ConstraintError, constraint_features, parse_constraint, satisfies
 
 MAX_SCRIPT_BYTES = 1 << 20
 MAX_ENV_BYTES = 1 << 20
@@ -162,7 +163,19 @@ def validate_submission(
     if spec.array_max_running is not None and spec.array_max_running <= 0:
         raise ValidationError("array %limit must be positive")
 
-    _check_fits_somewhere(spec, partition_nodes(part, list(nodes.values())), part.name)
+    members = partition_nodes(part, list(nodes.values()))
+    spec, chosen = _check_node_selection(spec, members, nodes, part.name)
+    try:
+        _check_fits_somewhere(spec, chosen, part.name)
+    except ValidationError as exc:
+        if len(chosen) == len(members):
+            raise
+        from garrison.controller.limits import shown
+
+        within = f"--nodelist {shown(','.join(spec.nodelist))}" if spec.nodelist else ""
+        within = " and ".join(filter(None, [f"--constraint {shown(spec.constraint)}" if spec.constraint else "",
+                                            within]))
+        raise ValidationError(f"{exc} (counting only the nodes that match {within})") from None
     return Resolved(spec=spec, account=account, partition=part.name, time_limit_s=time_limit)
 
 
@@ -197,6 +210,58 @@ def _resolve_policy(spec: JobSpec, principal: Principal, accounting: Accounting)
         if part.allowed_qos and qos not in part.allowed_qos:
             raise ValidationError(f"partition {part.name!r} does not allow QoS {qos!r}")
     return account, part, replace(spec, qos=qos or None)
+
+
+def _check_node_selection(
+    spec: JobSpec, members: list[Node], nodes: Mapping[str, Node], partition: str
+) -> tuple[JobSpec, list[Node]]:
+    """-C, -w: the spec (with -N from the -w list when not given, as sbatch) and the partition's nodes that the
+    job may run on. Refused, as sbatch refuses them: a feature no node of the partition has ("Invalid feature
+    specification"), a node that does not exist or is not in the partition, more -w nodes than -N."""
+    from garrison.controller.limits import shown
+
+    in_partition = {n.name for n in members}
+    if spec.constraint is not None:
+        try:
+            terms = parse_constraint(spec.constraint)
+        except ConstraintError as exc:
+            raise ValidationError(str(exc)) from None
+        if members:  # no agent has registered yet: accept and let it wait
+            known = {feature for n in members for feature in n.features}
+            unknown = sorted(constraint_features(terms) - known)
+            if unknown:
+                raise ValidationError(
+                    f"--constraint: invalid feature specification: no node in partition {partition!r} has feature "
+                    f"{shown(unknown[0])}"
+                )
+            members = [n for n in members if satisfies(n.features, terms)]
+            if not members:
+                raise ValidationError(
+                    f"--constraint: no node in partition {partition!r} has features {shown(spec.constraint)}"
+                )
+    if spec.nodelist:
+        unknown_nodes = [name for name in spec.nodelist if name not in nodes]
+        if unknown_nodes:
+            raise ValidationError(f"--nodelist: no such node {shown(unknown_nodes[0])}")
+        both = [name for name in spec.nodelist if name in spec.exclude]
+        if both:
+            raise ValidationError(f"--nodelist and --exclude both name node {shown(both[0])}")
+        member_names = {n.name for n in members}
+        outside = [name for name in spec.nodelist if name not in member_names]
+        if outside:
+            why = f"is not in partition {partition!r}"
+            if outside[0] in in_partition:  # so it is the constraint that leaves it out
+                why = f"lacks the features {shown(spec.constraint or "")}"
+            raise ValidationError(f"--nodelist: node {shown(outside[0])} {why}")
+        if spec.nodes is None:
+            spec = replace(spec, nodes=len(spec.nodelist))
+        elif spec.nodes < len(spec.nodelist):
+            raise ValidationError(
+                f"--nodelist names {len(spec.nodelist)} nodes but --nodes asks for {spec.nodes}"
+            )
+        if spec.nodes == len(spec.nodelist):
+            members = [n for n in members if n.name in spec.nodelist]
+    return spec, members
 
 
 def _check_fits_somewhere(spec: JobSpec, nodes: list[Node], partition: str) -> None:

@@ -82,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             fake_nvml.install_fake_nvml(description, node_name)
             model = str(description.get("name", ""))
         inventory = discovery.discover(node_name)
-        if model:
+        if model or cfg.features:
             from dataclasses import replace
 
-            inventory = replace(inventory, model=model)
+            inventory = replace(inventory, model=model, features=cfg.features)
         log.info("node %s: %d GPUs (%s)", node_name, len(inventory.gpus), model or "NVML")
 
         from garrison.nodeagent.agent import Agent

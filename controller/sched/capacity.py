@@ -32,6 +32,8 @@ class Capacity:
         self.free_cpus: list[frozenset[int]] = [v.free_cpus for v in self.views]
         self.free_memory: list[int] = [v.free_memory_mb for v in self.views]
         self.ready: list[bool] = [v.schedulable and not v.drained for v in self.views]
+        self.idle: list[bool] = [v.idle for v in self.views]  # --exclusive: nothing runs there
+        self.exclusive: list[bool] = [v.held_exclusively for v in self.views]
         # node index -> GPU -> (start, job id) of the earliest reservation that holds it
         self.reserved: dict[int, dict[int, tuple[float, int]]] = {}
         # node index -> CPU -> (start, job id) of the earliest reservation that holds it
@@ -102,6 +104,8 @@ class Capacity:
             capable=len(match),
             free_cpus=free_cpus,
             free_memory_mb=free_memory,
+            idle=self.idle[index],
+            held_exclusively=self.exclusive[index],
         )
 
     def memory_after_freeing(self, index: int, end_time: float, freed: Sequence[tuple[float, int]]) -> int:
@@ -125,11 +129,14 @@ class Capacity:
 
     # -- changes --------------------------------------------------------------------------------------
 
-    def take(self, allocation: Allocation, end_time: float = INFINITY) -> None:
-        """A job starts now on ``allocation`` and may run until ``end_time``."""
+    def take(self, allocation: Allocation, end_time: float = INFINITY, exclusive: bool = False) -> None:
+        """A job starts now on ``allocation`` and may run until ``end_time`` (``exclusive``: sharing none
+        of its nodes)."""
         self.version += 1
         for node_alloc in allocation.nodes:
             index = self.index_of[node_alloc.node]
+            self.idle[index] = False
+            self.exclusive[index] = self.exclusive[index] or exclusive
             before = len(self.free[index])
             self.free[index] -= set(node_alloc.gpus)
             if node_alloc.cpus:

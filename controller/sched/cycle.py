@@ -27,6 +27,7 @@ from functools import lru_cache, partial
 
 from garrison.controller.sched.backfill import Reservation, Timeline
 from garrison.controller.sched.capacity import Capacity
+from garrison.controller.sched.filters.node_selection import restricted_to_list
 from garrison.controller.sched.framework import Candidate, Request
 from garrison.controller.sched.pipeline import DEFAULT_SCORER_WEIGHTS, QUEUE_ORDER, Pipeline, build_pipeline
 from garrison.controller.sched.placement import DEFAULT_SCORE_LIMIT, Placer, candidates_of, request_for
@@ -42,6 +43,7 @@ from garrison.controller.sched.snapshot import (
 )
 from garrison.model.accounts import Accounting, PartitionDef
 from garrison.model.domain import Allocation
+from garrison.model.features import satisfies
 
 __all__ = ["Plan", "Preempt", "Reason", "Reservation", "SchedulerConfig", "Start", "schedule"]
 
@@ -148,10 +150,14 @@ class _IdleFit:
 
     def reason(self, request: Request) -> str | None:
         """None if it fits on idle up nodes; else NodesDrained or NodesUnavailable."""
-        key = (request.partition, request.shape, request.gpu_type, request.gpu_mem_mib, request.cpus_per_gpu,
-               request.cpus_per_node, request.mem_mb, request.exclude)
+        key = _signature(request)
         if key not in self.cache:
-            members = [n for n in self.nodes if request.partition in n.partitions and n.name not in request.exclude]
+            listed_only = restricted_to_list(request)
+            members = [
+                n for n in self.nodes
+                if request.partition in n.partitions and n.name not in request.exclude
+                and satisfies(n.features, request.constraint) and (not listed_only or n.name in request.nodelist)
+            ]
             up = [n for n in members if n.schedulable and not n.drained]
             if self._fits(request, up):
                 self.cache[key] = None
@@ -184,7 +190,8 @@ class _IdleFit:
         if idle is None:
             idle = [
                 replace(n, schedulable=True, drained=False, free_gpus=frozenset(range(n.gpu_count)),
-                        free_cpus=frozenset(range(n.cpus)), free_memory_mb=n.memory_mb)
+                        free_cpus=frozenset(range(n.cpus)), free_memory_mb=n.memory_mb, idle=True,
+                        held_exclusively=False)
                 for n in nodes
             ]
             idle.sort(key=lambda v: (v.switches, v.name))
@@ -195,7 +202,8 @@ class _IdleFit:
 def _signature(request: Request) -> tuple[object, ...]:
     """Everything about a request that placement looks at, except its duration and its job id."""
     return (request.partition, request.shape, request.gpu_type, request.gpu_mem_mib, request.cpus_per_gpu,
-            request.cpus_per_node, request.mem_mb)
+            request.cpus_per_node, request.mem_mb, request.exclude, request.constraint, request.nodelist,
+            request.exclusive)
 
 
 class _Memo:
@@ -323,7 +331,7 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
         if allocation is not None:
             starts.append(Start(job.job_id, allocation))
             estimated[job.job_id] = now
-            capacity.take(allocation, end)
+            capacity.take(allocation, end, exclusive=request.exclusive)
             quotas.started(job, gpus, limit)
             if job.array_job_id is not None:
                 array_running[job.array_job_id] += 1

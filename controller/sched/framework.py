@@ -82,6 +82,10 @@ class Request:
     mem_mb: int = 0  # host memory per node
     duration_s: float = 0.0  # the job's time limit: how long it holds what it gets
     exclude: frozenset[str] = frozenset()  # nodes the job must not run on (gsub -x)
+    # Node selection: -C as alternatives of feature sets (garrison.model.features), -w, --exclusive
+    constraint: tuple[frozenset[str], ...] = ()  # () : any node
+    nodelist: frozenset[str] = frozenset()  # nodes the job must include
+    exclusive: bool = False  # whole idle nodes only, and the job takes all of each
 
 
 @dataclass(slots=True)
@@ -94,6 +98,8 @@ class Candidate:
     capable: int  # GPUs of the request's type and memory on the node, busy or not
     free_cpus: frozenset[int]
     free_memory_mb: int
+    idle: bool = True  # no job holds anything on the node now (what an --exclusive job needs)
+    held_exclusively: bool = False  # an --exclusive job holds the node: no other job may join it
 
 
 class Filter(Protocol):

@@ -18,6 +18,9 @@ from garrison.controller.sched.filters import (
     CpuMemoryFit,
     GpuCapacity,
     GpuFree,
+    NodeExclusive,
+    NodeFeatures,
+    NodeListed,
     NodeNotExcluded,
     NodeReady,
     PartitionMember,
@@ -33,10 +36,17 @@ FILTERS: tuple[Filter, ...] = (
     PartitionMember(),
     # 2b. Nodes the job asked to stay off (gsub -x): a set lookup, usually in an empty set.
     NodeNotExcluded(),
+    # 2c. The job's own node choice, -C features and -w names: set lookups that fail for good, and in a
+    #     cluster of mixed nodes -C rejects many; both before any resource is counted.
+    NodeFeatures(),
+    NodeListed(),
     # 3. GPU type, GPU memory and GPU count of the node itself, busy or not: fails for good.
     GpuCapacity(),
     # 4. CPUs and host memory: checks the node's totals (for good) before what is free (for now).
     CpuMemoryFit(),
+    # 4b. --exclusive: the node must be idle for such a job, and a node it holds takes no other job. Depends
+    #     on what runs (fails only for now), so after every check that fails for good.
+    NodeExclusive(),
     # 5. Free GPUs for the whole run: the only step that depends on the moment (now, or a reservation's
     #    start) and on other jobs' reservations, so it goes last.
     GpuFree(),

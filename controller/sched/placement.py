@@ -26,6 +26,7 @@ from garrison.controller.sched.scorers.numa import local_cpus
 from garrison.controller.sched.snapshot import NodeView
 from garrison.controller.sched.topology import gpu_affinity, pick_connected_gpus
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation
+from garrison.model.features import parse_constraint
 
 __all__ = [
     "GangShape",
@@ -85,6 +86,9 @@ def request_for(job_id: int, spec: JobSpec, partition: str, duration_s: float) -
         mem_mb=spec.mem_mb,
         duration_s=duration_s,
         exclude=frozenset(spec.exclude),
+        constraint=parse_constraint(spec.constraint) if spec.constraint else (),
+        nodelist=frozenset(spec.nodelist),
+        exclusive=spec.exclusive,
     )
 
 
@@ -110,6 +114,11 @@ def hostable(request: Request, candidate: Candidate) -> int:
 
 def _node_allocation(request: Request, candidate: Candidate, count: int) -> NodeAllocation:
     view = candidate.view
+    if request.exclusive:
+        # The whole node (the NodeExclusive filter saw it idle): every GPU, CPU and MB, as Slurm's --exclusive.
+        every = list(range(view.gpu_count))
+        gpus = pick_connected_gpus(every, len(every), gpu_affinity(view.nvlink, view.topo))
+        return NodeAllocation(node=view.name, gpus=gpus, cpus=tuple(sorted(candidate.free_cpus)), mem_mb=view.memory_mb)
     gpus = pick_connected_gpus(candidate.usable, count, gpu_affinity(view.nvlink, view.topo))
     cpus = _choose_cpus(request, candidate, gpus)
     if cpus or request.mem_mb:
@@ -167,6 +176,8 @@ class Placer:
         """``len(needs)`` nodes, the i-th largest need on a node that has it, inside the tightest
         topology group that can hold them all."""
         needs = sorted(needs, reverse=True)
+        if request.nodelist:
+            return self._with_listed(request, passing, needs)
 
         def pick(group: Sequence[Candidate]) -> list[tuple[Candidate, int]] | None:
             # Best-scored nodes first; each need (largest first) takes the best node that can hold it.
@@ -188,6 +199,28 @@ class Placer:
                 chosen.sort(key=lambda item: item[0].index)  # topology order: neighbours get adjacent ranks
                 return Allocation(tuple(_node_allocation(request, c, n) for c, n in chosen))
         return None
+
+    def _with_listed(self, request: Request, passing: list[Candidate], needs: list[int]) -> Allocation | None:
+        """-w with -N larger than the list: every listed node, largest needs first, then the best-scored of
+        the others (Slurm adds nodes to a -w list the same way); topology groups are not tried."""
+        listed = sorted((c for c in passing if c.view.name in request.nodelist), key=lambda c: (-hostable(request, c),
+                                                                                                c.index))
+        if len(listed) < len(request.nodelist) or len(needs) < len(listed):
+            return None
+        chosen = list(zip(listed, needs, strict=False))
+        if any(hostable(request, c) < need for c, need in chosen):
+            return None
+        others = sorted((c for c in passing if c.view.name not in request.nodelist),
+                        key=lambda c: (-self.pipeline.score(request, c, tuple(c.usable[: needs[-1]])), c.index))
+        taken: set[int] = set()
+        for need in needs[len(listed):]:
+            found = next((c for c in others if c.index not in taken and hostable(request, c) >= need), None)
+            if found is None:
+                return None
+            taken.add(found.index)
+            chosen.append((found, need))
+        chosen.sort(key=lambda item: item[0].index)
+        return Allocation(tuple(_node_allocation(request, c, n) for c, n in chosen))
 
     def _spread(self, request: Request, passing: list[Candidate]) -> Allocation | None:
         """A total GPU count over as few nodes as possible, inside the tightest group that has them."""

@@ -38,6 +38,9 @@ class NodeView:
     memory_mb: int = 0
     free_memory_mb: int = 0
     switches: tuple[str, ...] = ()  # network topology path, top level first (block, rack, leaf switch)
+    features: frozenset[str] = frozenset()  # from the agent's configuration (sbatch -C)
+    idle: bool = True  # no job attempt holds anything here (an --exclusive job needs that, even of 0-GPU jobs)
+    held_exclusively: bool = False  # an --exclusive job runs here: no other job may join it
 
     @property
     def gpu_count(self) -> int:
@@ -129,6 +132,8 @@ def node_view(
     used_cpus: frozenset[int] = frozenset(),
     used_memory_mb: int = 0,
     switches: tuple[str, ...] = (),
+    idle: bool = True,
+    held_exclusively: bool = False,
 ) -> NodeView:
     """The scheduler's view of a node from what its agent discovered."""
     gpu_cpus = tuple(parse_cpu_list(g.cpu_affinity) for g in inventory.gpus)
@@ -149,4 +154,7 @@ def node_view(
         memory_mb=inventory.memory_mb,
         free_memory_mb=max(0, inventory.memory_mb - used_memory_mb),
         switches=switches,
+        features=frozenset(inventory.features),
+        idle=idle,
+        held_exclusively=held_exclusively,
     )

@@ -38,6 +38,7 @@ _SPEC_FIELDS = tuple(f.name for f in fields(JobSpec))
 _SPEC_DECODERS: Mapping[str, Callable[[Any], Any]] = {
     "command": tuple,
     "exclude": tuple,
+    "nodelist": tuple,
     "env": dict,
     "launch": LaunchMode,
 }
@@ -47,6 +48,7 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
     data: dict[str, Any] = {name: getattr(spec, name) for name in _SPEC_FIELDS}
     data["command"] = list(spec.command)
     data["exclude"] = list(spec.exclude)
+    data["nodelist"] = list(spec.nodelist)
     data["env"] = dict(spec.env)  # any Mapping, e.g. a MappingProxyType, which json cannot encode
     data["launch"] = spec.launch.value
     return data
@@ -126,6 +128,7 @@ def inventory_to_dict(inventory: NodeInventory) -> dict[str, Any]:
         "cpus": inventory.cpus,
         "memory_mb": inventory.memory_mb,
         "model": inventory.model,
+        **({"features": list(inventory.features)} if inventory.features else {}),
     }
 
 
@@ -138,6 +141,7 @@ def inventory_from_dict(data: Mapping[str, Any]) -> NodeInventory:
         cpus=data["cpus"],
         memory_mb=data["memory_mb"],
         model=data.get("model", ""),
+        features=tuple(data.get("features", ())),
     )
 
 

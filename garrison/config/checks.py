@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from garrison.config.errors import ConfigError
 from garrison.config.schema import AgentConfig, ControllerConfig
+from garrison.model.features import ConstraintError, check_feature_names
 
 
 def check_controller(cfg: ControllerConfig, where: str) -> None:
@@ -37,6 +38,10 @@ def check_agent(cfg: AgentConfig, where: str) -> None:
     check_tls_files(cfg.tls_cert, cfg.tls_key, cfg.tls_ca, where)
     if cfg.metrics_address:
         check_address(cfg.metrics_address, f"{where}.metrics_address")
+    try:
+        check_feature_names(cfg.features, f"{where}.features")
+    except ConstraintError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_policy_names(cfg: ControllerConfig, where: str) -> None:

@@ -184,6 +184,7 @@ class AgentConfig:
     tls_key: str = ""
     tls_ca: str = ""
     metrics_address: str = ""  # HOST:PORT of the Prometheus endpoint; empty: none
+    features: tuple[str, ...] = ()  # node features that sbatch -C/--constraint selects on, e.g. ("a100", "ib")
 
 
 @dataclass(frozen=True)

@@ -279,6 +279,7 @@ def read_agent(table: Mapping[str, Any], where: str) -> AgentConfig:
         tls_key=s.get_str("tls_key", d.tls_key),
         tls_ca=s.get_str("tls_ca", d.tls_ca),
         metrics_address=s.get_str("metrics_address", d.metrics_address),
+        features=s.get_str_list("features", d.features),
     )
     s.finish()
     check_agent(cfg, where)

@@ -218,6 +218,7 @@ class NodeInventory:
     cpus: int
     memory_mb: int
     model: str = ""  # machine description name, or "" for a real node
+    features: tuple[str, ...] = ()  # from the agent's configuration (sbatch -C matches them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +232,11 @@ class Node:
     @property
     def gpu_count(self) -> int:
         return len(self.inventory.gpus)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """What sbatch -C matches: the features the agent's configuration gave when it registered."""
+        return self.inventory.features
 
 
 @dataclass(frozen=True, slots=True)

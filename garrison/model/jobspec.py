@@ -59,6 +59,10 @@ class JobSpec:
     array_task_min: int = 0
     array_task_max: int = 0
     array_task_step: int = 0
+    # Node selection (sbatch -C, -w, --exclusive)
+    constraint: str | None = None  # -C: node features, "a100&ib" or "a100|h100" (garrison/model/features.py)
+    nodelist: tuple[str, ...] = ()  # -w: nodes the job must include (more are added when -N is larger)
+    exclusive: bool = False  # --exclusive: whole nodes (every GPU, CPU and MB of each), shared with no job
 
     def total_gpus(self) -> int:
         """Total GPUs this job needs (0 for a CPU-only job)."""

@@ -41,6 +41,7 @@ def inventory_to_pb(inv: NodeInventory) -> pb.NodeInventory:
         cpus=inv.cpus,
         memory_mb=inv.memory_mb,
         model=inv.model,
+        features=list(inv.features),
     )
 
 
@@ -65,6 +66,7 @@ def inventory_from_pb(msg: pb.NodeInventory) -> NodeInventory:
         cpus=msg.cpus,
         memory_mb=msg.memory_mb,
         model=msg.model,
+        features=tuple(msg.features),
     )
 
 
@@ -108,6 +110,9 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         umask=msg.umask if msg.HasField("umask") else None,
         gpu_mem_mb=msg.gpu_mem_mb,
         submit_host=msg.submit_host or None,
+        constraint=msg.constraint or None,
+        nodelist=tuple(msg.nodelist),
+        exclusive=msg.exclusive,
     )
 
 

@@ -37,6 +37,9 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "gpu_mem_mb": spec.gpu_mem_mb,
         "nice": spec.nice,
         "submit_host": spec.submit_host or "",
+        "constraint": spec.constraint or "",
+        "nodelist": list(spec.nodelist),
+        "exclusive": spec.exclusive,
     }
     optional = {
         "script": spec.script,

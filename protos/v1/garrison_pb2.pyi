@@ -120,6 +120,7 @@ class NodeInventory(_message.Message):
     CPUS_FIELD_NUMBER: _builtins.int
     MEMORY_MB_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
     hostname: _builtins.str
     cpus: _builtins.int
     memory_mb: _builtins.int
@@ -134,6 +135,10 @@ class NodeInventory(_message.Message):
     def topo(self) -> _containers.RepeatedCompositeFieldContainer[Global___LabelRow]:
         """nvidia-smi topo -m labels"""
 
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the agent's configured node features (sbatch -C matches them)"""
+
     def __init__(
         self,
         *,
@@ -144,10 +149,11 @@ class NodeInventory(_message.Message):
         cpus: _builtins.int = ...,
         memory_mb: _builtins.int = ...,
         model: _builtins.str = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus", b"cpus", "gpus", b"gpus", "hostname", b"hostname", "memory_mb", b"memory_mb", "model", b"model", "nvlink", b"nvlink", "topo", b"topo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus", b"cpus", "features", b"features", "gpus", b"gpus", "hostname", b"hostname", "memory_mb", b"memory_mb", "model", b"model", "nvlink", b"nvlink", "topo", b"topo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -206,6 +212,9 @@ class JobSpec(_message.Message):
     NICE_FIELD_NUMBER: _builtins.int
     GPU_MEM_MB_FIELD_NUMBER: _builtins.int
     SUBMIT_HOST_FIELD_NUMBER: _builtins.int
+    CONSTRAINT_FIELD_NUMBER: _builtins.int
+    NODELIST_FIELD_NUMBER: _builtins.int
+    EXCLUSIVE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     script: _builtins.str
     nodes: _builtins.int
@@ -240,6 +249,12 @@ class JobSpec(_message.Message):
     """--gpu-mem: the least memory (MiB) each allocated GPU must have"""
     submit_host: _builtins.str
     """gsub's host name (SLURM_SUBMIT_HOST); informational, checked for its form"""
+    constraint: _builtins.str
+    """Node selection
+    -C: node features joined by & and |
+    """
+    exclusive: _builtins.bool
+    """--exclusive: whole nodes, shared with no other job"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -247,6 +262,10 @@ class JobSpec(_message.Message):
     @_builtins.property
     def exclude(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """-x: nodes the job must not run on"""
+
+    @_builtins.property
+    def nodelist(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """-w: nodes the job must include"""
 
     def __init__(
         self,
@@ -280,10 +299,13 @@ class JobSpec(_message.Message):
         nice: _builtins.int = ...,
         gpu_mem_mb: _builtins.int = ...,
         submit_host: _builtins.str = ...,
+        constraint: _builtins.str = ...,
+        nodelist: _abc.Iterable[_builtins.str] | None = ...,
+        exclusive: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "begin_time", b"begin_time", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "script", b"script", "time_limit_s", b"time_limit_s", "umask", b"umask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "begin_time", b"begin_time", "command", b"command", "cpus_per_gpu", b"cpus_per_gpu", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "nice", b"nice", "no_requeue", b"no_requeue", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "submit_host", b"submit_host", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "begin_time", b"begin_time", "command", b"command", "constraint", b"constraint", "cpus_per_gpu", b"cpus_per_gpu", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "exclusive", b"exclusive", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "nice", b"nice", "no_requeue", b"no_requeue", "nodelist", b"nodelist", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "submit_host", b"submit_host", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__begin_time: _TypeAlias = _typing.Literal["begin_time"]  # noqa: Y015
     _WhichOneofArgType__begin_time: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time"]  # noqa: Y015

@@ -722,3 +722,20 @@ def test_ignored_sbatch_options_take_their_values_in_every_spelling(workdir: Pat
     assert submission.spec.nodes == 2  # the words around them are read as before
     with pytest.raises(UsageError, match="--mail-user: expected one argument"):
         parse_submission(["--wrap", "x", "--mail-user"], {}, str(workdir))
+
+
+def test_node_selection_options_from_sbatch_directives_and_the_command_line(workdir: Path) -> None:
+    (workdir / "select.sh").write_text(
+        "#!/bin/bash\n#SBATCH -C a100&ib\n#SBATCH -w gpu[01-02]\n#SBATCH --exclusive\n#SBATCH -N 3\nsrun x\n"
+    )
+    spec = parse_submission(["select.sh"], {}, str(workdir)).spec
+    assert (spec.constraint, spec.nodelist, spec.exclusive, spec.nodes) == ("a100&ib", ("gpu01", "gpu02"), True, 3)
+    override = parse_submission(["--constraint", "v100|h100", "--nodelist=n7", "select.sh"], {}, str(workdir)).spec
+    assert (override.constraint, override.nodelist) == ("v100|h100", ("n7",))
+    plain = parse_submission(["--wrap", "x"], {}, str(workdir)).spec
+    assert (plain.constraint, plain.nodelist, plain.exclusive) == (None, (), False)
+    assert parse_submission(["--exclusive=user", "--wrap", "x"], {}, str(workdir)).spec.exclusive is True
+    for bad, problem in ((["-C", "a100&"], "--constraint"), (["-w", "gpu[1-"], "host list"),
+                         (["--exclusive=everyone"], "--exclusive")):
+        with pytest.raises(UsageError, match=re.escape(problem)):
+            parse_submission([*bad, "--wrap", "x"], {}, str(workdir))

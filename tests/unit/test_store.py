@@ -118,6 +118,9 @@ def full_spec() -> JobSpec:
         array_task_min=1,
         array_task_max=19,
         array_task_step=2,
+        constraint="h100&ib|a100",
+        nodelist=("gpu-b", "gpu-c"),
+        exclusive=True,
     )
 
 
@@ -215,6 +218,7 @@ def sample_inventory(hostname: str = "gpu-a", gpu_count: int = 2) -> NodeInvento
         cpus=192,
         memory_mb=2_063_000,
         model="dgx-h100",
+        features=("h100", "ib"),
     )
 
 
