@@ -251,7 +251,7 @@ def _check_node_selection(
         if outside:
             why = f"is not in partition {partition!r}"
             if outside[0] in in_partition:  # so it is the constraint that leaves it out
-                why = f"lacks the features {shown(spec.constraint or "")}"
+                why = f"lacks the features {shown(spec.constraint or '')}"
             raise ValidationError(f"--nodelist: node {shown(outside[0])} {why}")
         if spec.nodes is None:
             spec = replace(spec, nodes=len(spec.nodelist))
