@@ -26,6 +26,7 @@ from garrison.controller.sched.scorers.numa import local_cpus
 from garrison.controller.sched.snapshot import NodeView
 from garrison.controller.sched.topology import gpu_affinity, pick_connected_gpus
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation
+from garrison.model.gputype import gpu_matches
 
 __all__ = [
     "GangShape",
@@ -54,12 +55,6 @@ def gang_shape(spec: JobSpec) -> GangShape:
     if total == 0:
         return GangShape(1, 0, 0)
     return GangShape(None, None, total)
-
-
-def gpu_matches(gpu_name: str, gpu_type: str | None) -> bool:
-    """`--gpus a100:2` matches "NVIDIA A100-SXM4-40GB": a case-insensitive substring test, like Slurm's
-    AutoDetect type names derived from the product name."""
-    return gpu_type is None or gpu_type.lower() in gpu_name.lower()
 
 
 def matching_gpus(view: NodeView, gpu_type: str | None, gpu_mem_mib: int) -> frozenset[int]:
