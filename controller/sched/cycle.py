@@ -149,7 +149,7 @@ class _IdleFit:
     def reason(self, request: Request) -> str | None:
         """None if it fits on idle up nodes; else NodesDrained or NodesUnavailable."""
         key = (request.partition, request.shape, request.gpu_type, request.gpu_mem_mib, request.cpus_per_gpu,
-               request.cpus_per_node, request.mem_mb, request.exclude)
+               request.cpus_per_node, request.mem_mb, request.mem_per_gpu_mb, request.mem_whole_node, request.exclude)
         if key not in self.cache:
             members = [n for n in self.nodes if request.partition in n.partitions and n.name not in request.exclude]
             up = [n for n in members if n.schedulable and not n.drained]
@@ -169,7 +169,8 @@ class _IdleFit:
             # Counts answer it: how many of the job's GPUs each idle node could take, given its CPUs and memory.
             rooms = [
                 0 if request.mem_mb > n.memory_mb
-                else (min(n.gpu_count, n.cpus // request.cpus_per_gpu) if request.cpus_per_gpu else n.gpu_count)
+                else min(n.gpu_count, n.cpus // request.cpus_per_gpu if request.cpus_per_gpu else n.gpu_count,
+                         n.memory_mb // request.mem_per_gpu_mb if request.mem_per_gpu_mb else n.gpu_count)
                 for n in nodes
             ]
             if shape.node_count is None:
@@ -195,7 +196,7 @@ class _IdleFit:
 def _signature(request: Request) -> tuple[object, ...]:
     """Everything about a request that placement looks at, except its duration and its job id."""
     return (request.partition, request.shape, request.gpu_type, request.gpu_mem_mib, request.cpus_per_gpu,
-            request.cpus_per_node, request.mem_mb)
+            request.cpus_per_node, request.mem_mb, request.mem_per_gpu_mb, request.mem_whole_node)
 
 
 class _Memo:

@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
-from garrison.controller.sched.filters.cpu_memory import cpus_needed
+from garrison.controller.sched.filters.cpu_memory import cpus_needed, mem_needed
 from garrison.controller.sched.framework import Candidate, GangShape, Request
 from garrison.controller.sched.pipeline import Pipeline, build_pipeline
 from garrison.controller.sched.scorers.numa import local_cpus
@@ -77,7 +77,10 @@ def request_for(job_id: int, spec: JobSpec, partition: str, duration_s: float) -
         gpu_type=spec.gpu_type,
         gpu_mem_mib=spec.gpu_mem_mb,
         cpus_per_gpu=spec.cpus_per_gpu,
+        cpus_per_node=spec.cpus_per_node,
         mem_mb=spec.mem_mb,
+        mem_per_gpu_mb=spec.mem_per_gpu_mb,
+        mem_whole_node=spec.mem_whole_node,
         duration_s=duration_s,
         exclude=frozenset(spec.exclude),
     )
@@ -99,7 +102,9 @@ def hostable(request: Request, candidate: Candidate) -> int:
     give each of them ``cpus_per_gpu`` (the filters only check the smallest share a node may get)."""
     usable = len(candidate.usable)
     if request.cpus_per_gpu:
-        return min(usable, len(candidate.free_cpus) // request.cpus_per_gpu)
+        usable = min(usable, len(candidate.free_cpus) // request.cpus_per_gpu)
+    if request.mem_per_gpu_mb and not request.mem_mb:
+        usable = min(usable, candidate.free_memory_mb // request.mem_per_gpu_mb)
     return usable
 
 
@@ -107,8 +112,9 @@ def _node_allocation(request: Request, candidate: Candidate, count: int) -> Node
     view = candidate.view
     gpus = pick_connected_gpus(candidate.usable, count, gpu_affinity(view.nvlink, view.topo))
     cpus = _choose_cpus(request, candidate, gpus)
-    if cpus or request.mem_mb:
-        return NodeAllocation(node=view.name, gpus=gpus, cpus=cpus, mem_mb=request.mem_mb)
+    mem = mem_needed(request, len(gpus), view.memory_mb)
+    if cpus or mem:
+        return NodeAllocation(node=view.name, gpus=gpus, cpus=cpus, mem_mb=mem)
     return NodeAllocation(node=view.name, gpus=gpus)
 
 
