@@ -152,3 +152,16 @@ def test_every_new_field_round_trips_through_the_wire() -> None:
     spec = replace(full_spec(), array_max_running=None)  # array_max_running travels in the SubmitRequest
     assert spec_from_pb(spec_to_pb(spec)) == spec
     assert spec_from_pb(spec_to_pb(BASE)) == replace(BASE, launch=BASE.launch)
+
+
+def test_gjob_shows_the_comment_and_the_task_options() -> None:
+    from garrison.cli.render import job_detail
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    job = pb.JobInfo(job_id=4, display_id="4", name="j", user="ana", uid=1000, state="PENDING")
+    job.spec.CopyFrom(spec_to_pb(replace(BASE, ntasks=8, cpus_per_task=6, mem_per_gpu_mb=4096,
+                                         comment="lr sweep 3", open_mode="append")))
+    text = job_detail(job)
+    assert "   NumTasks=8 CpusPerTask=6 MemPerGpu=4096M OpenMode=append" in text
+    assert "   Comment=lr sweep 3" in text
+    assert "Comment=" not in job_detail(pb.JobInfo(job_id=4, display_id="4", state="PENDING"))
