@@ -22,7 +22,7 @@ MAX_ARRAY_ELEMENTS = 100_000
 
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() would also accept "²" and other digits
 _GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_MEMORY = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE)
+_MEMORY = re.compile(r"([0-9]+)([KMGT]?)B?", re.IGNORECASE)
 _MB_PER_UNIT = {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 _ARRAY_ELEMENT = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -162,12 +162,10 @@ def parse_gpu_request(text: str) -> tuple[str | None, int]:
     return (gpu_type if has_type else None), count
 
 
-def parse_memory_mb(text: str) -> int:
-    """Memory with an optional K/M/G/T suffix (binary units, as in Slurm); a plain number is megabytes.
-
-    Zero is refused: in Slurm ``--mem=0`` means "all of the node's memory", a meaning Garrison does not
-    give it, so accepting it silently would surprise anyone who relies on it.
-    """
+def parse_memory_mb(text: str, *, zero_allowed: bool = False) -> int:
+    """Memory with an optional K/M/G/T suffix and an optional B (binary units, as in Slurm: 90G, 90GB,
+    512M, 1T); a plain number is megabytes. Zero only with ``zero_allowed`` (``--mem=0``: all of each
+    node's memory)."""
     match = _MEMORY.fullmatch(text.strip())
     if match is None:
         raise UsageError(
@@ -176,11 +174,37 @@ def parse_memory_mb(text: str) -> int:
     number, unit = int(match.group(1)), match.group(2).upper()
     # Kilobytes round up so a small request never becomes a zero-megabyte one.
     megabytes = -(-number // 1024) if unit == "K" else number * _MB_PER_UNIT[unit]
+    if megabytes == 0 and zero_allowed:
+        return 0
     if megabytes <= 0:
         raise UsageError(f"invalid memory size {text!r}: must be larger than zero")
     if megabytes > MAX_INT_VALUE:
         raise UsageError(f"invalid memory size {text!r}: too large")
     return megabytes
+
+
+def parse_gres(text: str) -> tuple[str | None, int]:
+    """sbatch's ``--gres=gpu[:TYPE][:N]`` -> (type or None, GPUs per node). Garrison schedules GPUs only:
+    any other resource name is an error naming it."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise UsageError(f"invalid --gres {text!r}: expected gpu[:TYPE]:N, such as gpu:4 or gpu:a100:4")
+    others = [item.split(":", 1)[0] for item in items if item.split(":", 1)[0] != "gpu"]
+    if others:
+        raise UsageError(f"unknown generic resource {others[0]!r}: Garrison schedules only gpu (gpu[:TYPE]:N)")
+    if len(items) > 1:
+        raise UsageError(f"invalid --gres {text!r}: give gpu once")
+    parts = items[0].split(":")[1:]
+    if len(parts) > 2 or any(not part for part in parts):
+        raise UsageError(f"invalid --gres {text!r}: expected gpu[:TYPE]:N, such as gpu:4 or gpu:a100:4")
+    if not parts:
+        return None, 1
+    if len(parts) == 1 and not parts[0].isdigit():
+        return parse_gpu_request(f"{parts[0]}:1")  # gpu:a100 is one GPU of that type, as in Slurm
+    try:
+        return parse_gpu_request(":".join(parts))
+    except UsageError:
+        raise UsageError(f"invalid --gres {text!r}: expected gpu[:TYPE]:N, such as gpu:4 or gpu:a100:4") from None
 
 
 @dataclass(frozen=True)

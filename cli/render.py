@@ -222,7 +222,12 @@ def job_detail(job: Any) -> str:
         f"Exclusive={'yes' if spec.exclusive else 'no'}",
         f"   Command={' '.join(spec.command) if spec.command else '(script)'}",
         f"   StdOut={_output_path(job, spec.output)} StdErr={_output_path(job, spec.error or spec.output)}",
+        f"   NumTasks={spec.ntasks if spec.HasField('ntasks') else '-'} "
+        f"CpusPerTask={spec.cpus_per_task if spec.HasField('cpus_per_task') else '-'} "
+        f"MemPerGpu={_mb(spec.mem_per_gpu_mb)} OpenMode={spec.open_mode or '(truncate first attempt)'}",
     ]
+    if spec.comment:
+        lines.append(f"   Comment={spec.comment}")
     if spec.HasField("script") and spec.script:  # only its owner (or an admin) is sent the script
         script_lines = spec.script.splitlines()
         shown = script_lines[:SCRIPT_LINES_SHOWN]

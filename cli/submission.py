@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from garrison.cli.argparser import Parser
 from garrison.model.jobspec import JobSpec, LaunchMode
+from garrison.model.resources import resolve as resolve_resources
 
 from .parsing import (
     ArraySpec,
@@ -32,6 +33,7 @@ from .parsing import (
     parse_exclusive,
     parse_export,
     parse_gpu_request,
+    parse_gres,
     parse_memory_mb,
     parse_nice,
     parse_time_limit,
@@ -53,7 +55,7 @@ DIRECTIVE_QUOTE_LIMIT = 100  # a bad directive's error quotes at most this much 
 # sbatch options real scripts carry that Garrison accepts and does not act on: each is named once in a
 # warning, never an error, so a script written for Slurm runs unchanged. (value-taking, flag)
 IGNORED_VALUE_OPTIONS = (
-    ("--mail-type",), ("--mail-user",), ("--wckey",), ("--hint",), ("--comment",), ("-L", "--licenses"),
+    ("--mail-type",), ("--mail-user",), ("--wckey",), ("--hint",), ("-L", "--licenses"),
     ("--profile",), ("--acctg-freq",), ("-m", "--distribution"), ("--switches",), ("--reservation",),
     ("--threads-per-core",), ("--cores-per-socket",), ("--sockets-per-node",), ("--mincpus",), ("--tmp",),
     ("--gpu-bind",), ("--gpu-freq",), ("--cpu-freq",), ("--network",), ("--mcs-label",), ("--deadline",),
@@ -118,7 +120,19 @@ def _gsub_parser() -> Parser:
     _option(parser, "-G", "--gpus", metavar="[TYPE:]N", help_text="GPUs for the whole job, e.g. 16 or h100:16.")
     _option(parser, "--gpus-per-node", metavar="[TYPE:]N", help_text="GPUs on each node, e.g. 8 or a100:8.")
     _option(parser, "--cpus-per-gpu", metavar="N", help_text="CPU cores per allocated GPU.")
-    _option(parser, "--mem", metavar="SIZE", help_text="Memory per node: 512M, 16G, 1T; a plain number is MB.")
+    _option(parser, "--mem", metavar="SIZE",
+            help_text="Memory per node: 512M, 16G, 90GB, 1T; a plain number is MB; 0 means all of each node's.")
+    _option(parser, "--mem-per-gpu", metavar="SIZE", help_text="Host memory per allocated GPU, e.g. 64G.")
+    _option(parser, "--mem-per-cpu", metavar="SIZE", help_text="Host memory per allocated CPU, e.g. 4G.")
+    _option(parser, "-n", "--ntasks", metavar="N", help_text="Tasks for the whole job (sbatch's meaning).")
+    _option(parser, "-c", "--cpus-per-task", metavar="N", help_text="CPUs per task, also for a job without GPUs.")
+    _option(parser, "--gpus-per-task", metavar="N", help_text="GPUs per task: -n 8 --gpus-per-task 1 is 8 GPUs.")
+    _option(parser, "--ntasks-per-gpu", metavar="N", help_text="Tasks per GPU: with -G 4, 2 makes 8 tasks.")
+    _option(parser, "--gres", metavar="gpu[:TYPE]:N", help_text="GPUs on each node, as --gpus-per-node [TYPE:]N.")
+    _option(parser, "--comment", metavar="TEXT", help_text="A comment stored with the job (gjob shows it).")
+    parser.add_argument("--open-mode", choices=["append", "truncate"],
+                        help="Output files: truncate on the first attempt and append on later ones (the default), "
+                             "or always append or truncate.")
     _option(parser, "--gpu-mem", metavar="SIZE", help_text="The least memory each GPU must have, e.g. 40G.")
     _option(parser, "-t", "--time", metavar="TIME", help_text="Time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S.")
     _option(parser, "-A", "--account", metavar="NAME", help_text="Account to charge.")
@@ -306,6 +320,17 @@ def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | 
         if requested_type is not None and gpu_type is not None and requested_type != gpu_type:
             raise chosen.error(name, f"GPU type {requested_type!r} differs from --gpus type {gpu_type!r}")
         gpu_type = requested_type or gpu_type
+    gres = chosen.text("gres")
+    if gres is not None:
+        if counts["gpus_per_node"] is not None:
+            raise chosen.error("gres", "give either --gres or --gpus-per-node, not both")
+        try:
+            requested_type, counts["gpus_per_node"] = parse_gres(gres)
+        except UsageError as problem:
+            raise chosen.error("gres", str(problem)) from None
+        if requested_type is not None and gpu_type is not None and requested_type != gpu_type:
+            raise chosen.error("gres", f"GPU type {requested_type!r} differs from --gpus type {gpu_type!r}")
+        gpu_type = requested_type or gpu_type
     return gpu_type, counts["gpus"], counts["gpus_per_node"]
 
 
@@ -322,6 +347,8 @@ ENVIRONMENT_OPTIONS = {
     "ACCOUNT": "account", "PARTITION": "partition", "QOS": "qos", "TIMELIMIT": "time", "JOB_NAME": "job_name",
     "OUTPUT": "output", "ERROR": "error", "GPUS": "gpus", "GPUS_PER_NODE": "gpus_per_node",
     "CPUS_PER_GPU": "cpus_per_gpu", "MEM_PER_NODE": "mem", "EXPORT": "export", "SIGNAL": "signal",
+    "MEM_PER_GPU": "mem_per_gpu", "MEM_PER_CPU": "mem_per_cpu", "GPUS_PER_TASK": "gpus_per_task", "GRES": "gres",
+    "OPEN_MODE": "open_mode",
 }
 
 
@@ -442,6 +469,10 @@ def parse_submission(
     export = converted("export", lambda text: parse_export(text, environ))
     array = converted("array", parse_array)
     qos = chosen.nonempty_text("qos")
+    mem = converted("mem", lambda text: parse_memory_mb(text, zero_allowed=True))
+    comment = chosen.text("comment")
+    if comment is not None and any(not char.isprintable() for char in comment):
+        raise chosen.error("comment", f"contains a control character: {comment!r}")
 
     spec = JobSpec(
         name=_job_name(chosen, script, from_stdin),
@@ -452,7 +483,7 @@ def parse_submission(
         gpus_per_node=gpus_per_node,
         gpu_type=gpu_type,
         cpus_per_gpu=chosen.count("cpus_per_gpu") or 0,
-        mem_mb=converted("mem", parse_memory_mb) or 0,
+        mem_mb=mem or 0,
         gpu_mem_mb=converted("gpu_mem", parse_memory_mb) or 0,
         time_limit_s=converted("time", parse_time_limit),
         account=chosen.nonempty_text("account"),
@@ -478,7 +509,20 @@ def parse_submission(
         constraint=converted("constraint", parse_constraint_text),
         nodelist=tuple(converted("nodelist", expand_hostlist) or ()),
         exclusive=bool(converted("exclusive", parse_exclusive)),
+        ntasks=chosen.count("ntasks"),
+        cpus_per_task=chosen.count("cpus_per_task"),
+        gpus_per_task=chosen.count("gpus_per_task"),
+        ntasks_per_gpu=chosen.count("ntasks_per_gpu"),
+        mem_per_gpu_mb=converted("mem_per_gpu", parse_memory_mb) or 0,
+        mem_per_cpu_mb=converted("mem_per_cpu", parse_memory_mb) or 0,
+        mem_whole_node=mem == 0,
+        comment=comment or None,
+        open_mode=chosen.text("open_mode"),
     )
+    try:
+        resolve_resources(spec)  # only to refuse a conflict here; the controller maps the options itself
+    except ValueError as problem:
+        raise UsageError(str(problem)) from None
     return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos,
                       hold=bool(chosen.flag("hold")), test_only=bool(chosen.flag("test_only")),
                       ignored=chosen.ignored(), wait=bool(chosen.flag("wait")))

@@ -8,11 +8,13 @@ from dataclasses import dataclass, replace
 
 from garrison.config import ControllerConfig, PartitionConfig
 from garrison.controller.dependency import parse_dependency
-from garrison.controller.sched.placement import gang_shape, gpu_matches
+from garrison.controller.sched.placement import gang_shape
 from garrison.controller.signals import parse_signal_request
 from garrison.model.accounts import Accounting, AccountingError, PartitionDef
 from garrison.model.domain import JobSpec, LaunchMode, Node, Principal
 from garrison.model.features import ConstraintError, constraint_features, parse_constraint, satisfies
+from garrison.model.gputype import gpu_matches
+from garrison.model.resources import ResourceError, memory_per_node_mb, resolve
 
 MAX_SCRIPT_BYTES = 1 << 20
 MAX_ENV_BYTES = 1 << 20
@@ -21,6 +23,8 @@ MAX_GPUS = 1 << 16
 MAX_NODES = 1 << 14
 MAX_PATTERN_LEN = 4096
 MAX_NICE = 2_147_483_645  # sbatch's range
+MAX_COMMENT_LEN = 1024
+OPEN_MODES = ("append", "truncate")
 JOB_NAME = re.compile(r"^[A-Za-z0-9._+@:=,-][A-Za-z0-9._+@:=, -]{0,127}$")
 # gsub's host name (SLURM_SUBMIT_HOST): informational, but it lands in every rank's environment.
 SUBMIT_HOST = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252}[A-Za-z0-9])?$")
@@ -129,6 +133,21 @@ def validate_submission(
         raise ValidationError(f"umask must be between 0 and 0777, got {spec.umask:o}")
     if spec.max_restarts > 1000:
         raise ValidationError("--max-restarts is at most 1000")
+    if spec.comment is not None and (len(spec.comment) > MAX_COMMENT_LEN
+                                     or any(not char.isprintable() for char in spec.comment)):
+        raise ValidationError(f"--comment must be at most {MAX_COMMENT_LEN} printable characters")
+    if spec.open_mode is not None and spec.open_mode not in OPEN_MODES:
+        raise ValidationError(f"--open-mode must be append or truncate, got {shown(spec.open_mode)}")
+    _positive(spec.ntasks, "--ntasks", MAX_GPUS)
+    _positive(spec.cpus_per_task, "--cpus-per-task", MAX_GPUS)
+    _positive(spec.gpus_per_task, "--gpus-per-task", MAX_GPUS)
+    _positive(spec.ntasks_per_gpu, "--ntasks-per-gpu", MAX_GPUS)
+    try:
+        spec = resolve(spec)  # sbatch's task options onto what the scheduler knows
+    except ResourceError as exc:
+        raise ValidationError(str(exc)) from None
+    _positive(spec.nodes, "--nodes", MAX_NODES)
+    _positive(spec.gpus, "--gpus", MAX_GPUS)
     if spec.launch == LaunchMode.RANK and spec.total_gpus() == 0 and spec.ntasks_per_node is None:
         # A CPU-only job in rank mode runs one process per node.
         spec = replace(spec, ntasks_per_node=1)
@@ -269,6 +288,7 @@ def _check_fits_somewhere(spec: JobSpec, nodes: list[Node], partition: str) -> N
     if not nodes:
         return  # no agent has registered yet: accept and let it wait
     shape = gang_shape(spec)
+    _check_host_resources(spec, shape.gpus_per_node, nodes, partition)
     sizes = sorted(
         (
             sum(1 for g in n.inventory.gpus if gpu_matches(g.name, spec.gpu_type) and g.memory_mib >= spec.gpu_mem_mb)
@@ -297,3 +317,23 @@ def _check_fits_somewhere(spec: JobSpec, nodes: list[Node], partition: str) -> N
             )
     elif shape.total_gpus > sum(sizes):
         raise ValidationError(f"{shape.total_gpus} GPUs exceed the {sum(sizes)} in partition {partition!r}")
+
+
+def _check_host_resources(spec: JobSpec, gpus_per_node: int | None, nodes: list[Node], partition: str) -> None:
+    """Refuse host memory or CPUs per node that no node of the partition has (``--mem 4T``)."""
+    least_gpus = gpus_per_node if gpus_per_node is not None else (1 if spec.total_gpus() else 0)
+    memory = memory_per_node_mb(spec, least_gpus)
+    largest_memory = max(n.inventory.memory_mb for n in nodes)
+    if memory > largest_memory:
+        option = "--mem" if spec.mem_mb else ("--mem-per-cpu" if spec.mem_per_cpu_mb else "--mem-per-gpu")
+        raise ValidationError(
+            f"{option}: {memory} MB per node exceeds the largest node in partition {partition!r} "
+            f"({largest_memory} MB)"
+        )
+    cpus = spec.cpus_per_gpu * least_gpus if least_gpus else spec.cpus_per_node
+    largest_cpus = max(n.inventory.cpus for n in nodes)
+    if cpus > largest_cpus:
+        option = "--cpus-per-task" if spec.cpus_per_task is not None else "--cpus-per-gpu"
+        raise ValidationError(
+            f"{option}: {cpus} CPUs per node exceed the largest node in partition {partition!r} ({largest_cpus})"
+        )

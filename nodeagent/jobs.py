@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import shutil
 import socket
 from dataclasses import dataclass
@@ -225,6 +226,7 @@ def supervisor_spec(
     """The supervisor's launch.json for this node's ranks of the attempt: the one place a launch description
     becomes the supervisor's file format. groups and cpus are this host's answers (its user database, its
     CPUs), looked up by the caller."""
+    truncated = output_truncation(launch, ranks)
     return LaunchSpec(
         job_id=launch.job_id,
         attempt=launch.attempt,
@@ -233,7 +235,8 @@ def supervisor_spec(
         groups=groups,
         user=launch.user,
         ranks=[
-            RankSpec(rank=r.rank, argv=list(r.argv), env=dict(r.env), cwd=r.cwd, stdout=r.stdout, stderr=r.stderr)
+            RankSpec(rank=r.rank, argv=list(r.argv), env=dict(r.env), cwd=r.cwd, stdout=r.stdout, stderr=r.stderr,
+                     truncate=truncated.get(r.rank, []))
             for r in ranks
         ],
         kill_wait_s=launch.kill_wait_s,
@@ -242,6 +245,38 @@ def supervisor_spec(
         cpus=cpus,
         batch_signal=launch.batch_signal,
     )
+
+
+def truncates_output(launch: LaunchDescription) -> bool:
+    """--open-mode: truncate always, append always, or (not given, as in Slurm for a requeued job) truncate
+    on the job's first attempt only, so a requeued or restarted job's log keeps its earlier attempts."""
+    if launch.spec.open_mode is not None:
+        return launch.spec.open_mode == "truncate"
+    return launch.attempt == 0
+
+
+_PER_NODE_SPECIFIER = re.compile(r"%[0-9]*[tnN]")
+
+
+def output_truncation(launch: LaunchDescription, ranks: list[RankPlan]) -> dict[int, list[str]]:
+    """Which output paths each of this node's ranks empties before writing: each path once, by the first
+    rank opening it, and a path every node shares (no %t or %n in its pattern) only on node rank 0, so no
+    rank empties what another has written."""
+    if not truncates_output(launch):
+        return {}
+    spec = launch.spec
+    patterns = [spec.output or ""] + ([spec.error] if spec.error else [])  # no --output: slurm-%j.out, shared
+    shared_across_nodes = not all(_PER_NODE_SPECIFIER.search(pattern) for pattern in patterns)
+    if launch.node_rank != 0 and shared_across_nodes:
+        return {}
+    seen: set[str] = set()
+    found: dict[int, list[str]] = {}
+    for plan in sorted(ranks, key=lambda r: r.rank):
+        for path in dict.fromkeys((plan.stdout, plan.stderr)):
+            if path not in seen:
+                seen.add(path)
+                found.setdefault(plan.rank, []).append(path)
+    return found
 
 
 def _usable_cpus(chosen: tuple[int, ...]) -> list[int] | None:

@@ -214,7 +214,7 @@ class Timeline:
                 usable=sorted(usable),
                 capable=len(match),
                 free_cpus=self.cpus_at(index, when) if wants_cpus else self._every_cpu(index),
-                free_memory_mb=self.memory_at(index, when) if request.mem_mb else view.memory_mb,
+                free_memory_mb=self.memory_at(index, when) if request.mem_mb or request.mem_per_gpu_mb or request.mem_whole_node else view.memory_mb,
             )
 
     def _every_cpu(self, index: int) -> frozenset[int]:

@@ -175,7 +175,8 @@ class _IdleFit:
             # Counts answer it: how many of the job's GPUs each idle node could take, given its CPUs and memory.
             rooms = [
                 0 if request.mem_mb > n.memory_mb
-                else (min(n.gpu_count, n.cpus // request.cpus_per_gpu) if request.cpus_per_gpu else n.gpu_count)
+                else min(n.gpu_count, n.cpus // request.cpus_per_gpu if request.cpus_per_gpu else n.gpu_count,
+                         n.memory_mb // request.mem_per_gpu_mb if request.mem_per_gpu_mb else n.gpu_count)
                 for n in nodes
             ]
             if shape.node_count is None:
@@ -202,8 +203,8 @@ class _IdleFit:
 def _signature(request: Request) -> tuple[object, ...]:
     """Everything about a request that placement looks at, except its duration and its job id."""
     return (request.partition, request.shape, request.gpu_type, request.gpu_mem_mib, request.cpus_per_gpu,
-            request.cpus_per_node, request.mem_mb, request.exclude, request.constraint, request.nodelist,
-            request.exclusive)
+            request.cpus_per_node, request.mem_mb, request.mem_per_gpu_mb, request.mem_whole_node,
+            request.exclude, request.constraint, request.nodelist, request.exclusive)
 
 
 class _Memo:

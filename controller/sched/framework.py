@@ -80,6 +80,8 @@ class Request:
     cpus_per_gpu: int = 0
     cpus_per_node: int = 0  # for a job without GPUs
     mem_mb: int = 0  # host memory per node
+    mem_per_gpu_mb: int = 0  # host memory per allocated GPU (--mem-per-gpu), when mem_mb is 0
+    mem_whole_node: bool = False  # --mem=0: all of each node's memory, so none of it may be held by others
     duration_s: float = 0.0  # the job's time limit: how long it holds what it gets
     exclude: frozenset[str] = frozenset()  # nodes the job must not run on (gsub -x)
     # Node selection: -C as alternatives of feature sets (garrison.model.features), -w, --exclusive

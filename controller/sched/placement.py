@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
-from garrison.controller.sched.filters.cpu_memory import cpus_needed
+from garrison.controller.sched.filters.cpu_memory import cpus_needed, mem_needed
 from garrison.controller.sched.framework import Candidate, GangShape, Request
 from garrison.controller.sched.pipeline import Pipeline, build_pipeline
 from garrison.controller.sched.scorers.numa import local_cpus
@@ -27,6 +27,7 @@ from garrison.controller.sched.snapshot import NodeView
 from garrison.controller.sched.topology import gpu_affinity, pick_connected_gpus
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation
 from garrison.model.features import parse_constraint
+from garrison.model.gputype import gpu_matches
 
 __all__ = [
     "GangShape",
@@ -57,12 +58,6 @@ def gang_shape(spec: JobSpec) -> GangShape:
     return GangShape(None, None, total)
 
 
-def gpu_matches(gpu_name: str, gpu_type: str | None) -> bool:
-    """`--gpus a100:2` matches "NVIDIA A100-SXM4-40GB": a case-insensitive substring test, like Slurm's
-    AutoDetect type names derived from the product name."""
-    return gpu_type is None or gpu_type.lower() in gpu_name.lower()
-
-
 def matching_gpus(view: NodeView, gpu_type: str | None, gpu_mem_mib: int) -> frozenset[int]:
     """The node's GPUs of the requested type with at least the requested memory, busy or not."""
     out = set()
@@ -83,7 +78,10 @@ def request_for(job_id: int, spec: JobSpec, partition: str, duration_s: float) -
         gpu_type=spec.gpu_type,
         gpu_mem_mib=spec.gpu_mem_mb,
         cpus_per_gpu=spec.cpus_per_gpu,
+        cpus_per_node=spec.cpus_per_node,
         mem_mb=spec.mem_mb,
+        mem_per_gpu_mb=spec.mem_per_gpu_mb,
+        mem_whole_node=spec.mem_whole_node,
         duration_s=duration_s,
         exclude=frozenset(spec.exclude),
         constraint=parse_constraint(spec.constraint) if spec.constraint else (),
@@ -108,7 +106,9 @@ def hostable(request: Request, candidate: Candidate) -> int:
     give each of them ``cpus_per_gpu`` (the filters only check the smallest share a node may get)."""
     usable = len(candidate.usable)
     if request.cpus_per_gpu:
-        return min(usable, len(candidate.free_cpus) // request.cpus_per_gpu)
+        usable = min(usable, len(candidate.free_cpus) // request.cpus_per_gpu)
+    if request.mem_per_gpu_mb and not request.mem_mb:
+        usable = min(usable, candidate.free_memory_mb // request.mem_per_gpu_mb)
     return usable
 
 
@@ -121,8 +121,9 @@ def _node_allocation(request: Request, candidate: Candidate, count: int) -> Node
         return NodeAllocation(node=view.name, gpus=gpus, cpus=tuple(sorted(candidate.free_cpus)), mem_mb=view.memory_mb)
     gpus = pick_connected_gpus(candidate.usable, count, gpu_affinity(view.nvlink, view.topo))
     cpus = _choose_cpus(request, candidate, gpus)
-    if cpus or request.mem_mb:
-        return NodeAllocation(node=view.name, gpus=gpus, cpus=cpus, mem_mb=request.mem_mb)
+    mem = mem_needed(request, len(gpus), view.memory_mb)
+    if cpus or mem:
+        return NodeAllocation(node=view.name, gpus=gpus, cpus=cpus, mem_mb=mem)
     return NodeAllocation(node=view.name, gpus=gpus)
 
 

@@ -63,6 +63,17 @@ class JobSpec:
     constraint: str | None = None  # -C: node features, "a100&ib" or "a100|h100" (garrison/model/features.py)
     nodelist: tuple[str, ...] = ()  # -w: nodes the job must include (more are added when -N is larger)
     exclusive: bool = False  # --exclusive: whole nodes (every GPU, CPU and MB of each), shared with no job
+    # sbatch's resource options as given (garrison/model/resources.py maps them onto the fields above).
+    ntasks: int | None = None  # -n/--ntasks: tasks of the whole job
+    cpus_per_task: int | None = None  # -c/--cpus-per-task
+    gpus_per_task: int | None = None  # --gpus-per-task
+    ntasks_per_gpu: int | None = None  # --ntasks-per-gpu
+    cpus_per_node: int = 0  # CPUs on each node of a job without GPUs (from -c and the tasks per node)
+    mem_per_gpu_mb: int = 0  # --mem-per-gpu: host memory per allocated GPU, on each node
+    mem_per_cpu_mb: int = 0  # --mem-per-cpu, as given (mapped onto mem_mb or mem_per_gpu_mb)
+    comment: str | None = None  # --comment: stored and shown by gjob
+    open_mode: str | None = None  # --open-mode append|truncate; None: truncate on the first attempt only
+    mem_whole_node: bool = False  # --mem=0: all of each node's memory (then mem_mb is 0)
 
     def total_gpus(self) -> int:
         """Total GPUs this job needs (0 for a CPU-only job)."""

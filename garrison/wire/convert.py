@@ -113,6 +113,16 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         constraint=msg.constraint or None,
         nodelist=tuple(msg.nodelist),
         exclusive=msg.exclusive,
+        ntasks=msg.ntasks if msg.HasField("ntasks") else None,
+        cpus_per_task=msg.cpus_per_task if msg.HasField("cpus_per_task") else None,
+        gpus_per_task=msg.gpus_per_task if msg.HasField("gpus_per_task") else None,
+        ntasks_per_gpu=msg.ntasks_per_gpu if msg.HasField("ntasks_per_gpu") else None,
+        cpus_per_node=msg.cpus_per_node,
+        mem_per_gpu_mb=msg.mem_per_gpu_mb,
+        mem_per_cpu_mb=msg.mem_per_cpu_mb,
+        comment=msg.comment or None,
+        open_mode=msg.open_mode or None,
+        mem_whole_node=msg.mem_whole_node,
     )
 
 

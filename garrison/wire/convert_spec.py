@@ -40,6 +40,12 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "constraint": spec.constraint or "",
         "nodelist": list(spec.nodelist),
         "exclusive": spec.exclusive,
+        "cpus_per_node": spec.cpus_per_node,
+        "mem_per_gpu_mb": spec.mem_per_gpu_mb,
+        "mem_per_cpu_mb": spec.mem_per_cpu_mb,
+        "comment": spec.comment or "",
+        "open_mode": spec.open_mode or "",
+        "mem_whole_node": spec.mem_whole_node,
     }
     optional = {
         "script": spec.script,
@@ -50,6 +56,10 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "ntasks_per_node": spec.ntasks_per_node,
         "umask": spec.umask,
         "begin_time": spec.begin_time,
+        "ntasks": spec.ntasks,
+        "cpus_per_task": spec.cpus_per_task,
+        "gpus_per_task": spec.gpus_per_task,
+        "ntasks_per_gpu": spec.ntasks_per_gpu,
     }
     fields.update((name, value) for name, value in optional.items() if value is not None)
     return fields

@@ -91,6 +91,7 @@ class RankProcess:
         "cwd",
         "stdout",
         "stderr",
+        "truncate",
         "pid",
         "leader_start_ticks",
         "leader_exit_code",
@@ -105,6 +106,7 @@ class RankProcess:
         self.cwd = str(description["cwd"])
         self.stdout = str(description["stdout"])
         self.stderr = str(description["stderr"])
+        self.truncate = frozenset(str(path) for path in description.get("truncate") or ())
         if not self.argv:
             raise LaunchError(f"rank {self.rank}: empty argv")
         # The rank is its own session, so its pid is also its process group id.
@@ -247,8 +249,9 @@ def _ensure_standard_fds_open() -> None:
                 os.close(replacement)
 
 
-def _open_output(path: str) -> int:
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+def _open_output(path: str, truncate: bool = False) -> int:
+    """Open a rank's output file for appending; emptied first when ``truncate`` (--open-mode)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if truncate else 0), 0o644)
 
 
 def _describe_exec_failure(stage: str, rank: RankProcess, error: BaseException) -> str:
@@ -297,12 +300,12 @@ def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_sig
         stage = "open stdin"
         stdin_fd = os.open(os.devnull, os.O_RDONLY)
         stage = "open stdout"
-        stdout_fd = _open_output(rank.stdout)
+        stdout_fd = _open_output(rank.stdout, rank.stdout in rank.truncate)
         if rank.stderr == rank.stdout:
             stderr_fd = stdout_fd
         else:
             stage = "open stderr"
-            stderr_fd = _open_output(rank.stderr)
+            stderr_fd = _open_output(rank.stderr, rank.stderr in rank.truncate)
         os.dup2(stdin_fd, 0)
         os.dup2(stdout_fd, 1)
         os.dup2(stderr_fd, 2)

@@ -49,6 +49,7 @@ class RankSpec:
 
     stdout and stderr are paths opened for appending (created if missing) with the
     job user's rights; they may be the same file. Relative paths resolve against cwd.
+    truncate lists those of them this rank empties first (--open-mode: a job's first attempt).
     env is the rank's entire environment: nothing is inherited from the agent.
     """
 
@@ -58,6 +59,7 @@ class RankSpec:
     cwd: str
     stdout: str
     stderr: str
+    truncate: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.argv or not all(isinstance(arg, str) for arg in self.argv):
@@ -74,6 +76,7 @@ class RankSpec:
             cwd=_field(document, "cwd", str),
             stdout=_field(document, "stdout", str),
             stderr=_field(document, "stderr", str),
+            truncate=[str(path) for path in _optional_field(document, "truncate", list) or []],
         )
 
 

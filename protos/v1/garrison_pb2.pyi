@@ -215,6 +215,16 @@ class JobSpec(_message.Message):
     CONSTRAINT_FIELD_NUMBER: _builtins.int
     NODELIST_FIELD_NUMBER: _builtins.int
     EXCLUSIVE_FIELD_NUMBER: _builtins.int
+    NTASKS_FIELD_NUMBER: _builtins.int
+    CPUS_PER_TASK_FIELD_NUMBER: _builtins.int
+    GPUS_PER_TASK_FIELD_NUMBER: _builtins.int
+    NTASKS_PER_GPU_FIELD_NUMBER: _builtins.int
+    CPUS_PER_NODE_FIELD_NUMBER: _builtins.int
+    MEM_PER_GPU_MB_FIELD_NUMBER: _builtins.int
+    MEM_PER_CPU_MB_FIELD_NUMBER: _builtins.int
+    COMMENT_FIELD_NUMBER: _builtins.int
+    OPEN_MODE_FIELD_NUMBER: _builtins.int
+    MEM_WHOLE_NODE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     script: _builtins.str
     nodes: _builtins.int
@@ -255,6 +265,28 @@ class JobSpec(_message.Message):
     """
     exclusive: _builtins.bool
     """--exclusive: whole nodes, shared with no other job"""
+    ntasks: _builtins.int
+    """sbatch's resource options as given; the controller maps them onto the fields above (resources.py).
+    -n/--ntasks
+    """
+    cpus_per_task: _builtins.int
+    """-c/--cpus-per-task"""
+    gpus_per_task: _builtins.int
+    """--gpus-per-task"""
+    ntasks_per_gpu: _builtins.int
+    """--ntasks-per-gpu"""
+    cpus_per_node: _builtins.int
+    """CPUs on each node of a job without GPUs"""
+    mem_per_gpu_mb: _builtins.int
+    """--mem-per-gpu"""
+    mem_per_cpu_mb: _builtins.int
+    """--mem-per-cpu"""
+    comment: _builtins.str
+    """--comment"""
+    open_mode: _builtins.str
+    """--open-mode: append | truncate; empty: truncate on the first attempt only"""
+    mem_whole_node: _builtins.bool
+    """--mem=0: all of each node's memory"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -302,19 +334,37 @@ class JobSpec(_message.Message):
         constraint: _builtins.str = ...,
         nodelist: _abc.Iterable[_builtins.str] | None = ...,
         exclusive: _builtins.bool = ...,
+        ntasks: _builtins.int | None = ...,
+        cpus_per_task: _builtins.int | None = ...,
+        gpus_per_task: _builtins.int | None = ...,
+        ntasks_per_gpu: _builtins.int | None = ...,
+        cpus_per_node: _builtins.int = ...,
+        mem_per_gpu_mb: _builtins.int = ...,
+        mem_per_cpu_mb: _builtins.int = ...,
+        comment: _builtins.str = ...,
+        open_mode: _builtins.str = ...,
+        mem_whole_node: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "begin_time", b"begin_time", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "script", b"script", "time_limit_s", b"time_limit_s", "umask", b"umask"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_gpus_per_task", b"_gpus_per_task", "_nodes", b"_nodes", "_ntasks", b"_ntasks", "_ntasks_per_gpu", b"_ntasks_per_gpu", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "begin_time", b"begin_time", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "gpus_per_task", b"gpus_per_task", "nodes", b"nodes", "ntasks", b"ntasks", "ntasks_per_gpu", b"ntasks_per_gpu", "ntasks_per_node", b"ntasks_per_node", "script", b"script", "time_limit_s", b"time_limit_s", "umask", b"umask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_nodes", b"_nodes", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "begin_time", b"begin_time", "command", b"command", "constraint", b"constraint", "cpus_per_gpu", b"cpus_per_gpu", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "exclusive", b"exclusive", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "name", b"name", "nice", b"nice", "no_requeue", b"no_requeue", "nodelist", b"nodelist", "nodes", b"nodes", "ntasks_per_node", b"ntasks_per_node", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "submit_host", b"submit_host", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_gpus_per_task", b"_gpus_per_task", "_nodes", b"_nodes", "_ntasks", b"_ntasks", "_ntasks_per_gpu", b"_ntasks_per_gpu", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "begin_time", b"begin_time", "command", b"command", "comment", b"comment", "constraint", b"constraint", "cpus_per_gpu", b"cpus_per_gpu", "cpus_per_node", b"cpus_per_node", "cpus_per_task", b"cpus_per_task", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "exclusive", b"exclusive", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "gpus_per_task", b"gpus_per_task", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "mem_per_cpu_mb", b"mem_per_cpu_mb", "mem_per_gpu_mb", b"mem_per_gpu_mb", "mem_whole_node", b"mem_whole_node", "name", b"name", "nice", b"nice", "no_requeue", b"no_requeue", "nodelist", b"nodelist", "nodes", b"nodes", "ntasks", b"ntasks", "ntasks_per_gpu", b"ntasks_per_gpu", "ntasks_per_node", b"ntasks_per_node", "open_mode", b"open_mode", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "submit_host", b"submit_host", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__begin_time: _TypeAlias = _typing.Literal["begin_time"]  # noqa: Y015
     _WhichOneofArgType__begin_time: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time"]  # noqa: Y015
+    _WhichOneofReturnType__cpus_per_task: _TypeAlias = _typing.Literal["cpus_per_task"]  # noqa: Y015
+    _WhichOneofArgType__cpus_per_task: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task"]  # noqa: Y015
     _WhichOneofReturnType__gpus: _TypeAlias = _typing.Literal["gpus"]  # noqa: Y015
     _WhichOneofArgType__gpus: _TypeAlias = _typing.Literal["_gpus", b"_gpus"]  # noqa: Y015
     _WhichOneofReturnType__gpus_per_node: _TypeAlias = _typing.Literal["gpus_per_node"]  # noqa: Y015
     _WhichOneofArgType__gpus_per_node: _TypeAlias = _typing.Literal["_gpus_per_node", b"_gpus_per_node"]  # noqa: Y015
+    _WhichOneofReturnType__gpus_per_task: _TypeAlias = _typing.Literal["gpus_per_task"]  # noqa: Y015
+    _WhichOneofArgType__gpus_per_task: _TypeAlias = _typing.Literal["_gpus_per_task", b"_gpus_per_task"]  # noqa: Y015
     _WhichOneofReturnType__nodes: _TypeAlias = _typing.Literal["nodes"]  # noqa: Y015
     _WhichOneofArgType__nodes: _TypeAlias = _typing.Literal["_nodes", b"_nodes"]  # noqa: Y015
+    _WhichOneofReturnType__ntasks: _TypeAlias = _typing.Literal["ntasks"]  # noqa: Y015
+    _WhichOneofArgType__ntasks: _TypeAlias = _typing.Literal["_ntasks", b"_ntasks"]  # noqa: Y015
+    _WhichOneofReturnType__ntasks_per_gpu: _TypeAlias = _typing.Literal["ntasks_per_gpu"]  # noqa: Y015
+    _WhichOneofArgType__ntasks_per_gpu: _TypeAlias = _typing.Literal["_ntasks_per_gpu", b"_ntasks_per_gpu"]  # noqa: Y015
     _WhichOneofReturnType__ntasks_per_node: _TypeAlias = _typing.Literal["ntasks_per_node"]  # noqa: Y015
     _WhichOneofArgType__ntasks_per_node: _TypeAlias = _typing.Literal["_ntasks_per_node", b"_ntasks_per_node"]  # noqa: Y015
     _WhichOneofReturnType__script: _TypeAlias = _typing.Literal["script"]  # noqa: Y015
@@ -326,11 +376,19 @@ class JobSpec(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__begin_time) -> _WhichOneofReturnType__begin_time | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpus_per_task) -> _WhichOneofReturnType__cpus_per_task | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpus) -> _WhichOneofReturnType__gpus | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpus_per_node) -> _WhichOneofReturnType__gpus_per_node | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpus_per_task) -> _WhichOneofReturnType__gpus_per_task | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__nodes) -> _WhichOneofReturnType__nodes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ntasks) -> _WhichOneofReturnType__ntasks | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ntasks_per_gpu) -> _WhichOneofReturnType__ntasks_per_gpu | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ntasks_per_node) -> _WhichOneofReturnType__ntasks_per_node | None: ...
     @_typing.overload

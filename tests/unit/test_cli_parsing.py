@@ -162,7 +162,7 @@ def test_memory_sizes(text: str, megabytes: int) -> None:
     assert parse_memory_mb(text) == megabytes
 
 
-@pytest.mark.parametrize("text", ["0", "0G", "-1G", "16GB", "1.5G", "G", "", "16 G", "16X", "99999999T"])
+@pytest.mark.parametrize("text", ["0", "0G", "-1G", "16GiB", "1.5G", "G", "", "16 G", "16X", "99999999T"])
 def test_bad_memory_sizes_are_refused(text: str) -> None:
     with pytest.raises(UsageError, match="memory size"):
         parse_memory_mb(text)
@@ -707,8 +707,9 @@ def test_sbatch_options_garrison_does_not_act_on_are_accepted_and_named(workdir:
         "#SBATCH -L scratch:1\n#SBATCH --wckey=x --comment='a note'\ntrue\n",
     )
     submission = parse_submission(["--oversubscribe", "job.sh"], {}, str(workdir))
-    assert submission.ignored == ("--mail-type", "--mail-user", "--hint", "--licenses", "--wckey", "--comment",
+    assert submission.ignored == ("--mail-type", "--mail-user", "--hint", "--licenses", "--wckey",
                                   "--oversubscribe")
+    assert submission.spec.comment == "a note"  # --comment has a place: stored, not ignored
     assert parse_submission(["--wrap", "x"], {}, str(workdir)).ignored == ()
     # Unknown options stay errors that name them.
     with pytest.raises(UsageError, match="--mail-typo"):

@@ -121,6 +121,16 @@ def full_spec() -> JobSpec:
         constraint="h100&ib|a100",
         nodelist=("gpu-b", "gpu-c"),
         exclusive=True,
+        ntasks=16,
+        cpus_per_task=6,
+        gpus_per_task=1,
+        ntasks_per_gpu=1,
+        cpus_per_node=3,
+        mem_per_gpu_mb=65_536,
+        mem_per_cpu_mb=4096,
+        comment="sweep 3, lr 3e-4",
+        open_mode="append",
+        mem_whole_node=True,
     )
 
 

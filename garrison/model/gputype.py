@@ -1,0 +1,44 @@
+"""The one rule for matching a requested GPU type (``--gpus a100:2``, ``--gres=gpu:A100:4``) against a GPU's
+product name as NVML reports it ("NVIDIA A100-SXM4-80GB"). Pure; the controller's validation and the
+scheduling core both use it."""
+
+from __future__ import annotations
+
+import re
+
+_SEPARATORS = re.compile(r"[\s_-]+")
+
+
+def normalized_gpu_name(name: str) -> str:
+    """Lower case, with runs of spaces, ``_`` and ``-`` as one space: "NVIDIA A100-SXM4-80GB" ->
+    "nvidia a100 sxm4 80gb"."""
+    return _SEPARATORS.sub(" ", name.strip().lower()).strip()
+
+
+def gpu_matches(gpu_name: str, gpu_type: str | None) -> bool:
+    """Whether a GPU named ``gpu_name`` is of the requested ``gpu_type`` (None matches every GPU).
+
+    Case-insensitive, with ``-``, ``_`` and spaces equivalent, and matching whole words of the name from
+    any word on: ``a100``, ``A100``, ``a100-sxm4-80gb``, ``nvidia_a100`` all match "NVIDIA A100-SXM4-80GB";
+    ``a10`` does not (it is another GPU), nor does ``100``. This is how Slurm's AutoDetect names are used.
+    """
+    if gpu_type is None:
+        return True
+    wanted = normalized_gpu_name(gpu_type)
+    if not wanted:
+        return False
+    name = normalized_gpu_name(gpu_name)
+    words = f" {name} "
+    if f" {wanted} " in words:
+        return True
+    # A request may name a prefix of a word sequence when the rest is a size or form suffix
+    # ("a100 80gb" is not contiguous in "a100 sxm4 80gb"): every requested word must be a word of the name, in order.
+    wanted_words = wanted.split()
+    name_words = name.split()
+    position = 0
+    for word in wanted_words:
+        try:
+            position = name_words.index(word, position) + 1
+        except ValueError:
+            return False
+    return True
