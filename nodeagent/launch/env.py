@@ -82,8 +82,13 @@ def slurm_environment(launch: LaunchDescription, counts: Sequence[int], cpus_on_
     here = nodes[launch.node_rank]
     names = compress_hostlist(launch.allocation.node_names)
     if spec.launch == LaunchMode.SINGLE:
-        tasks = [spec.ntasks_per_node or 1] * len(nodes)
-        ntasks_known = spec.ntasks_per_node is not None
+        if spec.ntasks_per_node is None and spec.ntasks is not None:
+            # -n alone: sbatch's block distribution, the first nodes taking one more when it does not divide.
+            share, extra = divmod(spec.ntasks, len(nodes))
+            tasks = [share + (1 if index < extra else 0) for index in range(len(nodes))]
+        else:
+            tasks = [spec.ntasks_per_node or 1] * len(nodes)
+        ntasks_known = spec.ntasks_per_node is not None or spec.ntasks is not None
     else:
         tasks = list(counts)
         ntasks_known = True
@@ -116,7 +121,9 @@ def slurm_environment(launch: LaunchDescription, counts: Sequence[int], cpus_on_
         env["SLURM_NTASKS"] = env["SLURM_NPROCS"] = str(sum(tasks))
     if spec.ntasks_per_node is not None:
         env["SLURM_NTASKS_PER_NODE"] = str(spec.ntasks_per_node)
-    if here.cpus and tasks[launch.node_rank]:
+    if spec.cpus_per_task is not None:
+        env["SLURM_CPUS_PER_TASK"] = str(spec.cpus_per_task)  # -c, as sbatch sets it
+    elif here.cpus and tasks[launch.node_rank]:
         # The CPUs bound on this node, shared out among its tasks (Slurm sets it for -c).
         env["SLURM_CPUS_PER_TASK"] = str(max(1, len(here.cpus) // tasks[launch.node_rank]))
     if spec.gpus_per_node is not None:

@@ -94,7 +94,7 @@ def slurm_context(launch: LaunchMode, node_rank: int = 0, **changes: object) -> 
                              node_rank=node_rank, master_addr="node1", master_port=29500, restart_count=1,
                              kill_wait_s=5.0, time_limit_s=600, account="physics", partition="gpu", qos="normal",
                              cluster_name="tiny")
-    spec_changes = {k: v for k, v in changes.items() if k in ("ntasks_per_node",)}
+    spec_changes = {k: v for k, v in changes.items() if k in ("ntasks_per_node", "ntasks", "cpus_per_task")}
     others = {k: v for k, v in changes.items() if k not in spec_changes}
     return replace(base, spec=replace(spec, **spec_changes), **others)  # type: ignore[arg-type]
 
@@ -163,3 +163,11 @@ def test_tasks_per_node_text_is_slurms_form() -> None:
     assert tasks_per_node_text([4, 4, 2]) == "4(x2),2"
     assert tasks_per_node_text([1]) == "1"
     assert tasks_per_node_text([2, 1, 2]) == "2,1,2"
+
+
+def test_ntasks_and_cpus_per_task_are_the_batch_scripts_counts_as_under_sbatch() -> None:
+    [rank] = plan(slurm_context(LaunchMode.SINGLE, ntasks=8, cpus_per_task=6), ["script"])
+    env = rank.env
+    # -n 8 over 3 nodes, block-wise as sbatch lays them out: 3, 3, 2.
+    assert (env["SLURM_NTASKS"], env["SLURM_TASKS_PER_NODE"], env["SLURM_CPUS_PER_TASK"]) == ("8", "3(x2),2", "6")
+    assert "SLURM_NTASKS_PER_NODE" not in env
