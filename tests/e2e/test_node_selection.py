@@ -93,3 +93,16 @@ def test_bad_node_selection_is_a_one_line_error_and_submits_nothing(
     assert proc.returncode == 2, proc
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
     assert {j["job_id"] for j in cluster.jobs()} == before
+
+
+def test_mem_0_and_exclusive_give_a_job_whole_nodes(cluster: Cluster) -> None:
+    out = cluster.work / "whole-%j.out"
+    job = _submit_script(cluster, _script(
+        "--exclusive", "--mem=0", "-N 1", "-w node2", "--time=5", f"--output={out}",
+        body='echo "$SLURM_MEM_PER_NODE $SLURM_GPUS_ON_NODE $SLURM_JOB_GPUS"'))
+    assert cluster.wait_done(job)["state"] == "COMPLETED"
+    mem, gpus, ids = (cluster.work / f"whole-{job}.out").read_text().split()
+    assert (gpus, ids) == ("8", "0,1,2,3,4,5,6,7")
+    total = _node_columns(cluster)["node2"][4].split("/")[1]  # MEM(A/T): what the node has, rounded ("24G")
+    total_mb = float(total[:-1]) * {"M": 1, "G": 1024, "T": 1024 * 1024}[total[-1]]
+    assert abs(int(mem) - total_mb) < 1024, (mem, total)  # all of the node's memory, not a share of it
