@@ -58,7 +58,8 @@ def edit_block(text: str, state_dir: Path, entries: Sequence[tuple[str, str]]) -
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     # Beside the file, not the file itself: it is replaced, and a lock on the old inode would not hold.
-    fd = os.open(path.parent / f".{path.name}.garrison.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    # O_NOFOLLOW: root writes here; a planted symlink must not send the open elsewhere.
+    fd = os.open(path.parent / f".{path.name}.garrison.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -78,7 +79,8 @@ def update_hosts(state_dir: Path, entries: Sequence[tuple[str, str]], path: Path
         if new == old:
             return False
         temporary = path.parent / f".{path.name}.garrison.{os.getpid()}.tmp"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        temporary.unlink(missing_ok=True)  # a leftover of a killed run; O_EXCL then refuses anything planted
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         try:
             os.write(fd, new.encode())
             os.fchmod(fd, mode)
