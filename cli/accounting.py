@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 from garrison.cli.render import format_duration
+from garrison.cli.usage_format import attempt_usage_json, usage_cells
 
 _UNITS = {
     "": 1, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
@@ -92,8 +93,10 @@ def _gpu_hours(gpu_seconds: float) -> str:
 
 RECORD_COLUMNS = (
     "JOBID", "NAME", "USER", "ACCOUNT", "PARTITION", "STATE", "START", "END", "ELAPSED", "GPUS", "CPUS",
-    "GPU-HOURS", "NODELIST", "EXITCODE",
+    "GPU-HOURS", "NODELIST", "EXITCODE", "MAXRSS", "TOTALCPU", "CPUEFF", "GPUUTIL", "GPUMEM",
 )
+# The table without -o stops at EXITCODE, as sacct's does; -o MaxRSS,TotalCPU,CPUEff,... shows the usage.
+DEFAULT_COLUMN_COUNT = RECORD_COLUMNS.index("EXITCODE") + 1
 
 
 def record_rows(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attempts: bool = True) -> list[tuple[str, ...]]:
@@ -108,6 +111,7 @@ def record_rows(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
             str(last.gpus if last is not None else job.requested_gpus),
             str(_cpus(last.allocation)) if last is not None else "-", _gpu_hours(job.gpu_seconds),
             _host_list(last.allocation) if last is not None else "-", _exit_code(job),
+            *_usage_cells(last, now),
         ))
         if not with_attempts:
             continue
@@ -117,7 +121,7 @@ def record_rows(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
                 _local(attempt.start_time, zone), _local(attempt.end_time, zone),
                 format_duration(_elapsed(attempt.start_time, attempt.end_time, now)),
                 str(attempt.gpus), str(_cpus(attempt.allocation)), _gpu_hours(attempt.gpu_seconds),
-                _host_list(attempt.allocation), _exit_code(attempt),
+                _host_list(attempt.allocation), _exit_code(attempt), *_usage_cells(attempt, now),
             ))
     return rows
 
@@ -125,7 +129,9 @@ def record_rows(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
 # The table without -o: sacct's habit of fixed widths, a longer value cut with '+', so that a row fits 160
 # columns (with the widest times, 19 characters each). JOBID, the times and the numbers are never cut.
 DEFAULT_WIDTHS = {"NAME": 10, "USER": 8, "ACCOUNT": 8, "PARTITION": 9, "NODELIST": 12, "STATE": 10}
-DEFAULT_LAYOUT = tuple((index, DEFAULT_WIDTHS.get(column)) for index, column in enumerate(RECORD_COLUMNS))
+DEFAULT_LAYOUT = tuple(
+    (index, DEFAULT_WIDTHS.get(column)) for index, column in enumerate(RECORD_COLUMNS[:DEFAULT_COLUMN_COUNT])
+)
 
 
 # sacct's --format field names (and the table's own headers) -> the table column they choose.
@@ -134,6 +140,8 @@ FORMAT_FIELDS = {
     "partition": "PARTITION", "state": "STATE", "start": "START", "end": "END", "elapsed": "ELAPSED",
     "gpus": "GPUS", "allocgpus": "GPUS", "cpus": "CPUS", "alloccpus": "CPUS", "ncpus": "CPUS",
     "gpuhours": "GPU-HOURS", "gpu-hours": "GPU-HOURS", "nodelist": "NODELIST", "exitcode": "EXITCODE",
+    "maxrss": "MAXRSS", "totalcpu": "TOTALCPU", "cpueff": "CPUEFF", "cpuefficiency": "CPUEFF",
+    "gpuutil": "GPUUTIL", "gpumem": "GPUMEM",
 }
 
 
@@ -173,6 +181,20 @@ def select_columns(rows: Sequence[Sequence[str]], chosen: Sequence[tuple[int, in
     return headers, [tuple(fit(row[index], width) for index, width in chosen) for row in rows]
 
 
+def _usage_cells(attempt: Any | None, now: float) -> tuple[str, ...]:
+    """A job's line shows its last attempt's usage (the one that counts, as sacct's job line)."""
+    if attempt is None:
+        return usage_cells(None, 0.0, 0)
+    elapsed = _elapsed(attempt.start_time, attempt.end_time, now)
+    return usage_cells(attempt.usage if attempt.HasField("usage") else None, elapsed, _cpus(attempt.allocation))
+
+
+def _usage_json(attempt: Any | None, now: float) -> dict[str, Any] | None:
+    if attempt is None or not attempt.HasField("usage"):
+        return None
+    return attempt_usage_json(attempt.usage, _elapsed(attempt.start_time, attempt.end_time, now), _cpus(attempt.allocation))
+
+
 def _cpus(allocation: Sequence[Any]) -> int:
     """CPUs the attempt held on all its nodes (sacct's AllocCPUS); 0 when it asked for none."""
     return sum(len(n.cpus) for n in allocation)
@@ -192,6 +214,7 @@ def _attempt_json(attempt: Any, now: float) -> dict[str, Any]:
         "gpu_hours": round(attempt.gpu_seconds / 3600, 6),
         "allocation": [{"node": n.node, "gpus": list(n.gpus), "cpus": list(n.cpus), "mem_mb": n.mem_mb}
                        for n in attempt.allocation],
+        "usage": _usage_json(attempt, now),
     }
 
 
@@ -214,6 +237,7 @@ def record_json(job: Any, now: float) -> dict[str, Any]:
         "requested_gpus": job.requested_gpus,
         "restart_count": job.restart_count,
         "gpu_hours": round(job.gpu_seconds / 3600, 6),
+        "usage": _usage_json(job.attempts[-1] if job.attempts else None, now),
         "attempts": [_attempt_json(a, now) for a in job.attempts],
     }
 
@@ -225,7 +249,14 @@ def records_json(jobs: Sequence[Any], now: float) -> str:
 CSV_FIELDS = (
     "job_id", "attempt", "name", "user", "account", "partition", "state", "submit_time", "start_time", "end_time",
     "elapsed_s", "gpus", "gpu_hours", "nodes", "exit_code", "reason", "cpus",
+    "max_rss_bytes", "total_cpu_s", "cpu_efficiency_pct", "gpu_utilization_pct", "gpu_memory_bytes",
 )
+USAGE_CSV_KEYS = CSV_FIELDS[CSV_FIELDS.index("max_rss_bytes"):]
+
+
+def _usage_csv(attempt: Any | None, now: float) -> list[Any]:
+    found = _usage_json(attempt, now) or {}
+    return ["" if found.get(key) is None else found[key] for key in USAGE_CSV_KEYS]
 
 
 def _iso(value: float, zone: tzinfo | None) -> str:
@@ -247,7 +278,7 @@ def records_csv(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
             last.gpus if last is not None else job.requested_gpus, f"{job.gpu_seconds / 3600:.6f}",
             _nodes(last.allocation) if last is not None else "",
             job.exit_code if job.HasField("exit_code") else "", job.reason,
-            _cpus(last.allocation) if last is not None else "",
+            _cpus(last.allocation) if last is not None else "", *_usage_csv(last, now),
         ])
         if not with_attempts:
             continue
@@ -258,7 +289,7 @@ def records_csv(jobs: Sequence[Any], now: float, zone: tzinfo | None, with_attem
                 f"{_elapsed(attempt.start_time, attempt.end_time, now):.3f}", attempt.gpus,
                 f"{attempt.gpu_seconds / 3600:.6f}", _nodes(attempt.allocation),
                 attempt.exit_code if attempt.HasField("exit_code") else "", attempt.reason,
-                _cpus(attempt.allocation),
+                _cpus(attempt.allocation), *_usage_csv(attempt, now),
             ])
     return out.getvalue()
 

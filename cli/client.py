@@ -43,6 +43,10 @@ RESPONSE_TYPES = {
     "ListJobs": "ListJobsResponse",
     "GetJob": "JobInfo",
     "ListNodes": "ListNodesResponse",
+    "KeepAllocation": "AllocationStatusReply",
+    "ReleaseAllocation": "ReleaseAllocationReply",
+    "ListSteps": "ListStepsResponse",
+    "CancelStep": "CancelStepResponse",
 }
 
 
@@ -86,8 +90,15 @@ def _cache_dir() -> str:
     return os.path.join(base, "garrison")
 
 
+# The controller's answer when its database cannot take the change (its StoreUnavailable.MESSAGE; the two are
+# checked to agree): the controller was reached, nothing was changed, and the same command may be retried.
+DATABASE_UNAVAILABLE = "the database is unavailable, retry"
+
+
 def _error_for(code: int, details: str, address: str) -> CliError:
     details = details.splitlines()[0] if details else ""
+    if code == UNAVAILABLE and details == DATABASE_UNAVAILABLE:
+        return CliError(f"the controller at {address} changed nothing: {details}", retryable=True)
     if code == UNAVAILABLE:
         return CliError(f"cannot reach the controller at {address}: {details or 'unavailable'}", retryable=True)
     if code == DEADLINE_EXCEEDED:
@@ -184,19 +195,7 @@ class Client:
         if not path:
             raise _LocalUnusable
         if self._local is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(DEFAULT_DEADLINE_S)
-            try:
-                sock.connect(path)
-                # Only a socket served by root or by ourselves is the controller: anyone may create a
-                # socket at a path in a shared directory (garrison up in /tmp), and requests carry scripts.
-                _, server_uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-                if server_uid not in (0, os.geteuid()):
-                    raise OSError(f"{path} is served by uid {server_uid}")
-            except OSError:
-                sock.close()
-                raise _LocalUnusable from None
-            self._local = sock
+            self._local = self._connect_local(path)
         name = method.encode()
         frame = bytes([len(name)]) + name + body
         try:
@@ -215,6 +214,42 @@ class Client:
         if status != OK:
             raise _error_for(status, payload.decode(errors="replace"), self.address)
         return payload
+
+    @staticmethod
+    def _connect_local(path: str) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(DEFAULT_DEADLINE_S)
+        try:
+            sock.connect(path)
+            # Only a socket served by root or by ourselves is the controller: anyone may create a
+            # socket at a path in a shared directory (garrison up in /tmp), and requests carry scripts.
+            _, server_uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if server_uid not in (0, os.geteuid()):
+                raise OSError(f"{path} is served by uid {server_uid}")
+        except OSError:
+            sock.close()
+            raise _LocalUnusable from None
+        return sock
+
+    def open_local_stream(self, method: str, first: bytes) -> socket.socket | None:
+        """A streaming RPC on the local socket (controller/rpc/local.py: its first frame names the method
+        and carries the first message), or None where it cannot be used: gsrun then takes gRPC."""
+
+        def connect(path: str) -> socket.socket:
+            if not path:
+                raise _LocalUnusable
+            sock = self._connect_local(path)
+            name = method.encode()
+            frame = bytes([len(name)]) + name + first
+            try:
+                sock.sendall(HEADER.pack(len(frame)) + frame)
+            except OSError:
+                sock.close()
+                raise _LocalUnusable from None
+            sock.settimeout(None)  # a step runs as long as its job lets it
+            return sock
+
+        return self._over_local_socket(connect)
 
     def _recv(self, count: int) -> bytes:
         assert self._local is not None
@@ -249,6 +284,8 @@ class Client:
         stub = self._stubs.get(stub_class)
         if stub is None:
             stub = self._stubs[stub_class] = stub_class(self._channel)
+        if authenticated and not self._tls:
+            self._check_plaintext_server()
         for fresh in (False, True):
             identity = self._identity(fresh) if authenticated else None
             metadata = (identity,) if identity is not None else ()
@@ -264,6 +301,39 @@ class Client:
                     details += " (a TLS controller? set GARRISON_TLS_CA to the cluster CA certificate)"
                 raise _error_for(code.value[0], details, self.address) from None
         raise AssertionError("unreachable")
+
+    def _check_plaintext_server(self) -> None:
+        """Plain text is loopback only (garrison/tls): send a credential there only to a port held by root or
+        by ourselves, never to another user listening in the controller's place (garrison/loopback_listener.py)."""
+        from garrison.loopback_listener import NobodyListens, UntrustedListener, check_loopback_listener
+
+        try:
+            check_loopback_listener(self.address, "a credential or token")
+        except NobodyListens:
+            # As a refused connection would be: retryable (gsub --wait rides out a controller restart).
+            raise CliError(f"cannot reach the controller at {self.address}: nothing listens there",
+                           retryable=True) from None
+        except UntrustedListener as exc:
+            raise CliError(str(exc)) from None
+    def stream_call(self, stub_class: Any, method: str, requests: Any) -> Any:
+        """A streaming RPC over gRPC (gsrun's RunStep): the iterator of answers. No deadline: a step runs as
+        long as its job lets it; errors come out of the iterator as grpc.RpcError (see ``error_of``)."""
+        if self._channel is None:
+            from garrison.tls import TlsError, client_ca_file, client_channel
+
+            try:
+                self._tls = bool(client_ca_file(self.address))
+                self._channel = client_channel(self.address)
+            except TlsError as exc:
+                raise CliError(str(exc)) from None
+        stub = self._stubs.get(stub_class)
+        if stub is None:
+            stub = self._stubs[stub_class] = stub_class(self._channel)
+        return getattr(stub, method)(requests, metadata=(self._identity(),))
+
+    def error_of(self, exc: Any) -> CliError:
+        """A grpc.RpcError out of ``stream_call`` as the CLI's one-line error."""
+        return _error_for(exc.code().value[0], exc.details() or "", self.address)
 
     def _identity(self, fresh: bool = False) -> tuple[str, str]:
         """The metadata that proves who we are: a local credential, else a token (docs/security.md)."""

@@ -10,6 +10,7 @@ import getpass
 import os
 import sys
 from datetime import datetime
+from typing import Any
 
 import click
 
@@ -58,13 +59,15 @@ def _print_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
               help=f"Jobs that existed at or after this time (default: today 00:00, or any time with -j). {TIME_FORMATS_HELP}.")
 @click.option("-E", "--endtime", "end", default=None, help="Jobs that existed at or before this time (default: now).")
 @click.option("-X", "--allocations", is_flag=True, help="One line per job, without its attempts.")
+@click.option("--steps", "show_steps", is_flag=True,
+              help="The jobs' steps (JOBID.batch, then gsrun's JOBID.0, JOBID.1, ...) instead of their attempts.")
 @click.option("--usage", is_flag=True, help="GPU-hours per account and user in the period -S..-E instead of jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV with a header line.")
 @click.option("-o", "--format", "fields", default=None, metavar="FIELD[%WIDTH],...",
               help="Only these columns of the table, in this order, as sacct's --format: e.g. JobID,JobName%20,State.")
 def gacct(jobs: tuple[str, ...], users: tuple[str, ...], allusers: bool, accounts: tuple[str, ...],
-          states: tuple[str, ...], start: str | None, end: str | None, allocations: bool, usage: bool,
+          states: tuple[str, ...], start: str | None, end: str | None, allocations: bool, show_steps: bool, usage: bool,
           as_json: bool, as_csv: bool, fields: str | None) -> None:
     """Show accounting records: finished and running jobs with each attempt, or GPU usage with --usage."""
     try:
@@ -100,14 +103,15 @@ def gacct(jobs: tuple[str, ...], users: tuple[str, ...], allusers: bool, account
         if start_time is not None and end_time is not None and start_time > end_time:
             raise CliError("the start time (-S) is after the end time (-E)", EXIT_USAGE)
         _show_records(job_refs, wanted_users, _split(accounts), wanted_states, start_time, end_time,
-                      allocations, as_json, as_csv, now, chosen)
+                      allocations, as_json, as_csv, now, chosen, show_steps)
     except CliError as exc:
         fail("gacct", exc)
 
 
 def _show_records(job_refs: list[str], users: list[str], accounts: list[str], states: list[str],
                   start_time: float | None, end_time: float | None, allocations: bool, as_json: bool,
-                  as_csv: bool, now: datetime, chosen: list[tuple[int, int | None]] | None = None) -> None:
+                  as_csv: bool, now: datetime, chosen: list[tuple[int, int | None]] | None = None,
+                  show_steps: bool = False) -> None:
     from garrison.protos.v1 import accounting_pb2 as apb
     from garrison.protos.v1 import accounting_pb2_grpc as apb_grpc
 
@@ -126,6 +130,9 @@ def _show_records(job_refs: list[str], users: list[str], accounts: list[str], st
             if len(response.jobs) < response.page_size or not response.jobs:
                 break
             request.after_job_id = response.jobs[-1].job_id
+        if show_steps:
+            _show_steps(client, records, controller_now, as_json)
+            return
     zone = now.tzinfo
     if as_json:
         click.echo(records_json(records, controller_now))
@@ -134,6 +141,21 @@ def _show_records(job_refs: list[str], users: list[str], accounts: list[str], st
     else:
         rows = record_rows(records, controller_now, zone, with_attempts=not allocations)
         _print_table(*select_columns(rows, DEFAULT_LAYOUT if chosen is None else chosen))
+
+
+def _show_steps(client: Client, records: list[Any], now: float, as_json: bool) -> None:
+    from garrison.cli.step_views import STEP_COLUMNS, batch_of_record, step_records, step_rows, steps_json
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    steps: list[Any] = []
+    ids = [str(r.job_id) for r in records]
+    for first in range(0, len(ids), 5000):  # a request names at most 10,000 jobs
+        steps += client.call("ListSteps", pb.ListStepsRequest(job_ids=ids[first:first + 5000])).steps
+    step_list = step_records([batch_of_record(r) for r in records], steps, now)
+    if as_json:
+        click.echo(steps_json(step_list))
+    else:
+        _print_table(STEP_COLUMNS, step_rows(step_list))
 
 
 def _show_usage(now: datetime, start_time: float | None, end_time: float | None, users: list[str],

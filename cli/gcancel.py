@@ -37,6 +37,12 @@ def gcancel(job_ids: tuple[str, ...], user: str, me: bool, states: tuple[str, ..
     ids = _split(job_ids)
     name_list, partition_list, account_list = _split(names), _split(partitions), _split(accounts)
     verb = "signal" if signal_name else "cancel"
+    step_ids = [ref for ref in ids if "." in ref]  # JOBID.STEP: that step only (scancel 12.3)
+    ids = [ref for ref in ids if "." not in ref]
+    if step_ids:
+        _cancel_steps(step_ids, signal_name)
+        if not ids:
+            return
     if not ids and not (user or state_list or name_list or partition_list or account_list):
         fail("gcancel", CliError(f"nothing to {verb}: give job ids, or filters (-u, --me, -t, -n, -p, -A)",
                                  EXIT_USAGE))
@@ -54,6 +60,17 @@ def gcancel(job_ids: tuple[str, ...], user: str, me: bool, states: tuple[str, ..
         return
     if not quiet and not response.cancelled and ids:
         click.echo("gcancel: nothing to cancel (jobs already finished)", err=True)
+
+
+def _cancel_steps(step_ids: list[str], signal_name: str) -> None:
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    try:
+        with Client() as client:
+            for step_id in step_ids:
+                client.call("CancelStep", pb.CancelStepRequest(step_id=step_id, signal=signal_name))
+    except CliError as exc:
+        fail("gcancel", exc)
 
 
 def _split(values: tuple[str, ...], upper: bool = False) -> list[str]:

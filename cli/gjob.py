@@ -20,7 +20,10 @@ def gjob(job_id: str, wait: bool, timeout: float | None) -> None:
     try:
         if not wait:
             with Client() as client:
-                click.echo(job_detail(client.call("GetJob", pb.GetJobRequest(job_id=job_id))))
+                job = client.call("GetJob", pb.GetJobRequest(job_id=job_id))
+                click.echo(job_detail(job))
+                if job.state == "PENDING":
+                    click.echo(_why_pending(client, job_id))
             return
         from garrison.cli.waiting import wait_for_job
 
@@ -29,6 +32,17 @@ def gjob(job_id: str, wait: bool, timeout: float | None) -> None:
         click.echo(states[0] if len(states) == 1 else ",".join(states))
     except CliError as exc:
         fail("gjob", exc)
+
+
+def _why_pending(client: Client, job_id: str) -> str:
+    """The scheduler's explanation of a pending job (gqueue --explain's), as gjob's last lines."""
+    from garrison.protos.v1 import admin_pb2 as adminpb
+    from garrison.protos.v1 import admin_pb2_grpc
+
+    response = client.service_call(admin_pb2_grpc.AdminStub, "QueueDetails",
+                                   adminpb.QueueDetailsRequest(job_ids=[job_id], explain=True))
+    sentences = [s for detail in response.jobs for s in detail.explanation]
+    return "   Why=" + ("; ".join(sentences) if sentences else "not looked at by a scheduling cycle yet")
 
 
 def main() -> None:

@@ -44,10 +44,14 @@ def parser() -> argparse.ArgumentParser:
                    help="One row per array task, pending ones too (by default an array's pending tasks share one "
                         "row, 5_[11-100%%10], as in squeue).")
     p.add_argument("--json", dest="as_json", action="store_true", help='Print {"jobs": [...]} as JSON.')
+    p.add_argument("-s", "--steps", dest="show_steps", action="store_true",
+                   help="The running jobs' steps (JOBID.batch, JOBID.0, ...) instead of the jobs, as squeue -s.")
     p.add_argument("--start", dest="show_start", action="store_true",
                    help="Pending jobs with their queue position and estimated start (from the last cycle).")
     p.add_argument("--priority", dest="show_priority", action="store_true",
                    help="Pending jobs' priority and its weighted factors (like sprio).")
+    p.add_argument("--explain", dest="explain", default=None, metavar="JOBID",
+                   help="Why pending job JOBID waits, in terms you can act on (from the last cycle).")
     return p
 
 
@@ -88,6 +92,9 @@ def gqueue(argv: list[str]) -> None:
             layout = QueueFormat(args.format)
         except UsageError as exc:
             fail("gqueue", CliError(str(exc), EXIT_USAGE))
+    if args.explain is not None:
+        _explain(args.explain)
+        return
     if args.iterate is None:
         _show(args, wanted_users, filters, layout)
         return
@@ -114,8 +121,11 @@ def _show(args: argparse.Namespace, wanted_users: list[str], filters: JobFilters
     if args.show_start or args.show_priority:
         _pending_view(wanted_users, _split(args.jobs), filters, args.as_json, args.show_priority, args.noheader)
         return
-    # The plain form (garrison/plainmsg.py): the queue's one call never imports protobuf.
     job_ids = _split(args.jobs)
+    if args.show_steps:
+        _steps_view(wanted_users, job_ids, filters, args.as_json, args.noheader)
+        return
+    # The plain form (garrison/plainmsg.py): the queue's one call never imports protobuf.
     request = {"users": wanted_users, "states": _states(args.states, job_ids), "job_ids": job_ids, **filters.fields()}
     try:
         with Client() as client:
@@ -132,6 +142,25 @@ def _show(args: argparse.Namespace, wanted_users: list[str], filters: JobFilters
             print(text)
         return
     _print_table(JOB_COLUMNS, [job_row(j) for j in jobs], args.noheader)
+
+
+def _steps_view(users: list[str], job_ids: list[str], filters: JobFilters, as_json: bool, noheader: bool) -> None:
+    """squeue -s: the steps of running jobs, each job's batch step first."""
+    from garrison.cli.step_views import STEP_COLUMNS, batch_of_job, step_records, step_rows, steps_json
+
+    request = {"users": users, "states": ["RUNNING"], "job_ids": job_ids, **filters.fields()}
+    try:
+        with Client() as client:
+            jobs = list(client.call_plain("ListJobs", request).jobs)
+            steps = list(client.call_plain("ListSteps", {"job_ids": [str(j.job_id) for j in jobs]}).steps) if jobs else []
+    except CliError as exc:
+        fail("gqueue", exc)
+    now = jobs[0].now if jobs else 0.0
+    records = step_records([batch_of_job(j) for j in jobs], [s for s in steps if s.state == "RUNNING"], now)
+    if as_json:
+        print(steps_json(records))
+        return
+    _print_table(STEP_COLUMNS, step_rows(records), noheader)
 
 
 class JobFilters:
@@ -158,7 +187,8 @@ def _pending_view(users: list[str], job_ids: list[str], filters: JobFilters, as_
 
     try:
         with Client() as client:
-            request = adminpb.QueueDetailsRequest(users=users, job_ids=job_ids, **filters.fields())
+            request = adminpb.QueueDetailsRequest(users=users, job_ids=job_ids, names=filters.names,
+                                                  partitions=filters.partitions, accounts=filters.accounts)
             response = client.service_call(admin_pb2_grpc.AdminStub, "QueueDetails", request)
     except CliError as exc:
         fail("gqueue", exc)
@@ -169,6 +199,22 @@ def _pending_view(users: list[str], job_ids: list[str], filters: JobFilters, as_
         _print_table(PRIORITY_COLUMNS, priority_rows(response), noheader)
     else:
         _print_table(START_COLUMNS, start_rows(response), noheader)
+
+
+def _explain(job_id: str) -> None:
+    from garrison.cli.queue_views import explain_text
+    from garrison.protos.v1 import admin_pb2 as adminpb
+    from garrison.protos.v1 import admin_pb2_grpc
+
+    try:
+        with Client() as client:
+            request = adminpb.QueueDetailsRequest(job_ids=[job_id], explain=True)
+            response = client.service_call(admin_pb2_grpc.AdminStub, "QueueDetails", request)
+    except CliError as exc:
+        fail("gqueue", exc)
+    if not response.jobs:
+        fail("gqueue", CliError(f"job {job_id} is not pending: nothing to explain (gjob {job_id} shows it)"))
+    print(explain_text(response))
 
 
 def _print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], noheader: bool = False) -> None:

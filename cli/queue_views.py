@@ -31,6 +31,21 @@ def start_rows(response: Any) -> list[tuple[str, ...]]:
     return rows
 
 
+def explain_text(response: Any) -> str:
+    """gqueue --explain JOBID: each pending job's reason, queue position and estimated start, then why it
+    waits, a sentence a line (from the last scheduling cycle)."""
+    blocks = []
+    for detail in response.jobs:
+        job = detail.job
+        where = f"position {detail.position}" if detail.position else "not yet in a cycle"
+        start = _when(detail.estimated_start, response.now) if detail.HasField("estimated_start") else "unknown"
+        lines = [f"{job.display_id} ({job.name}, {job.user}): pending ({job.reason or 'None'}), {where}, "
+                 f"estimated start {start}"]
+        lines += [f"  {sentence}" for sentence in detail.explanation] or ["  (no scheduling cycle has looked at it yet)"]
+        blocks.append("\n".join(lines))
+    return "\n".join(blocks)
+
+
 def priority_rows(response: Any) -> list[tuple[str, ...]]:
     """Each factor weighted (what it adds to the priority), like sprio."""
     w = response.weights

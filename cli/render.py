@@ -4,7 +4,10 @@ terminals, JSON for scripts. No I/O here, so every view is testable as text."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
+
+from garrison.cli.usage_format import measured, usage_line
 
 TYPE_CHECKING = False  # not typing's: importing typing costs gqueue ~5 ms
 if TYPE_CHECKING:
@@ -163,8 +166,14 @@ def node_row(node: Any) -> tuple[str, ...]:
     cpus = f"{node.allocated_cpus}/{node.inventory.cpus}"
     memory = format_memory_pair(node.allocated_memory_mb, node.inventory.memory_mb)
     features = ",".join(node.inventory.features) or "-"  # what gsub -C selects on (sinfo's AVAIL_FEATURES)
+    # A node whose agent enforces nothing (allow_unconfined) says so where an admin looks for trouble.
+    reason = "; ".join(part for part in (node.reason, _unconfined_note(node.inventory.containment)) if part)
     return (node.name, state, f"{allocated}/{total}", cpus, memory, node.inventory.model or "-", gpu_model,
-            features, node.reason)
+            features, reason)
+
+
+def _unconfined_note(containment: str) -> str:
+    return "unconfined (jobs not contained by cgroups)" if containment == "unconfined" else ""
 
 
 PARTITION_COLUMNS = ("PARTITION", "TIMELIMIT", "NODES(A/I/O/T)", "GPUS(A/I/O/T)", "NODELIST")
@@ -203,6 +212,12 @@ def format_memory_pair(allocated_mb: int, total_mb: int) -> str:
     return f"{used}/{round(total_mb / 1024)}G"
 
 
+def _no_command(spec: Any) -> str:
+    if spec.launch == "allocation":
+        return f"(galloc on {spec.submit_host})" if spec.submit_host else "(galloc)"
+    return "(script)"
+
+
 def job_detail(job: Any) -> str:
     spec = job.spec
     lines = [
@@ -220,7 +235,9 @@ def job_detail(job: Any) -> str:
         f"BeginTime={_ts(spec.begin_time) if spec.HasField('begin_time') else '(null)'} Nice={spec.nice}",
         f"   ReqNodeList={','.join(spec.nodelist) or '(null)'} Features={spec.constraint or '(null)'} "
         f"Exclusive={'yes' if spec.exclusive else 'no'}",
-        f"   Command={' '.join(spec.command) if spec.command else '(script)'}",
+        f"   Command={' '.join(spec.command) if spec.command else _no_command(spec)}",
+        # galloc's command writes to galloc's terminal, on the submitting host.
+        "   StdOut=(galloc) StdErr=(galloc)" if spec.launch == "allocation" else
         f"   StdOut={_output_path(job, spec.output)} StdErr={_output_path(job, spec.error or spec.output)}",
         f"   NumTasks={spec.ntasks if spec.HasField('ntasks') else '-'} "
         f"CpusPerTask={spec.cpus_per_task if spec.HasField('cpus_per_task') else '-'} "
@@ -246,6 +263,10 @@ def job_detail(job: Any) -> str:
             f"   Attempt {att.attempt}: {state} start={_ts(att.start_time)} end={_ts(att.end_time)} "
             f"exit={code} {where}" + (f" reason={att.reason}" if att.reason else "")
         )
+        if measured(att.usage) is not None:  # sstat's figures while it runs, sacct's once it has ended
+            end = att.end_time or job.now or time.time()
+            cpus = sum(len(a.cpus) for a in att.allocation)
+            lines.append(f"     {usage_line(att.usage, max(end - att.start_time, 0.0), cpus)}")
     return "\n".join(lines)
 
 

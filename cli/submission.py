@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from garrison.cli.argparser import Parser
-from garrison.model.jobspec import JobSpec, LaunchMode
+from garrison.model.jobspec import JobSpec, LaunchMode, without_credentials
 from garrison.model.resources import resolve as resolve_resources
 
 from .parsing import (
@@ -151,7 +151,7 @@ def _gsub_parser() -> Parser:
     parser.add_argument("--test-only", action="store_true",
                         help="Check the job and say when and where it would start, without submitting it.")
     _option(parser, "--wrap", metavar="CMD", help_text="Run CMD with /bin/sh instead of a script.")
-    parser.add_argument("--launch", choices=[mode.value for mode in LaunchMode],
+    parser.add_argument("--launch", choices=[mode.value for mode in LaunchMode if mode != LaunchMode.ALLOCATION],
                         help="rank: a process per GPU; node: one per node; single: once, like an sbatch script.")
     _option(parser, "--ntasks-per-node", metavar="N", help_text="Processes per node in rank mode.")
     parser.add_argument("--requeue", dest="requeue", action="store_const", const=True,
@@ -489,7 +489,7 @@ def parse_submission(
         account=chosen.nonempty_text("account"),
         partition=chosen.nonempty_text("partition"),
         workdir=os.path.normpath(os.path.join(cwd, chdir)) if chdir is not None else cwd,
-        env=export if export is not None else dict(environ),
+        env=without_credentials(export if export is not None else environ),
         output=chosen.nonempty_text("output"),
         error=chosen.nonempty_text("error"),
         # As sbatch: the batch script runs once, on the first node; per-rank launches are asked for.

@@ -54,6 +54,8 @@ def _controller_section(state_dir: Path, port: int, allow_root: bool, database: 
             f"key_file = {_toml_str(str(state_dir / 'controller' / 'credential.key'))}",
             "heartbeat_interval_s = 1.0",
             "heartbeat_timeout_s = 10.0",
+            # A local cluster's node lease: a silent node's jobs move on 15 + 5 + 3 s after it fell silent.
+            "node_lease_s = 15.0",
             "schedule_interval_s = 0.5",
             "kill_wait_s = 5.0",
             "finished_job_retention_s = 600.0",
@@ -72,6 +74,14 @@ FAKE_NODE_FEATURES = {
     "pcie4": ("a6000",),
     "pcie8": ("l40s",),
 }
+
+
+def local_cgroup_root(state_dir: Path, node: int) -> str:
+    """garrison-up/<the state dir's name and a hash of its path>/node<N>: unique per cluster and node."""
+    import hashlib
+
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    return f"garrison-up/{state_dir.resolve().name}-{digest}/node{node}"
 
 
 def _write_configs(state_dir: Path, topologies: list[str], database: str | None = None, extra: str = "") -> None:
@@ -93,6 +103,10 @@ def _write_configs(state_dir: Path, topologies: list[str], database: str | None 
                 f"credential_socket = {_toml_str(str(state_dir / 'auth.sock'))}",
                 f"fake_topology = {_toml_str(topo)}",
                 f"features = [{', '.join(_toml_str(f) for f in FAKE_NODE_FEATURES.get(topo, ()))}]",
+                # Each local cluster and node its own cgroup subtree (clusters side by side never share
+                # one); a developer's machine without writable cgroups still runs the jobs, unconfined.
+                f"cgroup_root = {_toml_str(local_cgroup_root(state_dir, i))}",
+                "allow_unconfined = true",
                 "",
             ]
         )
@@ -126,7 +140,9 @@ def _pid_alive(pid_file: Path, marker: str) -> int | None:
 def _start(args: list[str], log_path: Path, pid_file: Path) -> int:
     env = dict(os.environ)
     env.pop("NOTIFY_SOCKET", None)
-    with open(log_path, "ab") as log:
+    # A daemon's log names users, jobs and refused requests: its user's alone.
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with open(log_fd, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, *args],
             stdin=subprocess.DEVNULL,
@@ -162,6 +178,21 @@ def _check_database_url(url: str) -> None:
         )
 
 
+def _check_state_dir(state_dir: Path) -> None:
+    """The state dir holds the cluster's keys, database and sockets: never one another user made first (a
+    key of theirs in it would let them forge root's credentials). Created here if missing, 0755 so that job
+    users reach the sockets and their attempts' files; each daemon checks its own paths again at start."""
+    from garrison.trusted_paths import UntrustedPath, ensure_trusted_dir
+
+    try:
+        ensure_trusted_dir(state_dir, "--state-dir", mode=0o755)
+        for inner in ("controller", *(p.stem for p in _agent_configs(state_dir))):
+            if os.path.lexists(state_dir / inner):
+                ensure_trusted_dir(state_dir / inner, "--state-dir's")
+    except UntrustedPath as exc:
+        raise CliError(str(exc)) from None
+
+
 def cluster_up(
     state_dir: Path, agents: int | None, topologies: list[str], database: str | None = None, extra_config: str = ""
 ) -> str:
@@ -172,7 +203,7 @@ def cluster_up(
         if configured.exists() and load_config(configured).controller.database != database:
             raise CliError(f"{configured} already uses another database; garrison down and use a new --state-dir "
                            "to change it", 2)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    _check_state_dir(state_dir)
     if len(str(state_dir / "auth.sock")) > 100:
         raise CliError(f"state dir path too long for a Unix socket: {state_dir}")
     if not (state_dir / "garrison.toml").exists():

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from garrison.controller.engine import Engine, NotFound, PermissionDenied
+from garrison.controller.sched.explain import explain_wait
 from garrison.controller.sched.fairshare import fair_share_factors, normalised_shares
 from garrison.controller.sched.priority import PriorityContext, PriorityFactors
 from garrison.controller.validate import MAX_NICE, ValidationError
@@ -39,6 +40,7 @@ from garrison.model.domain import Job, JobState, Node, Principal
 log = logging.getLogger("garrison.controller.admin")
 
 T = TypeVar("T")
+MAX_EXPLAINED = 20  # jobs one QueueDetails call explains (gqueue --explain JOBID asks for one)
 
 @dataclass(frozen=True)
 class UsageLine:
@@ -58,6 +60,7 @@ class PendingLine:
     estimated_start: float | None
     priority: int | None
     factors: PriorityFactors | None
+    explanation: tuple[str, ...] = ()  # why it waits (sched/explain.py), when asked for
 
 
 class AdminOps:
@@ -352,8 +355,9 @@ class AdminOps:
                 self._check_qos(job, qos, updated.time_limit_s)
                 updated = replace(updated, spec=replace(updated.spec, qos=qos))
             changed.append(updated)
-        for job in changed:
-            self.state.update_job(job)
+        with self.state.atomically():  # every job or none
+            for job in changed:
+                self.state.update_job(job)
         log.info("%s updated job(s) %s", principal.user, ", ".join(str(j.job_id) for j in changed))
         self.engine.request_schedule()
         return [j.job_id for j in changed]
@@ -374,7 +378,21 @@ class AdminOps:
 
     # -- queue views (gqueue --start, --priority) ---------------------------------------------------------
 
-    def pending_details(self, jobs: Sequence[Job]) -> list[PendingLine]:
+    def pending_details(self, jobs: Sequence[Job], explain: bool = False) -> list[PendingLine]:
+        """Queue position, estimated start, priority factors; with ``explain``, why each job waits (for at most
+        MAX_EXPLAINED jobs: each costs a pass of the filters over the nodes)."""
+        lines = self._pending_lines(jobs)
+        last = self.policy.last
+        if not explain or last is None:
+            return lines
+        explained = []
+        for i, line in enumerate(lines):
+            found = explain_wait(last.snapshot, last.plan, self.policy.scheduler, last.at, line.job.job_id) \
+                if i < MAX_EXPLAINED else None
+            explained.append(replace(line, explanation=found.lines if found is not None else ()))
+        return explained
+
+    def _pending_lines(self, jobs: Sequence[Job]) -> list[PendingLine]:
         last = self.policy.last
         if last is None:
             return [PendingLine(j, 0, None, None, None) for j in jobs if j.state == JobState.PENDING]

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from garrison.controller.instructions import ReleaseGang
 from garrison.controller.state import AckResult, SignalAttempt
-from garrison.model.domain import JobSpec, JobState, Node, NodeInventory, NodeResult
+from garrison.controller.step_commands import StepEvent, StepInstruction
+from garrison.model.domain import AttemptUsage, JobSpec, JobState, Node, NodeInventory, NodeResult
 from garrison.model.launch import LaunchDescription
 
 # --------------------------------------------------------------------------------------------------
@@ -121,6 +123,7 @@ class Registration:
     inventory: NodeInventory
     running: tuple[RunningAttempt, ...] = ()
     finished: tuple[NodeResult, ...] = ()
+    lease_request: int = 0  # the node lease request the registration carries (0: the agent asks for none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,16 +140,27 @@ class CheckpointMarked:
 
 
 @dataclass(frozen=True, slots=True)
+class RunningUsageReported:
+    """A node's figures for a running attempt so far (peak memory, CPU time): what gjob shows, as sstat."""
+
+    job_id: int
+    attempt: int
+    usage: AttemptUsage
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptFinished:
     result: NodeResult
 
 
 @dataclass(frozen=True, slots=True)
 class StillAlive:
-    """Any other message (a heartbeat): it only proves the node is alive."""
+    """Any other message (a heartbeat): it proves the node is alive, and may ask for the node lease."""
+
+    lease_request: int = 0  # 0: no lease asked for
 
 
-AgentEvent = AttemptStarted | CheckpointMarked | AttemptFinished | StillAlive
+AgentEvent = AttemptStarted | CheckpointMarked | RunningUsageReported | AttemptFinished | StillAlive | StepEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +170,21 @@ class Welcome:
     heartbeat_interval_s: float
 
 
-# What the engine hands an agent's session to send: the welcome, a launch, a signal, an acknowledgement.
-AgentInstruction = Welcome | LaunchDescription | SignalAttempt | AckResult
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """The node lease for the agent's request ``request``: its ranks may run ``duration_s`` from when it sent
+    that request (garrison/model/lease.py)."""
+
+    request: int
+    duration_s: float
+
+
+# What the engine hands an agent's session to send: the welcome, a lease, a launch, a gang's release, a
+# signal, an acknowledgement, a job step's messages.
+AgentInstruction = (
+    Welcome | LeaseGrant | LaunchDescription | ReleaseGang | SignalAttempt | AckResult
+    | StepInstruction
+)
 
 
 class AgentLink(Protocol):

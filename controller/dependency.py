@@ -1,4 +1,5 @@
-"""Job dependencies, `gsub -d afterok:12:13,afterany:14` (sbatch --dependency): parsing and evaluation.
+"""Job dependencies, `gsub -d afterok:12:13,afterany:14` (sbatch --dependency): the syntax, and the core's
+typed input for it (the scheduling core decides: controller/sched/dependencies.py).
 
 Pure: no I/O, the jobs are passed in. A dependency list is a list of TYPE:JOB[:JOB...] items separated by
 ',' (every item must hold) or by '?' (one must), as in Slurm, which does not mix the two either. Within an
@@ -24,8 +25,15 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from garrison.controller.sched.cycle import Reason
-from garrison.model.domain import Job, JobState
+from garrison.controller.sched.dependencies import (
+    DependencyItem,
+    DependencyKind,
+    DependencyStatus,
+    JobDependencies,
+    dependency_status,
+)
+from garrison.controller.sched.plan import Reason
+from garrison.model.domain import Job
 
 KINDS = ("after", "afterany", "afterok", "afternotok", "singleton")
 MAX_DEPENDENCY_JOBS = 100
@@ -93,46 +101,25 @@ def format_dependency(dependencies: DependencyList) -> str:
     )
 
 
+def typed_dependencies(
+    dependencies: DependencyList, jobs_for: Callable[[str], Sequence[Job]], singleton_key: tuple[str, str] | None = None
+) -> JobDependencies:
+    """The scheduling core's input for a dependency list (sched/dependencies.py decides on it): each item's
+    kind and, per job reference, the states of the jobs it stands for now."""
+    items = tuple(
+        DependencyItem(DependencyKind(item.kind), tuple(tuple(j.state for j in jobs_for(ref)) for ref in item.jobs))
+        for item in dependencies.items
+    )
+    return JobDependencies(items, dependencies.any_of, singleton_key if dependencies.singleton else None)
+
+
+_REASONS = {DependencyStatus.SATISFIED: SATISFIED, DependencyStatus.WAITING: WAITING, DependencyStatus.NEVER: NEVER}
+
+
 def dependency_reason(
     dependencies: DependencyList, jobs_for: Callable[[str], Sequence[Job]], *, namesake_running: bool = False
 ) -> str:
-    """SATISFIED, WAITING or NEVER for a pending job's dependency list. ``jobs_for`` gives the jobs a
-    reference stands for ([] when none is known any more); ``namesake_running``, whether another job of
-    the same user and name is running (for singleton)."""
-    reasons = {
-        (WAITING if namesake_running else SATISFIED) if item.kind == "singleton" else _item_reason(item, jobs_for)
-        for item in dependencies.items
-    }
-    if dependencies.any_of:
-        return SATISFIED if SATISFIED in reasons else WAITING if WAITING in reasons else NEVER
-    return NEVER if NEVER in reasons else WAITING if WAITING in reasons else SATISFIED
-
-
-def _item_reason(item: Dependency, jobs_for: Callable[[str], Sequence[Job]]) -> str:
-    reason = SATISFIED
-    for ref in item.jobs:
-        jobs = jobs_for(ref)
-        if not jobs:
-            if item.kind in ("afterok", "afternotok"):
-                return NEVER
-            continue
-        for job in jobs:
-            verdict = _holds(item.kind, job.state)
-            if verdict is None:
-                return NEVER
-            if not verdict:
-                reason = WAITING
-    return reason
-
-
-def _holds(kind: str, state: JobState) -> bool | None:
-    """Whether a job in ``state`` satisfies ``kind`` now (True), may later (False), or never will (None)."""
-    if kind == "after":
-        return state != JobState.PENDING
-    if not state.is_terminal:
-        return False
-    if kind == "afterany":
-        return True
-    if kind == "afterok":
-        return True if state == JobState.COMPLETED else None
-    return True if state != JobState.COMPLETED else None  # afternotok
+    """SATISFIED, WAITING or NEVER for a pending job's dependency list, as the core decides it. ``jobs_for``
+    gives the jobs a reference stands for ([] when none is known any more); ``namesake_running``, whether
+    another job of the same user and name is running (for singleton)."""
+    return _REASONS[dependency_status(typed_dependencies(dependencies, jobs_for), namesake_running)]

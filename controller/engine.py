@@ -19,12 +19,15 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from garrison.config import ControllerConfig
 from garrison.controller import metrics
 from garrison.controller.accounting_query import AccountingQuery
+from garrison.controller.agent_backlog import AgentBacklog
+from garrison.controller.allocations import Allocations
+from garrison.controller.bulk import CHUNK_JOBS, BulkWriter, NewJobs, Pacer
 from garrison.controller.clock import Clock
 from garrison.controller.commands import (
     AgentEvent,
@@ -35,16 +38,21 @@ from garrison.controller.commands import (
     CancelResult,
     CheckpointMarked,
     JobFilter,
+    LeaseGrant,
     NodeRow,
     PartitionRow,
     Registration,
+    RunningUsageReported,
+    StillAlive,
     SubmitCommand,
     Submitted,
     TestSubmitResult,
     Welcome,
 )
 from garrison.controller.dependency import format_dependency, parse_dependency
+from garrison.controller.instructions import EndSession, ReleaseGang
 from garrison.controller.policy import Policy
+from garrison.controller.rendezvous import RendezvousPorts
 from garrison.controller.sched.cycle import Plan, SchedulerConfig, schedule
 from garrison.controller.sched.snapshot import Snapshot
 from garrison.controller.signals import DEFAULT_WARNING_SIGNAL, parse_signal_request
@@ -56,6 +64,16 @@ from garrison.controller.state import (
     Launch,
     SignalAttempt,
 )
+from garrison.controller.step_commands import (
+    StepInstruction,
+    StepNodeFinished,
+    StepOutputReceived,
+    StepTasksExited,
+)
+from garrison.controller.steps import StepManager
+from garrison.controller.store.errors import StoreUnavailable
+from garrison.controller.submitcaps import check_submit_cap
+from garrison.controller.userjobs import UserJobs
 from garrison.controller.validate import Resolved, ValidationError, validate_submission
 from garrison.model.domain import Job, JobSpec, JobState, Principal
 from garrison.model.jobrefs import MAX_ID, JobLookup, parse_job_ref
@@ -72,11 +90,6 @@ class NotFound(Exception):
     """No such job (gRPC NOT_FOUND)."""
 
 
-def master_port(job_id: int, attempt: int) -> int:
-    """A per-attempt rendezvous port, spread over 20000-39999 so concurrent jobs rarely collide."""
-    return 20000 + (job_id * 7919 + attempt * 104729) % 20000
-
-
 def _matches(job: Job, selection: JobFilter) -> bool:
     """squeue's and scancel's filters: each one given must hold (an empty one holds for every job)."""
     return (
@@ -90,12 +103,20 @@ def _matches(job: Job, selection: JobFilter) -> bool:
 
 MAX_BEGIN_AHEAD_S = 366 * 86400  # gsub --begin
 TEST_JOB_ID = MAX_ID + 1  # gsub --test-only's job: an id no real job can have
-TEST_ONLY_MAX_RESERVATIONS = 500  # jobs a --test-only estimate plans ahead of the tested one, at most
+TEST_ONLY_MAX_RESERVATIONS = 500
+MAX_CYCLE_REST_S = 5.0  # the longest rest after a long scheduling cycle
+REASONS_PER_TURN = 2000  # pending jobs' reasons updated per turn of the event loop  # jobs a --test-only estimate plans ahead of the tested one, at most
 
 
 class Engine:
-    def __init__(self, config: ControllerConfig, state: ClusterState, clock: Clock) -> None:
+    def __init__(
+        self, config: ControllerConfig, state: ClusterState, clock: Clock, rendezvous: RendezvousPorts | None = None
+    ) -> None:
         self.config = config
+        # Without the controller's key (tests), a secret of this process's own.
+        self.rendezvous = rendezvous or RendezvousPorts(os.urandom(32), config.rendezvous_ports)
+        self._ports: dict[tuple[int, int], tuple[str, int]] = {}  # live attempt -> (head node, its port)
+        state.max_launch_failures = config.max_launch_failures
         self.state = state
         self.clock = clock
         self.sessions: dict[str, AgentLink] = {}
@@ -109,6 +130,29 @@ class Engine:
         self.policy = Policy(config, state, clock.now())
         # gacct's reads of the store's whole history, on a pool of their own.
         self.accounting_query = AccountingQuery(state.store)
+        # galloc's allocations: their status, keep-alive leases and release (controller/allocations.py).
+        self.allocations = Allocations(self)
+        # Large arrays written and cancelled in chunks, and each user's jobs in the queue (issue 20).
+        self.bulk = BulkWriter(state)
+        self.user_jobs = UserJobs(state.jobs)
+        state.job_observers.append(self.user_jobs.job_changed)
+        # Agents' reports waiting for the database to take writes again (controller/agent_backlog.py).
+        self.backlog = AgentBacklog(config.store_retry_s)
+        self._outage_logged_at = -math.inf
+
+        # Job steps (gsrun): started in running jobs, their output routed to their clients.
+        self.steps = StepManager(
+            state.store, lambda: self.state.jobs, self._send_step, self._node_address, clock.now,
+            config.kill_wait_s, self.is_admin,
+        )
+        self.steps.recover()
+
+    def _store_unavailable(self, what: str, error: StoreUnavailable) -> None:
+        """Log an outage seen by a background step, at most every few seconds: the step is retried."""
+        now = time.monotonic()
+        if now - self._outage_logged_at >= 5.0:
+            self._outage_logged_at = now
+            log.warning("%s waits for the database: %s", what, error.cause or error)
 
     # ---------------------------------------------------------------------------------------------
     # Lifecycle
@@ -128,8 +172,12 @@ class Engine:
         for session in list(self.sessions.values()):
             session.close()
         self._pool.shutdown(wait=False)
+        self.bulk.close()
         self.accounting_query.close()
-        self.policy.save_usage(self.clock.now())
+        try:
+            self.policy.save_usage(self.clock.now())
+        except StoreUnavailable as error:  # usage since the last save is lost; jobs and attempts are not
+            log.warning("usage not saved at shutdown, the database is unavailable: %s", error.cause)
 
     def request_schedule(self) -> None:
         self._wake.set()
@@ -154,6 +202,12 @@ class Engine:
                 self.policy.remember(snapshot, plan, now)
                 self._apply_plan(plan)
                 metrics.observe_scheduling_cycle(time.perf_counter() - started)
+                await self._record_wait_reasons(plan.waiting)
+                # A cycle over 100,000 pending jobs takes seconds of CPU, which its thread shares with the
+                # event loop (one GIL): rest as long as it took, so that requests get at least half.
+                await asyncio.sleep(min(self.last_cycle_ms / 1000, MAX_CYCLE_REST_S))
+            except StoreUnavailable as error:  # nothing of the plan was kept; the next cycle plans again
+                self._store_unavailable("scheduling cycle", error)
             except Exception:  # a bug in one cycle must not stop scheduling for good
                 log.exception("scheduling cycle failed")
 
@@ -166,34 +220,67 @@ class Engine:
         # The ledger accepts what still holds of the (possibly stale) plan; the rest is dropped, with why.
         result, instructions = self.state.apply_plan(plan, now)
         for rejection in result.rejected:
-            log.debug("plan: job=%d %s dropped: %s", rejection.job_id,
-                      "preemption" if rejection.victim else "start", rejection.reason.value)
+            kind = "preemption" if rejection.victim else "start"
+            log.info("plan: job=%d node=%s %s rejected: %s", rejection.job_id, rejection.node or "-", kind,
+                     rejection.reason.value)
+            metrics.record_plan_rejection(kind, rejection.reason.name)
         for victim in result.preempting:
-            instructions += self.preempt(victim.job_id, victim.grace_s, now)
-        self.state.wait_reasons.update(plan.waiting)
-        for job_id, reason in plan.waiting.items():
-            job = self.state.jobs.get(job_id)
-            # Only a changed reason makes a new Job: unchanged jobs keep their cached scheduling views.
-            if (job is not None and job.state == JobState.PENDING and job.reason != reason
-                    and not job.reason.startswith("Requeued")):
-                self.state.jobs[job_id] = replace(job, reason=reason)
+            try:
+                instructions += self.preempt(victim.job_id, victim.grace_s, now)
+            except StoreUnavailable as error:  # this victim is left running; a later cycle chooses again
+                self._store_unavailable("preemption", error)
         self.execute(instructions)
+
+    async def _record_wait_reasons(self, waiting: Mapping[int, str]) -> None:
+        """Each pending job's reason as gqueue shows it, from the last plan; in chunks, paced, since a cycle
+        over 100,000 newly pending tasks changes them all (controller/bulk.py's Pacer)."""
+        pacer = Pacer()
+        for count, (job_id, reason) in enumerate(waiting.items(), 1):
+            job = self.state.jobs.get(job_id)
+            if job is None or job.state != JobState.PENDING:
+                continue  # cancelled, purged or started since the snapshot: no reason to keep for it
+            self.state.wait_reasons[job_id] = reason
+            # Only a changed reason makes a new Job: unchanged jobs keep their cached scheduling views.
+            if job.reason != reason and not job.reason.startswith("Requeued"):
+                self.state.jobs[job_id] = replace(job, reason=reason)
+            if count % REASONS_PER_TURN == 0:
+                await pacer.pause(REASONS_PER_TURN)
 
     async def _timer_loop(self) -> None:
         interval = min(0.2, self.config.heartbeat_interval_s)
         while True:
             await asyncio.sleep(interval)
             try:
-                now = self.clock.now()
-                self.policy.charge_usage(now)
-                instructions = self.state.expire_time_limits(now)
-                instructions += self.state.expire_heartbeats(now)
-                self.state.purge_finished(now, self.config.finished_job_retention_s)
-                if instructions:
-                    self.execute(instructions)
-                    self.request_schedule()
+                self.tick(self.clock.now())
             except Exception:
                 log.exception("timer tick failed")
+
+    def tick(self, now: float) -> None:
+        """The timer's work. Each step stands alone: one that cannot write while the database is down leaves
+        its part as it was and catches up on the first tick after the database is back."""
+        try:
+            self.policy.charge_usage(now)
+        except StoreUnavailable as error:
+            self._store_unavailable("usage", error)
+        for node in self.backlog.retry(now):
+            session = self.sessions.get(node)
+            if session is not None:
+                session.close()  # the agent reconnects and reports what is not acknowledged again
+        self.state.flush_nodes()
+        instructions = self.state.expire_time_limits(now)
+        instructions += self.state.expire_heartbeats(now)
+        try:
+            instructions += self.allocations.expire_leases(now)
+        except StoreUnavailable as error:  # lapsed allocations are cancelled on the first tick that can write
+            self._store_unavailable("allocation leases", error)
+        self.state.purge_finished(now, self.config.finished_job_retention_s)
+        try:
+            self.steps.check_jobs()
+        except StoreUnavailable as error:  # the steps of ended jobs are ended on a later tick
+            self._store_unavailable("job steps", error)
+        if instructions:
+            self.execute(instructions)
+            self.request_schedule()
 
     # ---------------------------------------------------------------------------------------------
     # Instructions -> agent messages
@@ -209,8 +296,24 @@ class Engine:
             elif isinstance(ins, SignalAttempt):
                 session.send(ins)
                 log.info("%s job=%d attempt=%d node=%s", ins.action, ins.job_id, ins.attempt, ins.node)
-            elif isinstance(ins, AckResult):
+            elif isinstance(ins, AckResult | ReleaseGang):
                 session.send(ins)
+            elif isinstance(ins, EndSession):
+                log.warning("node %s: closing its stream (%s)", ins.node, ins.reason)
+                # Forgotten at once: what the old stream still carries renews nothing; the agent registers anew.
+                del self.sessions[ins.node]
+                session.close()
+
+    def _send_step(self, node: str, instruction: StepInstruction) -> bool:
+        session = self.sessions.get(node)
+        if session is None:
+            return False
+        session.send(instruction)
+        return True
+
+    def _node_address(self, node: str) -> str:
+        session = self.sessions.get(node)
+        return session.address if session is not None else node
 
     def launch_description(self, ins: Launch) -> LaunchDescription:
         """What ``ins.node`` is told to start: the attempt as that node of its gang sees it, with the head
@@ -231,7 +334,7 @@ class Engine:
             allocation=attempt.allocation,
             node_rank=names.index(ins.node),
             master_addr=head.address if head is not None else names[0],
-            master_port=master_port(job.job_id, ins.attempt),
+            master_port=self._master_port(job.job_id, ins.attempt, names[0]),
             restart_count=job.restart_count,
             kill_wait_s=self.config.kill_wait_s,
             time_limit_s=job.time_limit_s,
@@ -246,17 +349,33 @@ class Engine:
             array_task_max=spec.array_task_max,
             array_task_step=spec.array_task_step,
             batch_signal=warning.signum if warning is not None and warning.batch_only else 0,
+            start_barrier=len(names) > 1,
         )
 
+    def _master_port(self, job_id: int, attempt: int, head: str) -> int:
+        """The attempt's rendezvous port (controller/rendezvous.py), the same for every node of its gang
+        and every resend, and none that another live attempt on the same head node has."""
+        key = (job_id, attempt)
+        known = self._ports.get(key)
+        if known is not None:
+            return known[1]
+        for ended in [k for k in self._ports if k not in self.state.live]:
+            del self._ports[ended]
+        taken = {port for node, port in self._ports.values() if node == head}
+        port = self.rendezvous.port_for(job_id, attempt, taken)
+        self._ports[key] = (head, port)
+        return port
+
     def preempt(self, job_id: int, grace_s: float, now: float) -> list[Instruction]:
-        """Start preempting a running job: its --signal (default SIGUSR1) now, SIGTERM after the grace period
-        (the job's own --signal lead time when it asked for one), requeued when its ranks have ended."""
+        """Start preempting a running job: its --signal (default SIGUSR1) now, SIGTERM after ``grace_s``, the
+        grace the scheduling core decided (sched/preemption.py preemption_grace: the QoS's, which the job's
+        --signal lead time may shorten, or lengthen up to the admin's maximum), requeued when its ranks end."""
         job = self.state.jobs.get(job_id)
         if job is None:
             return []
         warning = parse_signal_request(job.spec.signal) if job.spec.signal else None
         signum = warning.signum if warning else DEFAULT_WARNING_SIGNAL
-        grace = float(warning.seconds) if warning else grace_s
+        grace = float(grace_s)
         instructions = self.state.preempt(job_id, grace, int(signum), now)
         if instructions:
             log.info("job=%d node=%s preempting: signal %d, grace %.0fs", job_id,
@@ -284,10 +403,30 @@ class Engine:
         return resolved, indices
 
     def submit(self, principal: Principal, command: SubmitCommand) -> Submitted:
+        """A submission written in one transaction: for a small one (controller/bulk.py's CHUNK_JOBS or
+        fewer jobs), or where no event loop runs; the RPC layer calls ``submit_async``."""
+        new, held = self._new_jobs(principal, command)
+        with self.state.atomically():  # the jobs and their hold, in one transaction
+            jobs = new.build()
+            self.state.add_jobs(jobs)
+            if held:
+                self.state.hold([job.job_id for job in jobs], by_admin=False)
+        return self._submitted(principal, new, held)
+
+    async def submit_async(self, principal: Principal, command: SubmitCommand) -> Submitted:
+        """A submission; a large array's tasks are written in chunks, so others' requests are answered
+        meanwhile (controller/bulk.py)."""
+        new, held = self._new_jobs(principal, command)
+        await self.bulk.add_jobs(new, hold=held)
+        return self._submitted(principal, new, held)
+
+    def _new_jobs(self, principal: Principal, command: SubmitCommand) -> tuple[NewJobs, bool]:
+        """The checked submission's jobs (one, or an array's tasks with consecutive ids), not stored yet."""
         resolved, indices = self._checked_submission(principal, command)
+        check_submit_cap(self.user_jobs, principal.user, len(indices) or 1, self.config.max_submit_jobs)
         now = self.clock.now()
         count = len(indices) or 1
-        first = self.state.store.allocate_job_ids(count)
+        first = self.state.store.allocate_job_ids(count)  # ids lost to a failed submit are never reused
         common = dict(
             spec=resolved.spec,
             user=principal.user,
@@ -300,19 +439,19 @@ class Engine:
         )
         if indices:
             common["spec"] = with_array_summary(resolved.spec, indices)
-            jobs = [
-                Job(job_id=first + i, array_job_id=first, array_task_id=index, **common)  # type: ignore[arg-type]
-                for i, index in enumerate(indices)
-            ]
-        else:
-            jobs = [Job(job_id=first, **common)]  # type: ignore[arg-type]
-        self.state.add_jobs(jobs)
-        if command.hold:
-            self.state.hold([job.job_id for job in jobs], by_admin=False)
-        log.info("submitted job=%d node=- tasks=%d user=%s%s", first, count, principal.user,
-                 " held" if command.hold else "")
+
+            def task(i: int) -> Job:
+                return Job(job_id=first + i, array_job_id=first, array_task_id=indices[i], **common)  # type: ignore[arg-type]
+
+            return NewJobs(first, count, task), command.hold
+        return NewJobs(first, 1, lambda _: Job(job_id=first, **common)), command.hold  # type: ignore[arg-type]
+
+    def _submitted(self, principal: Principal, new: NewJobs, held: bool) -> Submitted:
+        """What follows a submission once its jobs are stored (and held) and in memory."""
+        log.info("submitted job=%d node=- tasks=%d user=%s%s", new.first, new.count, principal.user,
+                 " held" if held else "")
         self.request_schedule()
-        return Submitted(job_id=first, task_count=count)
+        return Submitted(job_id=new.first, task_count=new.count)
 
     async def test_submit(self, principal: Principal, command: SubmitCommand) -> TestSubmitResult:
         """sbatch --test-only: check the job as a submission is checked, then run the scheduling core on the
@@ -400,6 +539,25 @@ class Engine:
             self.request_schedule()
         return CancelResult(cancelled=tuple(cancelled))
 
+    async def cancel_async(self, principal: Principal, command: CancelCommand) -> CancelResult:
+        """gcancel, with the pending ones of many jobs (a large array) cancelled in chunks so that others'
+        requests are answered meanwhile (controller/bulk.py)."""
+        if command.signal is not None:
+            return self.cancel(principal, command)
+        jobs = self._jobs_to_control(principal, command.jobs, "cancel")
+        now = self.clock.now()
+        pending = [job.job_id for job in jobs if job.state == JobState.PENDING]
+        cancelled = await self.bulk.cancel(pending, now) if len(pending) > CHUNK_JOBS else []
+        # The rest (running jobs, and any that a cycle started meanwhile) the ordinary way.
+        done = set(cancelled)
+        others, instructions = self.state.cancel([j.job_id for j in jobs if j.job_id not in done], self.clock.now())
+        self.execute(instructions)
+        cancelled += others
+        if cancelled:
+            log.info("%s cancelled %d job(s)", principal.user, len(cancelled))
+            self.request_schedule()
+        return CancelResult(cancelled=tuple(cancelled))
+
     def _jobs_to_control(self, principal: Principal, selection: JobFilter, verb: str) -> list[Job]:
         if selection.job_refs:
             jobs = self._resolve_refs(selection.job_refs)
@@ -438,7 +596,12 @@ class Engine:
 
     def list_jobs(self, selection: JobFilter) -> list[Job]:
         jobs: Iterable[Job]
-        jobs = self._resolve_refs(selection.job_refs) if selection.job_refs else self.state.jobs.values()
+        if selection.job_refs:
+            jobs = self._resolve_refs(selection.job_refs)
+        elif selection.users:
+            jobs = self.user_jobs.of(selection.users)  # gqueue --me: the user's jobs, not the whole queue
+        else:
+            jobs = self.state.jobs.values()
         selected = [j for j in jobs if _matches(j, selection)]
         return sorted(selected, key=lambda j: j.job_id)
 
@@ -473,20 +636,17 @@ class Engine:
         old = self.sessions.get(session.node)
         if old is not None and old is not session:
             old.close()
+        # Reports queued from an earlier stream are reported again by this registration.
+        self.backlog.drop(session.node)
         self.sessions[session.node] = session
         session.send(Welcome(heartbeat_interval_s=self.config.heartbeat_interval_s))
+        # The lease before any launch or signal: a supervisor started on a node with no live lease would not
+        # start its ranks.
+        self._grant_lease(session, registration.lease_request)
         now = self.clock.now()
-        instructions = self.state.register_node(
-            session.node,
-            registration.inventory,
-            self.node_partitions(session.node),
-            [(r.job_id, r.attempt) for r in registration.running],
-            list(registration.finished),
-            now,
-        )
-        # Checkpoint marks of the running attempts, before any cycle could choose a preemption victim.
-        for ref in registration.running:
-            self._checkpointed(ref.job_id, ref.attempt, ref.checkpoint_time, now)
+        # The node is attached in memory whatever the database does; what it runs and what ended while it was
+        # away is reconciled as a report of its own, retried while the database is down.
+        self.state.attach_node(session.node, registration.inventory, self.node_partitions(session.node), now)
         log.info(
             "node %s registered: %d GPUs, %d running, %d finished results",
             session.node,
@@ -494,8 +654,27 @@ class Engine:
             len(registration.running),
             len(registration.finished),
         )
-        self.execute(instructions)
-        self.request_schedule()
+
+        def reconcile() -> None:
+            instructions = self.state.reconcile_node(
+                session.node,
+                [(r.job_id, r.attempt) for r in registration.running],
+                list(registration.finished),
+                now,
+            )
+            # Checkpoint marks of the running attempts, before any cycle could choose a preemption victim.
+            for ref in registration.running:
+                self._checkpointed(ref.job_id, ref.attempt, ref.checkpoint_time, now)
+            self.execute(instructions)
+            self.request_schedule()
+
+        self.backlog.deliver(session.node, reconcile, now)
+
+    def _grant_lease(self, session: AgentLink, request: int) -> None:
+        """Answer a lease request of the node's current stream (fencing: garrison/model/lease.py). A node
+        declared silent has had its stream closed, so only a new registration renews its lease."""
+        if request:
+            session.send(LeaseGrant(request=request, duration_s=self.config.node_lease_s))
 
     def _checkpointed(self, job_id: int, attempt: int, when: float, now: float) -> None:
         """An agent's report of a checkpoint mark: a time that is not a positive finite number is ignored,
@@ -507,18 +686,52 @@ class Engine:
         if self.sessions.get(session.node) is not session:
             return  # a stream that has been replaced by a newer connection
         now = self.clock.now()
-        self.state.heartbeat(session.node, now)  # every message, whatever it says, shows the node is alive
+        # Every message, whatever it says, shows the node is alive.
+        if self.state.heartbeat(session.node, now):
+            # Declared lost while its stream stayed open: end the stream; the agent reconnects at once and
+            # its registration brings the node back and kills what the cluster has moved on from.
+            log.warning("node %s is alive again on its open stream: asking it to register again", session.node)
+            session.close()
+            return
+        if isinstance(event, AttemptStarted | CheckpointMarked | AttemptFinished | RunningUsageReported):
+            # In order behind the node's reports still waiting for the database, if any.
+            self.backlog.deliver(session.node, lambda: self._apply_report(session.node, event, now), now)
+        elif isinstance(event, StillAlive):
+            self._grant_lease(session, event.lease_request)
+        elif isinstance(event, StepOutputReceived | StepTasksExited | StepNodeFinished):
+            self.steps.agent_event(session.node, event)
+
+    def _apply_report(
+        self, node: str, event: AttemptStarted | CheckpointMarked | AttemptFinished | RunningUsageReported, now: float
+    ) -> None:
+        """An agent's report, applied all or nothing (StoreUnavailable: nothing changed, nothing sent)."""
         if isinstance(event, AttemptStarted):
-            self.execute(self.state.node_started(session.node, event.job_id, event.attempt))
+            self.execute(self.state.node_started(node, event.job_id, event.attempt))
         elif isinstance(event, CheckpointMarked):
             self._checkpointed(event.job_id, event.attempt, event.time, now)
-        elif isinstance(event, AttemptFinished):
-            self.execute(self.state.node_finished(session.node, event.result, now))
+        elif isinstance(event, RunningUsageReported):
+            self.state.running_usage(node, event.job_id, event.attempt, event.usage)
+        else:
+            self.execute(self.state.node_finished(node, event.result, now))
+            self.steps.check_jobs()
             self.request_schedule()
+
+    def with_running_usage(self, job: Job) -> Job:
+        """The job as gjob shows it: its running attempt with what its nodes have reported it used so far
+        (kept in memory only; the stored figures are those reported at the attempt's end)."""
+        attempt = job.current_attempt
+        if attempt is None or attempt.usage is not None:
+            return job
+        usage = self.state.running_usage_of(job.job_id, attempt.attempt)
+        if usage is None:
+            return job
+        attempts = (*job.attempts[:-1], replace(attempt, usage=usage))
+        return replace(job, attempts=attempts)
 
     def agent_disconnected(self, session: AgentLink) -> None:
         if self.sessions.get(session.node) is session:
             del self.sessions[session.node]
+            self.backlog.drop(session.node)  # the agent reports them again when it reconnects
             self.state.disconnect(session.node)
             log.warning("node %s disconnected", session.node)
 

@@ -2,6 +2,10 @@
 
 Installed as a ClusterState job observer, so every change that reaches the store is logged once, whatever
 path made it (a submission, the scheduler, an agent's report, a timer, a cancel, a preemption).
+
+One exception, at DEBUG rather than INFO: an array task that never ran being submitted or cancelled. A
+100,000-task array would otherwise write 100,000 lines twice (and spend seconds of the event loop on them);
+the engine's one line per submission (``submitted job=12 tasks=100000``) and per cancel stands for them.
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from garrison.logs import kv
-from garrison.model.domain import Job
+from garrison.model.domain import Job, JobState
 
 log = logging.getLogger("garrison.controller.jobs")
 
@@ -22,8 +26,16 @@ def job_nodes(job: Job) -> str:
     return ",".join(attempt.allocation.node_names)
 
 
+def _never_ran_array_task(before: Job | None, after: Job) -> bool:
+    return (after.array_job_id is not None and not after.attempts
+            and after.state in (JobState.PENDING, JobState.CANCELLED)
+            and (before is None or before.state == JobState.PENDING))
+
+
 def log_job_change(before: Job | None, after: Job) -> None:
     if before is not None and before.state == after.state:
+        return
+    if _never_ran_array_task(before, after) and not log.isEnabledFor(logging.DEBUG):
         return
     fields: dict[str, object] = {
         "job": after.job_id,  # the numeric id, as the agents log it; array tasks also get array=12_3
@@ -41,4 +53,4 @@ def log_job_change(before: Job | None, after: Job) -> None:
         fields["exit_code"] = after.exit_code
     if after.reason:
         fields["reason"] = after.reason
-    log.info("job event %s", kv(**fields))
+    log.log(logging.DEBUG if _never_ran_array_task(before, after) else logging.INFO, "job event %s", kv(**fields))

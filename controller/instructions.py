@@ -34,4 +34,22 @@ class AckResult:
     attempt: int
 
 
-Instruction = Launch | SignalAttempt | AckResult
+@dataclass(frozen=True, slots=True)
+class ReleaseGang:
+    """Every node of the gang has launched the attempt: ``node``'s ranks may start (its start barrier)."""
+
+    node: str
+    job_id: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndSession:
+    """Close ``node``'s stream: it was declared silent, so an agent that is only frozen finds out when it wakes,
+    and registers again (its lease tells it whether its attempts were stopped meanwhile)."""
+
+    node: str
+    reason: str
+
+
+Instruction = Launch | SignalAttempt | AckResult | ReleaseGang | EndSession

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from garrison.controller.sched.cycle import Plan, Preempt
-from garrison.model.domain import Allocation, JobState, Node, NodeResult, NodeState
+from garrison.model.domain import Allocation, AttemptUsage, JobState, Node, NodeResult, NodeState
 
 
 @dataclass(slots=True)
@@ -38,6 +38,7 @@ class LiveAttempt:
     outcome_reason: str = ""
     requeue_as: JobState = JobState.NODE_FAIL  # the attempt's recorded state when outcome is a requeue
     last_checkpoint: float | None = None  # reported by the job (gcheckpoint / GARRISON_CHECKPOINT_MARK)
+    running_usage: dict[str, AttemptUsage] = field(default_factory=dict)  # per node, so far (memory only)
     terminate_at: float | None = None  # end of a preemption grace period: then SIGTERM, then SIGKILL
     warned: bool = False  # the --signal warning before the time limit has been sent
     stale: bool = False  # the job has moved on (requeued); only its leftovers are being stopped
@@ -57,6 +58,8 @@ class Rejected(enum.Enum):
     NODE_DOWN = "node down"  # DOWN, or its agent is not connected
     NODE_DRAINED = "node drained"
     GPUS_TAKEN = "GPUs taken"  # another attempt holds one of them
+    CPUS_TAKEN = "CPUs taken"  # another attempt holds one of the CPUs, or the node has no such CPU
+    MEMORY_SHORT = "memory short"  # the node's free host memory is less than the start asks for
     ATTEMPT_ENDED = "attempt ended"  # the victim's attempt is no longer live
     ATTEMPT_STOPPING = "attempt already stopping"  # the victim is being stopped (or preempted) already
 
@@ -85,6 +88,27 @@ class PlanResult:
     started: tuple[StartedAttempt, ...] = ()
     preempting: tuple[Preempt, ...] = ()
     rejected: tuple[Rejection, ...] = ()
+
+
+def _asks_host_resources(allocation: Allocation) -> bool:
+    return any(n.cpus or n.mem_mb for n in allocation.nodes)
+
+
+class _Taken:
+    """What the starts a review has accepted so far take, per node (a later start may not take it too)."""
+
+    def __init__(self) -> None:
+        self.gpus: dict[str, set[int]] = {}
+        self.cpus: dict[str, set[int]] = {}
+        self.memory: dict[str, int] = {}
+
+    def add(self, allocation: Allocation) -> None:
+        for node_alloc in allocation.nodes:
+            self.gpus.setdefault(node_alloc.node, set()).update(node_alloc.gpus)
+            if node_alloc.cpus:
+                self.cpus.setdefault(node_alloc.node, set()).update(node_alloc.cpus)
+            if node_alloc.mem_mb:
+                self.memory[node_alloc.node] = self.memory.get(node_alloc.node, 0) + node_alloc.mem_mb
 
 
 class AttemptLedger:
@@ -165,7 +189,8 @@ class AttemptLedger:
         each against the GPUs the earlier accepted ones take; then the preemptions."""
         started: list[StartedAttempt] = []
         rejected: list[Rejection] = []
-        taken: dict[str, set[int]] = {}
+        taken = _Taken()
+        host: tuple[dict[str, set[int]], dict[str, int]] | None = None  # held CPUs and memory, read once
         for start in plan.starts:
             job_id = start.job_id
             attempt = self.queued.get(job_id)
@@ -175,12 +200,15 @@ class AttemptLedger:
             if job_id in self.held:
                 rejected.append(Rejection(job_id, Rejected.JOB_HELD))
                 continue
-            problem = self._allocation_problem(start.allocation, taken)
+            problem = self._allocation_problem(start.allocation, taken.gpus)
+            if problem is None and _asks_host_resources(start.allocation):
+                if host is None:
+                    host = self.held_cpus_and_memory()
+                problem = self._host_problem(start.allocation, taken, *host)
             if problem is not None:
                 rejected.append(Rejection(job_id, problem[0], node=problem[1]))
                 continue
-            for node_alloc in start.allocation.nodes:
-                taken.setdefault(node_alloc.node, set()).update(node_alloc.gpus)
+            taken.add(start.allocation)
             started.append(StartedAttempt(job_id, attempt, start.allocation))
         preempting: list[Preempt] = []
         for victim in plan.preempts:
@@ -209,6 +237,23 @@ class AttemptLedger:
             earlier = taken.get(name, ())
             if any(g in owners or g in earlier for g in node_alloc.gpus):
                 return Rejected.GPUS_TAKEN, name
+        return None
+
+    def _host_problem(
+        self, allocation: Allocation, taken: _Taken, held_cpus: dict[str, set[int]], held_memory: dict[str, int]
+    ) -> tuple[Rejected, str] | None:
+        """CPUs and host memory, as placement checked them: the CPUs exist on the node and no live attempt (nor an
+        earlier start of the plan) holds one; the memory fits beside what live attempts hold."""
+        for node_alloc in allocation.nodes:
+            name = node_alloc.node
+            inventory = self.nodes[name].inventory
+            busy = held_cpus.get(name, set())
+            earlier = taken.cpus.get(name, set())
+            if any(c >= inventory.cpus or c < 0 or c in busy or c in earlier for c in node_alloc.cpus):
+                return Rejected.CPUS_TAKEN, name
+            if node_alloc.mem_mb and (held_memory.get(name, 0) + taken.memory.get(name, 0) + node_alloc.mem_mb
+                                      > inventory.memory_mb):
+                return Rejected.MEMORY_SHORT, name
         return None
 
     def commit(self, result: PlanResult) -> None:

@@ -10,15 +10,27 @@ timers intervene. Node arrivals and losses are controller/reconcile.py's; Cluste
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from garrison.controller.instructions import AckResult, Instruction, SignalAttempt
+from garrison.controller.instructions import AckResult, Instruction, ReleaseGang, SignalAttempt
 from garrison.controller.ledger import AttemptLedger, LiveAttempt
 from garrison.controller.signals import parse_signal_request
-from garrison.model.domain import LAUNCH_FAILED_PREFIX, Job, JobState, LaunchMode, NodeResult
+from garrison.controller.store.errors import StoreUnavailable
+from garrison.controller.store.interface import AttemptStop
+from garrison.controller.transaction import MemoryCheckpoint, PendingWrites, atomic
+from garrison.model.domain import (
+    LAUNCH_FAILED_PREFIX,
+    Attempt,
+    AttemptUsage,
+    Job,
+    JobState,
+    LaunchMode,
+    NodeResult,
+)
 
 if TYPE_CHECKING:
     from garrison.controller.store import Store
@@ -28,6 +40,19 @@ log = logging.getLogger("garrison.controller.state")
 # Job.reason of a COMPLETING job records why it is being stopped, so a restarted controller knows the
 # outcome it had decided (CANCELLED, TIMEOUT, FAILED, NODE_FAIL, or PENDING for a requeue).
 OUTCOME_PREFIX = "stopping:"
+
+T = TypeVar("T")
+
+
+def out_of_memory_reason(node: str, result: NodeResult) -> str:
+    kills = result.usage.oom_kills if result.usage is not None else 0
+    count = f"{kills} process{'es' if kills != 1 else ''}" if kills else "a process"
+    return f"out of memory: the memory limit (--mem) killed {count} on {node}"
+
+
+DEFAULT_MAX_LAUNCH_FAILURES = 5
+LAUNCH_BACKOFF_S = 1.0
+MAX_LAUNCH_BACKOFF_S = 60.0
 
 
 class JobLifecycle:
@@ -39,15 +64,39 @@ class JobLifecycle:
         self.jobs: dict[int, Job] = {}
         # The ledger's collections, under the names the engine, policy and views have always used.
         self.live = ledger.live
+        self.max_launch_failures = DEFAULT_MAX_LAUNCH_FAILURES  # controller.max_launch_failures
         self.held = ledger.held
         self.admin_held: set[int] = set()  # held by an admin: only an admin may release them
         self.wait_reasons: dict[int, str] = {}
         # Called with (the job before, the job after) for every job change written through to the store
         # (before is None for a new job): metrics and job event logs. They must not raise or block.
         self.job_observers: list[Callable[[Job | None, Job], None]] = []
+        self._pending: PendingWrites | None = None  # the operation under way (controller/transaction.py)
+
+    @contextlib.contextmanager
+    def atomically(self) -> Iterator[PendingWrites]:
+        """Run an operation all or nothing: its writes go to the store in one transaction when it ends, and if
+        that fails (StoreUnavailable) or the operation raises, memory is put back as it was. Nested calls join
+        the outer operation."""
+        if self._pending is not None:
+            yield self._pending
+            return
+        pending = PendingWrites(MemoryCheckpoint(self))
+        self._pending = pending
+        try:
+            yield pending
+            self.store.write(pending.changes())
+        except BaseException:
+            pending.checkpoint.restore()
+            raise
+        finally:
+            self._pending = None
+        for before, after in pending.observed:
+            self._observe(before, after)
 
     def _remember(self, job: Job) -> None:
         """Keep a job in memory, and the ledger's queue of startable jobs in step with it."""
+        self._job_changing(job.job_id)
         self.jobs[job.job_id] = job
         if job.state == JobState.PENDING:
             self.ledger.queued[job.job_id] = len(job.attempts)
@@ -55,18 +104,55 @@ class JobLifecycle:
             self.ledger.queued.pop(job.job_id, None)
 
     def add_jobs(self, jobs: Sequence[Job]) -> None:
-        self.store.save_jobs(jobs)
+        self._save(jobs)
+
+    def remember_stored(self, jobs: Iterable[Job]) -> None:
+        """The memory half of add_jobs, for new jobs already in the store (controller/bulk.py writes a large
+        array's tasks in chunks first, then hands them here a chunk at a time)."""
         for job in jobs:
             self._observe(self.jobs.get(job.job_id), job)
             self._remember(job)
+    def _job_changing(self, job_id: int) -> None:
+        """Before a job, its queue entry, hold or wait reason changes: the operation's checkpoint journals it."""
+        if self._pending is not None:
+            self._pending.checkpoint.job_changing(job_id)
+
+    def _live_changing(self, live: LiveAttempt) -> None:
+        """Before a live attempt's fields change: the operation's checkpoint journals them."""
+        if self._pending is not None:
+            self._pending.checkpoint.live_changing(live)
 
     def _save(self, jobs: Iterable[Job]) -> None:
-        batch = list(jobs)
-        if batch:
-            self.store.save_jobs(batch)
-            for job in batch:
-                self._observe(self.jobs.get(job.job_id), job)
+        """Change jobs: in memory at once, in the store when the operation commits (or not at all)."""
+        with self.atomically() as pending:
+            for job in jobs:
+                pending.jobs[job.job_id] = job
+                pending.observed.append((self.jobs.get(job.job_id), job))
                 self._remember(job)
+
+    def _save_stop(self, live: LiveAttempt) -> None:
+        """Make the decision to stop ``live`` durable with the job's COMPLETING state (see AttemptStop)."""
+        assert live.outcome is not None
+        with self.atomically() as pending:
+            pending.stops[(live.job_id, live.attempt)] = AttemptStop(
+                live.job_id, live.attempt, live.outcome, live.requeue_as, live.outcome_reason, live.terminate_at
+            )
+
+    def each_atomically(self, items: Iterable[T], step: Callable[[T], list[Instruction]]) -> tuple[list[Instruction], int]:
+        """Run ``step`` on each item as an operation of its own, so that one failed write does not undo the
+        others; an item whose write failed is left as it was, for the next timer tick to try again. Returns
+        the instructions of the items that committed and how many did not."""
+        instructions: list[Instruction] = []
+        deferred = 0
+        for item in items:
+            try:
+                with self.atomically():
+                    done = step(item)
+            except StoreUnavailable:
+                deferred += 1
+                continue
+            instructions += done
+        return instructions, deferred
 
     def _observe(self, before: Job | None, after: Job) -> None:
         for observer in self.job_observers:
@@ -75,6 +161,7 @@ class JobLifecycle:
             except Exception:  # an observer's bug must not undo a change the store already holds
                 log.exception("job observer %r failed", observer)
 
+    @atomic
     def node_started(self, node: str, job_id: int, attempt: int) -> list[Instruction]:
         live = self.live.get((job_id, attempt))
         job = self.jobs.get(job_id)
@@ -83,15 +170,21 @@ class JobLifecycle:
             return [SignalAttempt(node, job_id, attempt, "kill")]
         if node not in live.allocation.node_names:
             return []  # a node reporting on an attempt it was never given: ignore it
+        self._live_changing(live)
         live.started_nodes.add(node)
-        if (
-            not live.stale
-            and job.state == JobState.CONFIGURING
-            and live.started_nodes >= set(live.allocation.node_names)
-        ):
+        names = live.allocation.node_names
+        if live.stale or live.started_nodes < set(names):
+            return []
+        released = [node]  # a node reporting again (after a reconnect) may have missed its release
+        if job.state == JobState.CONFIGURING:
             self._save([job.with_state(JobState.RUNNING)])
-        return []
+            released = list(names)
+        if len(names) == 1 or live.outcome is not None:
+            return []  # one node has no start barrier; a gang being stopped is not released
+        # The gang's start barrier (all or nothing): every node has launched, so every node's ranks may start.
+        return [ReleaseGang(n, live.job_id, live.attempt) for n in released]
 
+    @atomic
     def node_finished(self, node: str, result: NodeResult, now: float) -> list[Instruction]:
         """Every rank of `result`'s attempt on `node` has ended; its GPUs there are free."""
         key = (result.job_id, result.attempt)
@@ -99,12 +192,23 @@ class JobLifecycle:
         live = self.live.get(key)
         if live is None or node not in live.pending_nodes:
             return instructions  # a duplicate report (e.g. after a reconnect): acknowledge it again
+        self._live_changing(live)
         live.results[node] = result
         live.started_nodes.add(node)
         self.ledger.release_node(live, node)
         if not live.stale and live.outcome is None:
             job = self.jobs[result.job_id]
-            if result.failed:
+            if result.lease_expired:
+                # The node's supervisors stopped the ranks when its lease ran out (a controller outage longer
+                # than the lease, an agent frozen or cut off): the node's failure, not the job's.
+                live.requeue_as = JobState.NODE_FAIL
+                outcome = JobState.PENDING if job.spec.requeue else JobState.NODE_FAIL
+                instructions += self._stop(live, outcome, f"node {node} lease expired", now)
+            elif result.out_of_memory:
+                # The kernel enforced the job's memory limit there: as in Slurm, the job is OUT_OF_MEMORY
+                # (whatever its ranks exited with), and the rest of the gang is stopped.
+                instructions += self._stop(live, JobState.OUT_OF_MEMORY, out_of_memory_reason(node, result), now)
+            elif result.failed:
                 # One node's ranks failed: the gang cannot go on; stop the rest. A launch that failed before
                 # any rank ran is worth another attempt; a rank's own failure is not (unless --max-restarts).
                 rank = result.first_failure()
@@ -128,14 +232,17 @@ class JobLifecycle:
 
     def _stop(self, live: LiveAttempt, outcome: JobState, reason: str, now: float, kill: bool = False) -> list[Instruction]:
         """Decide the attempt's outcome and tell every node still running it to stop."""
+        self._live_changing(live)
         live.outcome = outcome
         live.outcome_reason = reason
         job = self.jobs[live.job_id]
         if job.state in (JobState.CONFIGURING, JobState.RUNNING):
             self._save([job.with_state(JobState.COMPLETING, reason=f"{OUTCOME_PREFIX}{outcome.value}")])
+        self._save_stop(live)
         action = "kill" if kill else "terminate"
         return [SignalAttempt(node, live.job_id, live.attempt, action) for node in sorted(live.pending_nodes)]
 
+    @atomic
     def preempt(self, job_id: int, grace_s: float, signum: int, now: float) -> list[Instruction]:
         """Warn every rank with `signum` (SIGUSR1: checkpoint now), terminate after the grace period, and
         requeue the job whatever its ranks exit with (a preempted job that exits 0 has not finished)."""
@@ -144,10 +251,12 @@ class JobLifecycle:
         live = self.live.get((job_id, attempt.attempt)) if attempt is not None else None
         if live is None or live.stale or live.outcome is not None:
             return []
+        self._live_changing(live)
         self.ledger.begin_preemption(live, now + grace_s)
         assert job is not None
         if job.state in (JobState.CONFIGURING, JobState.RUNNING):
             self._save([job.with_state(JobState.COMPLETING, reason=f"{OUTCOME_PREFIX}{JobState.PENDING.value}")])
+        self._save_stop(live)  # the grace deadline with it: a restarted controller keeps what is left of it
         return [SignalAttempt(n, job_id, live.attempt, "signal", signum) for n in sorted(live.pending_nodes)]
 
     def signal_running(self, job_id: int, signum: int) -> list[Instruction]:
@@ -165,8 +274,34 @@ class JobLifecycle:
         if live is not None:
             live.last_checkpoint = max(when, live.last_checkpoint or 0.0)
 
+    def running_usage(self, node: str, job_id: int, attempt: int, usage: AttemptUsage) -> None:
+        live = self.live.get((job_id, attempt))
+        if live is not None and node in live.pending_nodes:
+            live.running_usage[node] = usage
+
+    def running_usage_of(self, job_id: int, attempt: int) -> AttemptUsage | None:
+        live = self.live.get((job_id, attempt))
+        return None if live is None else AttemptUsage.combine(list(live.running_usage.values()))
+
+    def _back_off_launch(self, job: Job, attempts: list[Attempt], reason: str, now: float) -> tuple[Job, str]:
+        """A launch failed before any rank ran (its MASTER_PORT taken, say): the job waits 1, 2, 4... s
+        (as a --begin time) before its next attempt, with a new port; after max_launch_failures of them in
+        a row it ends FAILED, saying so, rather than being retried for ever (issue 20)."""
+        in_a_row = 0
+        for attempt in reversed(attempts):
+            if attempt.state != JobState.FAILED or not attempt.reason.startswith(LAUNCH_FAILED_PREFIX):
+                break
+            in_a_row += 1
+        if in_a_row >= self.max_launch_failures:
+            why = f"{in_a_row} launches failed in a row, the last: {reason}"
+            return job.with_state(JobState.FAILED, attempts=tuple(attempts), end_time=now, exit_code=1, reason=why), why
+        delay = min(LAUNCH_BACKOFF_S * 2 ** (in_a_row - 1), MAX_LAUNCH_BACKOFF_S)
+        begin = max(job.spec.begin_time or 0.0, now + delay)
+        return replace(job, spec=replace(job.spec, begin_time=begin)), reason
+
     def _finish(self, live: LiveAttempt, now: float) -> None:
         """Every node has reported: close the attempt and move the job on."""
+        self._live_changing(live)
         self.ledger.close(live)
         if live.stale:
             return
@@ -186,6 +321,8 @@ class JobLifecycle:
                 reason = failure.error or (f"rank {rank.rank} exited with {rank.exit_code}" if rank else "")
         if outcome == JobState.FAILED and failure is not None and not reason:
             reason = failure.error
+        if failure is None and job.exit_code is not None and job.spec.launch == LaunchMode.ALLOCATION:
+            exit_code = job.exit_code  # galloc's command's, given when it released the allocation
         # --max-restarts counts restarts after rank failures only; preemptions, lost nodes and failed
         # launches requeue without using it up.
         rank_failures = sum(
@@ -198,9 +335,22 @@ class JobLifecycle:
         ) or (outcome == JobState.NODE_FAIL and job.spec.requeue)
         attempts = list(job.attempts)
         attempt_state = live.requeue_as if outcome == JobState.PENDING else outcome
+        if requeue and job.spec.launch == LaunchMode.ALLOCATION:
+            # galloc's command has been told its nodes are gone (SIGHUP): an interactive allocation is never
+            # requeued (salloc's neither), or it would hold GPUs again with nobody to use them.
+            requeue = False
+            if outcome == JobState.PENDING:
+                outcome, reason = JobState.CANCELLED, reason or "preempted"
+        usage = AttemptUsage.combine([r.usage for r in results if r.usage is not None])
         attempts[live.attempt] = replace(
-            attempts[live.attempt], end_time=now, state=attempt_state, exit_code=exit_code, reason=reason
+            attempts[live.attempt], end_time=now, state=attempt_state, exit_code=exit_code, reason=reason,
+            usage=usage,
         )
+        if requeue and attempt_state == JobState.FAILED and reason.startswith(LAUNCH_FAILED_PREFIX):
+            job, reason = self._back_off_launch(job, attempts, reason, now)
+            if job.state.is_terminal:
+                self._save([job])
+                return
         if requeue:
             self._save([job.with_state(JobState.PENDING, attempts=tuple(attempts), reason=f"Requeued: {reason}")])
             return
@@ -208,7 +358,8 @@ class JobLifecycle:
             [job.with_state(outcome, attempts=tuple(attempts), end_time=now, exit_code=exit_code, reason=reason)]
         )
 
-    def cancel(self, job_ids: Iterable[int], now: float) -> tuple[list[int], list[Instruction]]:
+    @atomic
+    def cancel(self, job_ids: Iterable[int], now: float, reason: str = "cancelled") -> tuple[list[int], list[Instruction]]:
         cancelled: list[int] = []
         instructions: list[Instruction] = []
         pending_done: list[Job] = []
@@ -218,20 +369,40 @@ class JobLifecycle:
                 continue
             cancelled.append(job_id)
             if job.state == JobState.PENDING:
+                self._job_changing(job_id)
                 self.held.discard(job_id)
-                pending_done.append(job.with_state(JobState.CANCELLED, end_time=now, reason="cancelled"))
+                pending_done.append(job.with_state(JobState.CANCELLED, end_time=now, reason=reason))
                 continue
             attempt = job.current_attempt
             assert attempt is not None
             live = self.live.get((job_id, attempt.attempt))
             if live is not None and live.outcome is None:
-                instructions += self._stop(live, JobState.CANCELLED, "cancelled", now)
+                instructions += self._stop(live, JobState.CANCELLED, reason, now)
         self._save(pending_done)
         return cancelled, instructions
+
+    @atomic
+    def release_allocation(self, job_id: int, exit_code: int, now: float) -> list[Instruction]:
+        """galloc's command has ended: stop the allocation's placeholders (and any step in it), for the job
+        to end COMPLETED, or FAILED for a non-zero code as salloc's job does, with the command's exit code.
+        [] when the allocation is not running (still starting, or already being stopped)."""
+        job = self.jobs.get(job_id)
+        attempt = job.current_attempt if job is not None else None
+        live = self.live.get((job_id, attempt.attempt)) if attempt is not None else None
+        if job is None or job.state != JobState.RUNNING or live is None or live.stale or live.outcome is not None:
+            return []
+        self._live_changing(live)
+        live.outcome = JobState.COMPLETED if exit_code == 0 else JobState.FAILED
+        live.outcome_reason = "" if exit_code == 0 else f"galloc's command exited with {exit_code}"
+        # The exit code is stored with the decision, so a controller restarted meanwhile still knows it.
+        self._save([job.with_state(JobState.COMPLETING, reason=f"{OUTCOME_PREFIX}{live.outcome.value}",
+                                   exit_code=exit_code)])
+        return [SignalAttempt(node, job_id, live.attempt, "terminate") for node in sorted(live.pending_nodes)]
 
     # ---------------------------------------------------------------------------------------------
     # Job control (gcontrol): the caller has checked permissions.
 
+    @atomic
     def hold(self, job_ids: Iterable[int], by_admin: bool) -> list[int]:
         """Keep pending jobs from starting until released; returns the jobs held."""
         changed = []
@@ -240,24 +411,31 @@ class JobLifecycle:
             if job is None or job.state != JobState.PENDING:
                 continue
             admin = by_admin or job_id in self.admin_held
-            self.store.set_hold(job_id, admin)
+            self._save_hold(job_id, admin)
             self.held.add(job_id)
             if admin:
                 self.admin_held.add(job_id)
             changed.append(job_id)
         return changed
 
+    @atomic
     def release(self, job_ids: Iterable[int]) -> list[int]:
         changed = []
         for job_id in job_ids:
             if job_id not in self.held:
                 continue
-            self.store.set_hold(job_id, None)
+            self._save_hold(job_id, None)
             self.held.discard(job_id)
             self.admin_held.discard(job_id)
             changed.append(job_id)
         return changed
 
+    def _save_hold(self, job_id: int, by_admin: bool | None) -> None:
+        with self.atomically() as pending:
+            self._job_changing(job_id)
+            pending.holds[job_id] = by_admin
+
+    @atomic
     def requeue(self, job_ids: Iterable[int], now: float) -> tuple[list[int], list[Instruction]]:
         """Stop running jobs and put them back in the queue (their attempt ends CANCELLED)."""
         requeued: list[int] = []
@@ -268,11 +446,13 @@ class JobLifecycle:
             live = self.live.get((job_id, attempt.attempt)) if attempt is not None else None
             if live is None or live.stale or live.outcome is not None:
                 continue
+            self._live_changing(live)
             live.requeue_as = JobState.CANCELLED
             instructions += self._stop(live, JobState.PENDING, "requeued by request", now)
             requeued.append(job_id)
         return requeued, instructions
 
+    @atomic
     def update_job(self, job: Job) -> None:
         """Replace a job's time limit, priority or QoS (not its state), written through."""
         current = self.jobs.get(job.job_id)
@@ -281,8 +461,13 @@ class JobLifecycle:
         self._save([job])
 
     def expire_time_limits(self, now: float) -> list[Instruction]:
-        """Time limits, --signal warnings before them, and the ends of preemption grace periods."""
+        """Time limits, --signal warnings before them, and the ends of preemption grace periods.
+
+        The signals need no write and are sent whatever the database does. The attempts that reached their
+        time limit are stopped in one operation; if its write fails (the database is down) they are left as
+        they were, and the next tick that can write catches them up: no time limit is skipped."""
         instructions: list[Instruction] = []
+        due: list[LiveAttempt] = []
         for live in list(self.live.values()):
             if live.terminate_at is not None and now >= live.terminate_at:
                 live.terminate_at = None
@@ -291,11 +476,13 @@ class JobLifecycle:
                 ]
             if live.stale or live.outcome is not None:
                 continue
-            job = self.jobs[live.job_id]
-            attempt = job.attempts[live.attempt]
-            elapsed = now - attempt.start_time
+            job = self.jobs.get(live.job_id)
+            if job is None or live.attempt >= len(job.attempts):
+                log.error("live attempt %d.%d has no job attempt in memory", live.job_id, live.attempt)
+                continue
+            elapsed = now - job.attempts[live.attempt].start_time
             if elapsed >= job.time_limit_s:
-                instructions += self._stop(live, JobState.TIMEOUT, "time limit reached", now)
+                due.append(live)
             elif job.spec.signal is not None and not live.warned:
                 warning = parse_signal_request(job.spec.signal)
                 if elapsed >= job.time_limit_s - warning.seconds:
@@ -304,6 +491,14 @@ class JobLifecycle:
                         SignalAttempt(n, live.job_id, live.attempt, "signal", warning.signum)
                         for n in sorted(live.pending_nodes)
                     ]
+        if due:
+            try:
+                with self.atomically():
+                    stops = [i for live in due for i in self._stop(live, JobState.TIMEOUT, "time limit reached", now)]
+            except StoreUnavailable:
+                log.debug("time limits: %d attempt(s) wait for the database", len(due))
+            else:
+                instructions += stops
         return instructions
 
     def purge_finished(self, now: float, retention_s: float) -> list[int]:

@@ -39,15 +39,21 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 async def serve(config: GarrisonConfig) -> None:
     import grpc
 
-    from garrison.auth import CredentialService, load_or_create_key
+    from garrison.auth import AuthError, CredentialService, load_or_create_key
     from garrison.controller import metrics
     from garrison.controller.clock import SystemClock
     from garrison.controller.engine import Engine
     from garrison.controller.events import log_job_change
-    from garrison.controller.ratelimit import AuthFailureLimiter, RateLimiter
+    from garrison.controller.ratelimit import AuthFailureLimiter, RateLimiter, RefusalLog
+    from garrison.controller.rendezvous import (
+        RendezvousPorts,
+        ephemeral_range,
+        port_secret,
+        warn_if_ephemeral,
+    )
     from garrison.controller.rpc.accounting import AccountingService
     from garrison.controller.rpc.admin import AdminService
-    from garrison.controller.rpc.local import LocalServer
+    from garrison.controller.rpc.local import LocalLimits, LocalServer
     from garrison.controller.rpc.security import (
         RequestDecodeGuard,
         SecurityService,
@@ -55,29 +61,43 @@ async def serve(config: GarrisonConfig) -> None:
         open_token_registry,
     )
     from garrison.controller.rpc.services import AgentLinkService, Authenticator, ControllerService
+    from garrison.controller.startup_checks import check_controller_paths, make_database_private
     from garrison.controller.state import ClusterState
     from garrison.controller.store import open_store
+    from garrison.model.lease import fence_delay_s
     from garrison.protos.v1 import accounting_pb2_grpc as apb_grpc
     from garrison.protos.v1 import admin_pb2_grpc as admin_grpc
     from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
     from garrison.protos.v1 import security_pb2_grpc as spb_grpc
 
     cfg = config.controller
-    Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+    # What the controller writes (its database, its token registry, its logs' rotations) is its own alone;
+    # the sockets any user may reach are opened up explicitly.
+    os.umask(0o077)
+    check_controller_paths(config)
     clock = SystemClock()
     store = open_store(cfg.database, _pool_settings(cfg))
-    state = ClusterState(store, cfg.heartbeat_timeout_s)
+    make_database_private(cfg.database)
+    state = ClusterState(store, cfg.heartbeat_timeout_s, fence_delay_s(cfg.node_lease_s, cfg.kill_wait_s))
     state.job_observers += [metrics.job_changed, log_job_change]
     state.load(clock.now(), cfg.finished_job_retention_s)
-    key = load_or_create_key(Path(cfg.key_file))
+    try:
+        key = load_or_create_key(Path(cfg.key_file))
+    except AuthError as exc:
+        raise ConfigError(f"{config.path}: controller.key_file: {exc}") from None
     credentials = CredentialService(cfg.credential_socket, key, lifetime_s=cfg.credential_lifetime_s)
     credentials.start()
 
-    engine = Engine(cfg, state, clock)
+    rendezvous = RendezvousPorts(port_secret(key), cfg.rendezvous_ports)
+    overlap = warn_if_ephemeral(cfg.rendezvous_ports, ephemeral_range())
+    if overlap is not None:
+        log.warning("%s", overlap)
+    engine = Engine(cfg, state, clock, rendezvous)
     tokens = open_token_registry(cfg, clock.now, config.path)
     limiter = RateLimiter(cfg.request_rate_per_s, cfg.request_burst)
     failures = AuthFailureLimiter(cfg.auth_failure_rate_per_s, cfg.auth_failure_burst, warn=log.warning)
-    auth = Authenticator(key, clock.now, tokens=tokens, limiter=limiter, failures=failures)
+    refusals = RefusalLog(lambda line: log.warning("%s", line), burst=cfg.refusal_log_burst)
+    auth = Authenticator(key, clock.now, tokens=tokens, limiter=limiter, failures=failures, refusals=refusals)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[RequestDecodeGuard()])
     client_service = ControllerService(engine, auth, cfg.credential_socket, cfg.local_socket)
     pb_grpc.add_ControllerServicer_to_server(client_service, server)
@@ -86,10 +106,20 @@ async def serve(config: GarrisonConfig) -> None:
     pb_grpc.add_AgentLinkServicer_to_server(agent_link, server)
     spb_grpc.add_SecurityServicer_to_server(SecurityService(engine, auth, tokens), server)
     admin_grpc.add_AdminServicer_to_server(AdminService(engine, auth), server)
-    apb_grpc.add_AccountingServicer_to_server(AccountingService(engine.accounting_query, auth, clock), server)
+    apb_grpc.add_AccountingServicer_to_server(AccountingService(engine.accounting_query, auth, clock, engine.is_admin), server)
     transport = listen(server, cfg, config.path)  # TLS, or plain text on loopback only
     await server.start()
-    local = LocalServer(cfg.local_socket, client_service) if cfg.local_socket else None
+    local_limits = LocalLimits(
+        connections_per_uid=cfg.local_max_connections_per_user,
+        buffer_per_uid=cfg.local_max_buffer_per_user_mb << 20,
+        buffer_total=cfg.local_max_buffer_total_mb << 20,
+        frame_timeout_s=cfg.local_frame_timeout_s,
+    )
+    local = LocalServer(
+        cfg.local_socket, client_service, limits=local_limits,
+        refused=lambda uid, why: refusals.refused(("RESOURCE_EXHAUSTED", "local socket", "uid", uid),
+                                                  f"refused a local connection of uid {uid}: {why}"),
+    ) if cfg.local_socket else None
     if local is not None:
         await local.start()
     engine.start()
@@ -109,6 +139,7 @@ async def serve(config: GarrisonConfig) -> None:
     if local is not None:
         await local.stop()
     await engine.stop()
+    refusals.flush()
     await server.stop(grace=1.0)
     credentials.stop()
     store.close()

@@ -73,6 +73,16 @@ JOB_SUBMISSIONS = Counter(
 PREEMPTIONS = Counter(
     "garrison_preemptions", "Job attempts preempted to make room for other jobs.", registry=REGISTRY
 )
+PLAN_REJECTIONS = Counter(
+    "garrison_plan_rejections",
+    "Starts and preemptions of a scheduling plan that no longer held when it was applied, by reason.",
+    ["kind", "reason"], registry=REGISTRY,
+)
+
+
+def record_plan_rejection(kind: str, reason: str) -> None:
+    """``kind``: start or preemption; ``reason``: the ledger's Rejected name (GPUS_TAKEN, MEMORY_SHORT...)."""
+    PLAN_REJECTIONS.labels(kind=kind, reason=reason).inc()
 
 
 def observe_scheduling_cycle(seconds: float) -> None:

@@ -153,3 +153,76 @@ class AuthFailureLimiter:
         now = buckets.clock()
         with buckets.lock:
             buckets.set(host, max(0.0, buckets.tokens(host, now) - 1.0), now)
+
+
+class RefusalLog:
+    """Log lines for refused requests, at most ``burst`` per key (who, and which refusal) per ``period_s``.
+
+    Each refused request used to log a line, so a client past its rate limit wrote the log as fast as it
+    could send (9.6 MiB in 10 s). Past the burst, refusals are counted, and the count is logged in one line
+    when the key's period is over (at its next refusal, or at the next sweep of expired periods). The
+    table is bounded like TokenBuckets': the keys are what a client controls the number of.
+    """
+
+    MAX_TRACKED = 10_000
+
+    def __init__(self, emit: Callable[[str], None], burst: int = 20, period_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.emit = emit
+        self.burst = max(1, burst)
+        self.period_s = period_s
+        self.clock = clock
+        self.lock = threading.Lock()
+        self._windows: dict[Hashable, list[float]] = {}  # key -> [period start, lines logged, refusals not logged]
+        self._swept = clock()
+
+    def refused(self, key: Hashable, line: str) -> None:
+        now = self.clock()
+        out: list[str] = []
+        with self.lock:
+            if now - self._swept >= self.period_s or len(self._windows) > self.MAX_TRACKED:
+                self._sweep(now, out)
+            window = self._windows.get(key)
+            if window is not None and now - window[0] >= self.period_s:
+                self._close(key, window, out)
+                window = None
+            if window is None:
+                window = self._windows[key] = [now, 0, 0]
+            if window[1] < self.burst:
+                window[1] += 1
+                out.append(line)
+            else:
+                window[2] += 1
+        for text in out:
+            self.emit(text)
+
+    def _close(self, key: Hashable, window: list[float], out: list[str]) -> None:
+        if window[2]:
+            out.append(f"{int(window[2])} more refusals of {_describe(key)} in {self.period_s:g}s were not logged "
+                       f"(at most {self.burst} lines per {self.period_s:g}s)")
+        del self._windows[key]
+
+    def _sweep(self, now: float, out: list[str]) -> None:
+        self._swept = now
+        for key, window in list(self._windows.items()):
+            if now - window[0] >= self.period_s:
+                self._close(key, window, out)
+        if len(self._windows) > self.MAX_TRACKED:  # all current: forget the oldest half, counts and all
+            oldest = sorted(self._windows.items(), key=lambda item: item[1][0])[: len(self._windows) // 2]
+            for key, window in oldest:
+                self._close(key, window, out)
+
+    def flush(self) -> None:
+        """Log the counts of every period still open (at shutdown, and in tests)."""
+        out: list[str] = []
+        with self.lock:
+            for key, window in list(self._windows.items()):
+                self._close(key, window, out)
+        for text in out:
+            self.emit(text)
+
+
+def _describe(key: Hashable) -> str:
+    if isinstance(key, tuple):
+        return " ".join(str(part) for part in key)
+    return str(key)

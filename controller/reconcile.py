@@ -13,9 +13,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from garrison.controller.instructions import Instruction, Launch, SignalAttempt
+from garrison.controller.instructions import EndSession, Instruction, Launch, SignalAttempt
 from garrison.controller.ledger import AttemptLedger, LiveAttempt
 from garrison.controller.lifecycle import JobLifecycle
+from garrison.controller.store.errors import StoreUnavailable
+from garrison.controller.store.interface import StoreChanges
+from garrison.controller.transaction import atomic
 from garrison.model.domain import JobState, Node, NodeInventory, NodeResult, NodeState
 
 if TYPE_CHECKING:
@@ -27,19 +30,48 @@ log = logging.getLogger("garrison.controller.state")
 class NodeReconciliation(JobLifecycle):
     """The nodes, their agents' connections, and what happens to jobs when nodes come and go."""
 
-    def __init__(self, store: Store, ledger: AttemptLedger, heartbeat_timeout_s: float) -> None:
+    def __init__(
+        self, store: Store, ledger: AttemptLedger, heartbeat_timeout_s: float, fence_delay_s: float | None = None
+    ) -> None:
         super().__init__(store, ledger)
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        # A silent node goes DOWN after heartbeat_timeout_s (no new work), but its attempts are released
+        # (requeued) only after fence_delay_s (garrison/model/lease.py), when its supervisors have stopped
+        # their ranks: a frozen or cut-off node never runs a job alongside its requeued copy. None: at once.
+        self.fence_delay_s = max(fence_delay_s or 0.0, heartbeat_timeout_s)
         self.nodes = ledger.nodes
         self.connected = ledger.connected
         self.gpu_owner = ledger.gpu_owner
         self.node_partitions: dict[str, frozenset[str]] = {}
         self.silent_drained: set[str] = set()  # drained nodes that stopped responding (still drained)
+        # Nodes whose row in the store is behind memory: an agent registered while the database was down
+        # (registering must not depend on it). Written by flush_nodes as soon as it can be.
+        self.unsaved_nodes: set[str] = set()
         self.started_at = 0.0
 
     # ---------------------------------------------------------------------------------------------
     # Node drain (gadmin): the caller has checked permissions.
 
+    def _save_node(self, node: Node) -> None:
+        """Change a node: in memory at once, in the store when the operation commits (or not at all)."""
+        with self.atomically() as pending:
+            pending.nodes[node.name] = node
+            self.nodes[node.name] = node
+            self.unsaved_nodes.discard(node.name)
+
+    def flush_nodes(self) -> bool:
+        """Write the node rows that are behind memory (see ``unsaved_nodes``); False while the store cannot."""
+        if not self.unsaved_nodes:
+            return True
+        names = sorted(self.unsaved_nodes)
+        try:
+            self.store.write(StoreChanges(nodes=[self.nodes[n] for n in names if n in self.nodes]))
+        except StoreUnavailable:
+            return False
+        self.unsaved_nodes.difference_update(names)
+        return True
+
+    @atomic
     def set_drain(self, name: str, drain: bool, reason: str) -> Node:
         """Drain a node (no new jobs; running ones go on) or resume it."""
         node = self.nodes[name]
@@ -49,8 +81,7 @@ class NodeReconciliation(JobLifecycle):
             self.silent_drained.discard(name)
             up = name in self.connected
             node = replace(node, state=NodeState.UP if up else NodeState.DOWN, reason="" if up else "not responding")
-        self.store.save_node(node)
-        self.nodes[name] = node
+        self._save_node(node)
         return node
 
     # ---------------------------------------------------------------------------------------------
@@ -66,19 +97,33 @@ class NodeReconciliation(JobLifecycle):
         now: float,
     ) -> list[Instruction]:
         """An agent (re)connected: record its inventory, then reconcile what it runs with what we think."""
+        self.attach_node(name, inventory, partitions, now)
+        return self.reconcile_node(name, running, finished, now)
+
+    def attach_node(self, name: str, inventory: NodeInventory, partitions: frozenset[str], now: float) -> None:
+        """The first half of a registration: the node is UP (or still drained) and connected. Memory first, by
+        design: an agent can register while the database is down, and its row is written as soon as the
+        store takes it (``flush_nodes``). Nothing can start there before a write succeeds anyway."""
         old = self.nodes.get(name)
         state = NodeState.UP
         reason = ""
         if old is not None and old.state == NodeState.DRAIN:
             state, reason = old.state, old.reason
         node = Node(name=name, inventory=inventory, state=state, reason=reason, last_heartbeat=now)
-        self.store.save_node(node)
         self.nodes[name] = node
         self.node_partitions[name] = partitions
         self.gpu_owner.setdefault(name, {})
         self.connected.add(name)
         self.silent_drained.discard(name)
+        self.unsaved_nodes.add(name)
+        self.flush_nodes()
 
+    @atomic
+    def reconcile_node(
+        self, name: str, running: Sequence[tuple[int, int]], finished: Sequence[NodeResult], now: float
+    ) -> list[Instruction]:
+        """The second half of a registration: what the agent runs and what ended while it was away, against
+        what we think. All or nothing; the engine retries it while the database is down."""
         instructions: list[Instruction] = []
         for result in finished:
             instructions += self.node_finished(name, result, now)
@@ -100,7 +145,8 @@ class NodeReconciliation(JobLifecycle):
                 instructions.append(SignalAttempt(name, job_id, attempt, "kill"))
                 continue
             instructions += self.node_started(name, job_id, attempt)
-            if live.outcome is not None or live.stale:
+            if (live.outcome is not None and live.terminate_at is None) or live.stale:
+                # Being stopped (not within a preemption's grace, which the timer ends): stop it now.
                 instructions.append(SignalAttempt(name, job_id, attempt, "terminate"))
         finished_keys = {(r.job_id, r.attempt) for r in finished}
         for live in list(self.live.values()):
@@ -119,46 +165,77 @@ class NodeReconciliation(JobLifecycle):
                 instructions += self._lose_node(live, name, "ranks lost on node " + name, now)
         return instructions
 
-    def heartbeat(self, name: str, now: float) -> None:
+    def heartbeat(self, name: str, now: float) -> bool:
+        """A message from the node's current stream. True when the node had been given up for silent
+        (expire_heartbeats) while that stream stayed open (an agent stalled for a while): it is alive, and
+        must register again so that what it runs is reconciled with what moved on without it."""
         node = self.nodes.get(name)
         if node is not None:
             self.nodes[name] = replace(node, last_heartbeat=now)
+        return node is not None and name not in self.connected
 
     def disconnect(self, name: str) -> None:
         self.connected.discard(name)
 
     def _lose_node(self, live: LiveAttempt, name: str, reason: str, now: float) -> list[Instruction]:
         instructions: list[Instruction] = []
+        self._live_changing(live)
         self.ledger.release_node(live, name)
         if not live.stale and live.outcome is None:
             job = self.jobs[live.job_id]
             outcome = JobState.PENDING if job.spec.requeue else JobState.NODE_FAIL
-            instructions += self._stop(live, outcome, reason, now, kill=True)
+            # The other nodes' ranks are healthy: they get SIGTERM and the kill wait, as any stopped job does.
+            instructions += self._stop(live, outcome, reason, now)
         if not live.pending_nodes:
             self._finish(live, now)
         return instructions
 
     def expire_heartbeats(self, now: float) -> list[Instruction]:
-        """Nodes silent past the timeout go DOWN; the attempts running there are requeued or failed."""
-        instructions: list[Instruction] = []
-        for node in list(self.nodes.values()):
+        """Nodes silent past the timeout go DOWN and their streams are closed; the attempts running there are
+        requeued or failed once the node is also past the fence delay (its lease has run out and its
+        supervisors have stopped the ranks). Each node is an operation of its own: while the database is
+        down a node whose write fails stays as it was and is expired on the first tick that can write (no
+        expiry is skipped)."""
+        silent: list[str] = []
+        for node in self.nodes.values():
             if node.state == NodeState.DOWN or node.name in self.silent_drained:
                 continue
-            last = max(node.last_heartbeat, self.started_at)
-            if now - last < self.heartbeat_timeout_s:
-                continue
-            if node.state == NodeState.DRAIN:
-                # An admin's drain outlives the node going silent (a reboot for maintenance): it comes back
-                # drained, not UP. Its jobs are lost all the same.
-                log.warning("drained node %s missed heartbeats for %.1fs", node.name, now - last)
-                self.silent_drained.add(node.name)
-            else:
-                log.warning("node %s missed heartbeats for %.1fs: DOWN", node.name, now - last)
-                down = replace(node, state=NodeState.DOWN, reason="not responding")
-                self.store.save_node(down)
-                self.nodes[node.name] = down
-            self.connected.discard(node.name)
-            for live in list(self.live.values()):
-                if node.name in live.pending_nodes:
-                    instructions += self._lose_node(live, node.name, f"node {node.name} not responding", now)
+            if now - max(node.last_heartbeat, self.started_at) >= self.heartbeat_timeout_s:
+                silent.append(node.name)
+        instructions, deferred = self.each_atomically(
+            silent, lambda name: self._declare_silent(self.nodes[name], now - max(self.nodes[name].last_heartbeat,
+                                                                                    self.started_at))
+        )
+        fenced = sorted(
+            node.name for node in self.nodes.values()
+            if now - max(node.last_heartbeat, self.started_at) >= max(self.fence_delay_s, self.heartbeat_timeout_s)
+            and node.name not in self.connected
+        )
+        lost, deferred_losses = self.each_atomically(fenced, lambda name: self._lose_fenced_node(name, now))
+        instructions += lost
+        if deferred or deferred_losses:
+            log.debug("heartbeats: %d silent node(s) wait for the database", deferred + deferred_losses)
         return instructions
+
+    def _lose_fenced_node(self, name: str, now: float) -> list[Instruction]:
+        """The attempts still counting on a node whose lease has run out: requeued or failed."""
+        instructions: list[Instruction] = []
+        for live in list(self.live.values()):
+            if name in live.pending_nodes:  # an earlier node's loss may have finished it
+                instructions += self._lose_node(live, name, f"node {name} not responding", now)
+        return instructions
+
+    def _declare_silent(self, node: Node, silent_s: float) -> list[Instruction]:
+        """The node missed its heartbeats: DOWN (a drained one stays drained), and its stream closed."""
+        if node.state == NodeState.DRAIN:
+            # An admin's drain outlives the node going silent (a reboot for maintenance): it comes back
+            # drained, not UP. Its jobs are lost all the same.
+            log.warning("drained node %s missed heartbeats for %.1fs", node.name, silent_s)
+            self.silent_drained.add(node.name)
+        else:
+            log.warning("node %s missed heartbeats for %.1fs: DOWN (its jobs are requeued once its lease "
+                        "has run out, %.1fs after it was last heard from)", node.name, silent_s,
+                        self.fence_delay_s)
+            self._save_node(replace(node, state=NodeState.DOWN, reason="not responding"))
+        self.connected.discard(node.name)
+        return [EndSession(node.name, "missed heartbeats")]

@@ -44,6 +44,7 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         resolution_s=float(settings.backfill_resolution_s),
         max_starts_per_cycle=settings.max_starts_per_cycle,
         preemption=settings.preemption,
+        max_grace_s=settings.preempt_max_grace_s,
     )
 
 

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from garrison.controller.dependency import dependency_reason, parse_dependency
+from garrison.controller.dependency import parse_dependency, typed_dependencies
+from garrison.controller.sched.dependencies import JobDependencies
 from garrison.controller.sched.snapshot import (
     EMPTY_ACCOUNTING,
     NodeView,
@@ -24,6 +25,7 @@ from garrison.controller.sched.snapshot import (
     UsageView,
     parse_cpu_list,
 )
+from garrison.controller.signals import parse_signal_request
 from garrison.model.accounts import Accounting
 from garrison.model.domain import Job, JobState, Node, NodeState
 from garrison.model.jobrefs import JobLookup, parse_job_ref
@@ -47,6 +49,11 @@ def pending_view(job: Job) -> PendingJob:
         qos=job.spec.qos or "",
         time_limit_s=job.time_limit_s,
     )
+
+
+def _warning_lead_s(job: Job) -> int | None:
+    """The job's --signal lead time (validated at submission), which the core weighs in preemption grace."""
+    return parse_signal_request(job.spec.signal).seconds if job.spec.signal else None
 
 
 class SnapshotCache:
@@ -87,35 +94,31 @@ class SnapshotCache:
         views = self._pending
         pending = list(views.values())
         held = [job_id for job_id in state.held if job_id in views]
-        waiting = self._dependency_reasons(state)
-        if held or waiting:
+        dependencies = self._dependencies(state)
+        if held or dependencies:
             patched = dict(views)
             for job_id in held:
                 patched[job_id] = replace(views[job_id], held=True)
-            for job_id, (reason, singleton_key) in waiting.items():
-                patched[job_id] = replace(patched[job_id], dependency_reason=reason, singleton_key=singleton_key)
+            for job_id, typed in dependencies.items():
+                patched[job_id] = replace(patched[job_id], dependencies=typed)
             pending = list(patched.values())
+        singletons = any(d.singleton_key is not None for d in dependencies.values())
         return Snapshot(
             nodes=nodes,
             pending=tuple(pending),
             running=running,
             accounting=accounting,
             usage=usage if usage is not None else {},
+            running_names=frozenset((j.user, j.spec.name) for j in state.jobs.values() if j.state.holds_resources)
+            if singletons else frozenset(),
         )
 
-    def _dependency_reasons(self, state: ClusterState) -> dict[int, tuple[str, tuple[str, str] | None]]:
-        """For each pending job with a -d dependency (few jobs have one): why it waits ("" if it need not),
-        and its (user, name) if it is a singleton, so that one cycle starts one of its namesakes."""
+    def _dependencies(self, state: ClusterState) -> dict[int, JobDependencies]:
+        """The typed -d list of each pending job that has one (few jobs do), for the core to decide on: the
+        states of the jobs each reference stands for now, and the (user, name) of a singleton."""
         assert self._pending is not None
-        reasons: dict[int, tuple[str, tuple[str, str] | None]] = {}
+        typed: dict[int, JobDependencies] = {}
         lookup = JobLookup(state.jobs)
-        running_names: set[tuple[str, str]] | None = None
-
-        def namesake_running(key: tuple[str, str]) -> bool:
-            nonlocal running_names
-            if running_names is None:  # built once per cycle, and only when some job is a singleton
-                running_names = {(j.user, j.spec.name) for j in state.jobs.values() if j.state.holds_resources}
-            return key in running_names
 
         def jobs_for(ref: str) -> list[Job]:
             return lookup.find(*parse_job_ref(ref))
@@ -124,12 +127,9 @@ class SnapshotCache:
             view = self._pending.get(job_id)
             if view is None or view.spec.dependency is None:
                 continue
-            dependencies = parse_dependency(view.spec.dependency)
-            key = (view.user, view.spec.name) if dependencies.singleton else None
-            reason = dependency_reason(dependencies, jobs_for, namesake_running=key is not None and namesake_running(key))
-            if reason or key is not None:
-                reasons[job_id] = (reason, key)
-        return reasons
+            typed[job_id] = typed_dependencies(parse_dependency(view.spec.dependency), jobs_for,
+                                               (view.user, view.spec.name))
+        return typed
 
     def job_changed(self, before: Job | None, job: Job) -> None:
         """ClusterState's job observer: keep the pending views in step with the jobs."""
@@ -217,6 +217,7 @@ class SnapshotCache:
             array_job_id=job.array_job_id if not live.stale else None,
             checkpoint_time=checkpoint,
             stopping=stopping,
+            warning_lead_s=_warning_lead_s(job),
         )
         self._running[(live.job_id, live.attempt)] = (key, view)
         return view

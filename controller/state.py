@@ -40,10 +40,16 @@ log = logging.getLogger("garrison.controller.state")
 
 
 class ClusterState(NodeReconciliation):
-    def __init__(self, store: Store, heartbeat_timeout_s: float) -> None:
-        super().__init__(store, AttemptLedger(), heartbeat_timeout_s)
+    def __init__(self, store: Store, heartbeat_timeout_s: float, fence_delay_s: float | None = None) -> None:
+        super().__init__(store, AttemptLedger(), heartbeat_timeout_s, fence_delay_s)
         self.snapshots = SnapshotCache()
         self.job_observers.append(self.snapshots.job_changed)
+        self.job_observers.append(self._forget_wait_reason)
+
+    def _forget_wait_reason(self, before: Job | None, job: Job) -> None:
+        """A job that is no longer pending (started, cancelled, ended) waits for nothing: drop its reason."""
+        if job.state != JobState.PENDING:
+            self.wait_reasons.pop(job.job_id, None)
 
     # ---------------------------------------------------------------------------------------------
     # Start-up
@@ -52,6 +58,7 @@ class ClusterState(NodeReconciliation):
         """Load everything from the store; live attempts are rebuilt from jobs that hold resources."""
         self.started_at = now
         loaded = self.store.load()
+        stops = {(stop.job_id, stop.attempt): stop for stop in loaded.stops}
         for node in loaded.nodes:
             self.nodes[node.name] = node
             self.gpu_owner[node.name] = {}
@@ -70,6 +77,12 @@ class ClusterState(NodeReconciliation):
                 )
                 if job.state == JobState.COMPLETING and job.reason.startswith(OUTCOME_PREFIX):
                     live.outcome = JobState(job.reason.removeprefix(OUTCOME_PREFIX))
+                stop = stops.get((job.job_id, attempt.attempt))
+                if job.state == JobState.COMPLETING and stop is not None:
+                    # The decision as it was made: a preemption stays a preemption (recorded PREEMPTED, with
+                    # its reason) and keeps what is left of its grace period.
+                    live.outcome, live.requeue_as = stop.outcome, stop.requeue_as
+                    live.outcome_reason, live.terminate_at = stop.reason, stop.terminate_at
                 self.ledger.own(live)
         for job_id, by_admin in self.store.load_holds().items():
             if job_id in self.jobs and self.jobs[job_id].state == JobState.PENDING:
@@ -119,15 +132,14 @@ class ClusterState(NodeReconciliation):
                     reason="",
                     restart_count=start.attempt,
                 ))
-            if started:
-                self.store.save_jobs(started)
+            self._save(started)
 
-        result = self.ledger.apply(plan, now, before_commit=write_through)
+        with self.atomically():  # the store commits the starts before the ledger's change is kept
+            result = self.ledger.apply(plan, now, before_commit=write_through)
+            for job in started:
+                self.wait_reasons.pop(job.job_id, None)  # journaled: _save has seen the job
         instructions: list[Instruction] = []
         for job in started:
-            self._observe(self.jobs.get(job.job_id), job)
-            self._remember(job)
-            self.wait_reasons.pop(job.job_id, None)
             attempt = len(job.attempts) - 1
             instructions.extend(Launch(node, job, attempt) for node in job.attempts[attempt].allocation.node_names)
         return result, instructions

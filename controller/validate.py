@@ -8,10 +8,14 @@ from dataclasses import dataclass, replace
 
 from garrison.config import ControllerConfig, PartitionConfig
 from garrison.controller.dependency import parse_dependency
-from garrison.controller.sched.placement import gang_shape
+from garrison.controller.sched.explain import never_text
+from garrison.controller.sched.feasibility import IdleCluster, Verdict
+from garrison.controller.sched.pipeline import build_pipeline
+from garrison.controller.sched.placement import Placer, gang_shape, request_for
+from garrison.controller.sched.snapshot import NodeView
 from garrison.controller.signals import parse_signal_request
 from garrison.model.accounts import Accounting, AccountingError, PartitionDef
-from garrison.model.domain import JobSpec, LaunchMode, Node, Principal
+from garrison.model.domain import JobSpec, LaunchMode, Node, NodeInventory, Principal
 from garrison.model.features import ConstraintError, constraint_features, parse_constraint, satisfies
 from garrison.model.gputype import gpu_matches
 from garrison.model.resources import ResourceError, memory_per_node_mb, resolve
@@ -86,7 +90,12 @@ def validate_submission(
     check_spec_limits(spec)
     if abs(spec.nice) > MAX_NICE:
         raise ValidationError(f"--nice must be between -{MAX_NICE} and {MAX_NICE}")
-    if spec.script is None and not spec.command:
+    if spec.launch == LaunchMode.ALLOCATION:
+        if spec.script is not None or spec.command:
+            raise ValidationError("an allocation (galloc) runs no script or command of its own on the nodes")
+        if array_indices:
+            raise ValidationError("an allocation (galloc) cannot be a job array")
+    elif spec.script is None and not spec.command:
         raise ValidationError("nothing to run: give a script or a command")
     if spec.script is not None and len(spec.script.encode()) > MAX_SCRIPT_BYTES:
         raise ValidationError(f"script is larger than {MAX_SCRIPT_BYTES} bytes")
@@ -176,7 +185,9 @@ def validate_submission(
             raise ValidationError(f"time limit {time_limit}s exceeds QoS {qos.name!r} maximum of {qos.max_time_s}s")
 
     if len(array_indices) > config.max_array_size:
-        raise ValidationError(f"array has {len(array_indices)} tasks; at most {config.max_array_size}")
+        raise ValidationError(
+            f"--array: {len(array_indices)} tasks, more than this cluster's max_array_size ({config.max_array_size})"
+        )
     if len(set(array_indices)) != len(array_indices):
         raise ValidationError("array indices must be unique")
     if spec.array_max_running is not None and spec.array_max_running <= 0:
@@ -184,8 +195,13 @@ def validate_submission(
 
     members = partition_nodes(part, list(nodes.values()))
     spec, chosen = _check_node_selection(spec, members, nodes, part.name)
+    verdict = ever_runs(spec, members, part.name, time_limit)
+    if verdict is None or verdict.runs:
+        return Resolved(spec=spec, account=account, partition=part.name, time_limit_s=time_limit)
+    # The core says it can never run; the checks below say why in the terms of the options given.
     try:
         _check_fits_somewhere(spec, chosen, part.name)
+        raise ValidationError(never_text(request_for(0, spec, part.name, time_limit), verdict.tally, part.name))
     except ValidationError as exc:
         if len(chosen) == len(members):
             raise
@@ -195,7 +211,56 @@ def validate_submission(
         within = " and ".join(filter(None, [f"--constraint {shown(spec.constraint)}" if spec.constraint else "",
                                             within]))
         raise ValidationError(f"{exc} (counting only the nodes that match {within})") from None
-    return Resolved(spec=spec, account=account, partition=part.name, time_limit_s=time_limit)
+
+
+def static_view(node: Node, partition: str) -> NodeView:
+    """The core's view of a registered node as if it were up and idle (what "could it ever run?" looks at)."""
+    inventory = node.inventory
+    return NodeView(
+        name=node.name,
+        schedulable=True,
+        gpu_names=tuple(g.name for g in inventory.gpus),
+        free_gpus=frozenset(g.index for g in inventory.gpus),
+        nvlink=inventory.nvlink,
+        partitions=frozenset({partition}),
+        topo=inventory.topo,
+        gpu_memory_mib=tuple(g.memory_mib for g in inventory.gpus),
+        cpus=inventory.cpus,
+        free_cpus=frozenset(range(inventory.cpus)),
+        memory_mb=inventory.memory_mb,
+        free_memory_mb=inventory.memory_mb,
+        features=frozenset(node.features),
+    )
+
+
+def ever_runs(spec: JobSpec, members: Sequence[Node], partition: str, time_limit_s: int) -> Verdict | None:
+    """The scheduling core's answer (sched/feasibility.py) to "could any state of the partition's registered
+    nodes run this job?"; None while no node has registered (accept and let it wait)."""
+    if not members:
+        return None
+    request = request_for(0, spec, partition, float(time_limit_s))
+    return _idle_partition(members, partition).verdict(request)
+
+
+# Per partition: the inventories of the registered nodes an IdleCluster was built from (kept, so they stay
+# the same objects), and it. A submission looks at a node's inventory (GPUs, CPUs, memory, features) only,
+# never its state, and an inventory object is replaced, never changed, when its agent registers again (a
+# heartbeat replaces the Node, not its inventory): the same objects give the same answers, so a submission
+# costs a comparison of references, and a look-alike of an earlier one a dict lookup.
+_IDLE_PARTITIONS: dict[str, tuple[tuple[tuple[str, NodeInventory], ...], IdleCluster]] = {}
+
+
+def _idle_partition(members: Sequence[Node], partition: str) -> IdleCluster:
+    found = _IDLE_PARTITIONS.get(partition)
+    if found is not None and len(found[0]) == len(members) and all(
+            name == n.name and inventory is n.inventory for (name, inventory), n in zip(found[0], members, strict=True)):
+        return found[1]
+    views = sorted((static_view(n, partition) for n in members), key=lambda v: v.name)
+    idle = IdleCluster(views, Placer(build_pipeline()))
+    if len(_IDLE_PARTITIONS) > 64:
+        _IDLE_PARTITIONS.clear()
+    _IDLE_PARTITIONS[partition] = (tuple((n.name, n.inventory) for n in members), idle)
+    return idle
 
 
 def _resolve_policy(spec: JobSpec, principal: Principal, accounting: Accounting) -> tuple[str, PartitionDef, JobSpec]:

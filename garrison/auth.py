@@ -71,7 +71,7 @@ log = logging.getLogger(__name__)
 
 CREDENTIAL_METADATA_KEY = "x-garrison-credential"
 TOKEN_VERSION = "v1"
-DEFAULT_LIFETIME_S = 900.0
+DEFAULT_LIFETIME_S = 300.0
 # Far above any real token (a user in a few hundred groups), far below anything that could hurt to parse.
 MAX_TOKEN_CHARS = 16 * 1024
 _ERROR_PREFIX = "ERROR "  # how the service says why it gave no credential; tokens start with "v1."

@@ -154,6 +154,12 @@ def _read_key(path: Path) -> bytes:
         info = os.fstat(key_file.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise AuthError(f"key file {path} is not a regular file")
+        if info.st_uid != os.geteuid():
+            # Someone else's key (planted in a directory they made first) would let them forge credentials.
+            raise AuthError(
+                f"key file {path} belongs to uid {info.st_uid}, not to this daemon's user (uid {os.geteuid()}): "
+                "refusing it (remove it and restart to make a new key)"
+            )
         if info.st_mode & 0o077:
             raise AuthError(
                 f"key file {path} is readable by others (mode {info.st_mode & 0o777:04o}); want 0600"

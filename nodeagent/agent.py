@@ -4,6 +4,11 @@ The link reconnects with backoff; each (re)connection starts with a Register car
 attempts still running here and the results the controller has not acknowledged, so the controller can
 reconcile after either side restarts. Jobs never depend on the agent process: they run under detached
 supervisors and their results wait on disk until acknowledged.
+
+The node lease (nodeagent/lease.py) is the one exception, on purpose: every Register and heartbeat asks
+for it, and the supervisors stop their ranks once no grant has renewed it for the lease's length. An
+agent that finds its lease run out (it was frozen, or cut off from the controller) knows it may have been
+declared dead: it stops every attempt here and registers again at once.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -25,9 +31,14 @@ from garrison import sdnotify
 from garrison.auth import AuthError
 from garrison.config import AgentConfig
 from garrison.logs import kv
+from garrison.loopback_listener import UntrustedListener, check_loopback_listener
 from garrison.model.domain import LAUNCH_FAILED_PREFIX as LAUNCH_FAILED
 from garrison.model.domain import NodeInventory
+from garrison.nodeagent.containment.interface import Containment
 from garrison.nodeagent.jobs import AttemptResult, JobManager, RefusedLaunch
+from garrison.nodeagent.lease import LEASE_FILE, NodeLease
+from garrison.nodeagent.steps import StepRunner
+from garrison.nodeagent.supervisor.core import boottime
 from garrison.nodeagent.supervisor.forkserver import start_forkserver
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
@@ -37,35 +48,87 @@ from garrison.wire import convert
 log = logging.getLogger("garrison.agent")
 
 CREDENTIAL_METADATA = "x-garrison-credential"
-MAX_BACKOFF_S = 5.0
+INITIAL_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 2.0
 RESCAN_INTERVAL_S = 1.0
+STEP_POLL_INTERVAL_S = 0.02  # how often running steps' output is read and sent (gsrun --pty's latency)
+STEP_MESSAGE_KINDS = frozenset({"launch_step", "signal_step", "step_input", "step_ack"})
 
 
 def result_to_pb(result: AttemptResult) -> pb.JobResult:
-    return pb.JobResult(
+    message = pb.JobResult(
         job_id=result.job_id,
         attempt=result.attempt,
         ranks=[pb.RankResult(rank=r.rank, exit_code=r.exit_code, error=r.error) for r in result.ranks],
         error=result.error,
         finished_at=result.finished_at,
+        lease_expired=result.lease_expired,
+        out_of_memory=result.out_of_memory,
     )
+    if result.usage is not None:
+        message.usage.CopyFrom(usage_to_pb(result.usage))
+    return message
+
+
+def usage_to_pb(usage: dict[str, int]) -> pb.ContainmentUsage:
+    """The supervisor's cgroup figures (and NVML's, if any) as the wire's."""
+    message = pb.ContainmentUsage(oom_kills=usage.get("oom_kills", 0))
+    if "max_rss_bytes" in usage:
+        message.max_rss_bytes = usage["max_rss_bytes"]
+    if "cpu_time_ns" in usage:
+        message.cpu_time_s = usage["cpu_time_ns"] / 1e9
+    if "gpu_utilization_milli_pct" in usage:
+        message.gpu_utilization_pct = usage["gpu_utilization_milli_pct"] / 1000
+    if "gpu_memory_bytes" in usage:
+        message.gpu_memory_bytes = usage["gpu_memory_bytes"]
+    return message
+
+
+class LeaseLost(Exception):
+    """The node's lease ran out while connected (the agent was frozen, or no grant came): re-register."""
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, node_name: str, inventory: NodeInventory, allow_root_jobs: bool) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        node_name: str,
+        inventory: NodeInventory,
+        allow_root_jobs: bool,
+        containment: Containment | None = None,
+        gpu_minors: Mapping[int, int] | None = None,
+    ) -> None:
         self.config = config
         self.node_name = node_name
         self.inventory = inventory
         self.state_dir = Path(config.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.notify_path = str(self.state_dir / "notify.sock")
-        self.jobs = JobManager(self.state_dir, self.notify_path, allow_root_jobs)
+        self.lease = NodeLease(self.state_dir / LEASE_FILE)
+        self.jobs = JobManager(self.state_dir, self.notify_path, allow_root_jobs, lease_file=self.lease.path,
+                               containment=containment, pids_max=config.job_pids_max, gpu_minors=gpu_minors)
+        self._registered = False  # in the current session: the controller accepted the registration
         self.active: set[tuple[int, int]] = set()
         self.checkpoints: dict[tuple[int, int], float] = {}  # last reported checkpoint-mark time
         self.outbox: asyncio.Queue[pb.AgentMessage] | None = None
         self.heartbeat_interval_s = 5.0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
+        self._checking: set[tuple[int, int]] = set()  # attempts whose result is being read now
+        self._check_again: set[tuple[int, int]] = set()
+        self._lookups: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
+        # Job steps (gsrun): their own supervisors, output streamed from their files (nodeagent/steps.py).
+        self.steps = StepRunner(self.state_dir, allow_root_jobs, self._send, self._outbox_size,
+                                lambda: self.jobs.forkserver, self.jobs.step_cgroup)
+
+    def _outbox_size(self) -> int:
+        return self.outbox.qsize() if self.outbox is not None else 1 << 30
+
+    async def _step_loop(self) -> None:
+        while True:
+            await asyncio.sleep(STEP_POLL_INTERVAL_S if self.steps.local else 0.2)
+            if self.outbox is not None:
+                self.steps.tick()
 
     # ---------------------------------------------------------------------------------------------
 
@@ -75,10 +138,12 @@ class Agent:
         notify = self._open_notify_socket()
         loop.add_reader(notify.fileno(), self._on_notify, notify)
         rescan = asyncio.create_task(self._rescan_loop())
+        step_poll = asyncio.create_task(self._step_loop())
         try:
             await self._link_loop()
         finally:
             rescan.cancel()
+            step_poll.cancel()
             loop.remove_reader(notify.fileno())
             notify.close()
             self._pool.shutdown(wait=False)
@@ -125,11 +190,35 @@ class Agent:
                 self._check_attempt(key)
 
     def _check_attempt(self, key: tuple[int, int]) -> None:
-        result = self.jobs.result(*key)
+        """Look for the attempt's result, off the event loop: reading it opens files the job controls (its
+        torch error file), which must never stall the link and its heartbeats. One look per attempt at a
+        time; a request during a look makes it look once more."""
+        if key in self._checking:
+            self._check_again.add(key)
+            return
+        self._checking.add(key)
+        task = asyncio.get_running_loop().create_task(self._look_for_result(key))
+        self._lookups.add(task)  # a task nobody references may be collected before it ends
+        task.add_done_callback(self._lookups.discard)
+
+    async def _look_for_result(self, key: tuple[int, int]) -> None:
+        try:
+            while True:
+                self._check_again.discard(key)
+                result = await asyncio.get_running_loop().run_in_executor(self._pool, self.jobs.result, *key)
+                if result is not None or key not in self._check_again:
+                    break
+        except Exception:
+            log.exception("reading the result of job=%d attempt=%d failed; the rescan tries again", *key)
+            return
+        finally:
+            self._checking.discard(key)
+            self._check_again.discard(key)
         if result is None:
             return
         self.active.discard(key)
         self._send(pb.AgentMessage(finished=result_to_pb(result)))
+        self.steps.kill_job(key[0])  # a step never outlives its job
         exit_codes = ",".join(str(r.exit_code) for r in result.ranks)
         log.info("finished %s", kv(job=key[0], attempt=key[1], node=self.node_name, exit_codes=exit_codes,
                                    error=result.error))
@@ -159,25 +248,48 @@ class Agent:
     # ---------------------------------------------------------------------------------------------
 
     async def _link_loop(self) -> None:
-        backoff = 0.1
+        backoff = INITIAL_BACKOFF_S
         while not self._stop.is_set():
-            connected_at = time.monotonic()
+            self._registered = False
             try:
                 await self._session()
+            except LeaseLost as exc:
+                log.warning("%s", exc)
             except grpc.aio.AioRpcError as exc:
                 log.warning("link to controller %s: %s", self.config.controller, exc.details() or exc.code().name)
                 sdnotify.status(f"no link to the controller at {self.config.controller}: {exc.code().name}; retrying")
-            except (OSError, AuthError, TlsError) as exc:
+            except (OSError, AuthError, TlsError, UntrustedListener) as exc:
                 # The controller (and its credential service) may not be up yet, or restarting: retry.
                 log.warning("link to controller %s: %s", self.config.controller, exc)
                 sdnotify.status(f"no link to the controller at {self.config.controller}: {exc}; retrying")
             if self._stop.is_set():
                 return
-            if time.monotonic() - connected_at > 10:
-                backoff = 0.1
+            refused = await asyncio.get_running_loop().run_in_executor(self._pool, self._controller_refuses)
+            # The controller is down, not cut off from us: keep the running jobs (nodeagent/lease.py).
+            if refused and self.lease.extend_while_no_controller():
+                log.info("controller %s refuses connections (not running): node lease extended by %.0fs",
+                         self.config.controller, self.lease.duration_s or 0.0)
+            if self._registered:
+                # The link worked until now: the controller restarted or the stream was cut, so try again
+                # at once, and only back off if that fails.
+                backoff = INITIAL_BACKOFF_S
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def _controller_refuses(self) -> bool:
+        """Whether a TCP connection to the controller's address is refused (its host is up and nothing
+        listens on its port), as opposed to timing out (a partition, or its host down)."""
+        host, _, port = self.config.controller.rpartition(":")
+        if not port.isdigit():
+            return False
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return False
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
 
     def _credential(self) -> str:
         from garrison.auth import fetch_credential
@@ -188,7 +300,16 @@ class Agent:
         loop = asyncio.get_running_loop()
         # With TLS the node certificate proves who we are; without (loopback only), a local credential.
         cfg = self.config
+        if not cfg.tls_cert:
+            # Plain text (loopback): our credential speaks for root; only to a port that root or we hold.
+            await loop.run_in_executor(self._pool, check_loopback_listener, cfg.controller, "the agent's credential")
         credential = None if cfg.tls_cert else await loop.run_in_executor(self._pool, self._credential)
+        if self.lease.expired():
+            # The supervisors are stopping (or have stopped) their ranks by themselves; make sure of it, so that
+            # what we report below is what the controller may count on.
+            log.warning("node lease expired %.1fs ago: this node may have been declared dead; its attempts are "
+                        "stopped, registering again", -(self.lease.remaining_s() or 0.0))
+            await loop.run_in_executor(self._pool, self._stop_all_attempts)
         running, finished = await loop.run_in_executor(self._pool, self.jobs.scan)
         self.active = set(running)
         # The controller may have restarted and forgotten the checkpoint marks: they go with the registration.
@@ -205,47 +326,88 @@ class Agent:
                     finished=[result_to_pb(r) for r in finished],
                     agent_version="0.1.0",
                     address=self.config.address or self.node_name,
+                    lease_request=self.lease.request(),
                 )
             )
         )
         self.outbox = outbox
-
-        async def outgoing():  # type: ignore[no-untyped-def]
-            while True:
-                yield await outbox.get()
+        self.steps.scan()
+        self.steps.reconnected()
 
         async with agent_channel(cfg.controller, cfg.tls_cert, cfg.tls_key, cfg.tls_ca) as channel:
             stub = pb_grpc.AgentLinkStub(channel)
             metadata = ((CREDENTIAL_METADATA, credential),) if credential is not None else ()
-            call = stub.Connect(outgoing(), metadata=metadata)
+            # Written by a task of our own rather than through a request iterator: grpc's task consuming an
+            # iterator is left pending (and its generator closed while running) when the stream is cancelled,
+            # which logged "Task was destroyed" and "aclose()" errors on every reconnect.
+            call = stub.Connect(metadata=metadata)
+            reader = asyncio.create_task(self._read(call))
+            writer = asyncio.create_task(self._write(call, outbox))
             heartbeats = asyncio.create_task(self._heartbeat_loop(outbox))
             stopper = asyncio.create_task(self._stop.wait())
+            tasks = {reader, writer, heartbeats, stopper}
             try:
-                reader = asyncio.create_task(self._read(call))
-                done, _ = await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                if reader in done:
-                    reader.result()
-                else:
-                    reader.cancel()
-                    call.cancel()
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task is not stopper:
+                        task.result()  # the stream's end or error, or LeaseLost from the heartbeat loop
             finally:
-                heartbeats.cancel()
-                stopper.cancel()
                 self.outbox = None
+                call.cancel()
+                for task in tasks:
+                    task.cancel()
+                # Wait for them to end, so a reconnect leaves no task behind to be destroyed while pending.
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    @staticmethod
+    async def _write(call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.AgentMessage]) -> None:
+        """Send the outbox's messages on the stream until it ends; its end or error is the reader's to report."""
+        while True:
+            message = await outbox.get()
+            try:
+                await call.write(message)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await asyncio.Event().wait()  # the stream has ended: wait to be cancelled with the session
+                return
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         async for message in call:
             await self._handle(message)
 
     async def _heartbeat_loop(self, outbox: asyncio.Queue[pb.AgentMessage]) -> None:
+        session_started = boottime()
         while True:
-            outbox.put_nowait(pb.AgentMessage(heartbeat=pb.Heartbeat(time=time.time())))
+            if self.lease.ran_out_since(session_started):
+                # Frozen past the lease (SIGSTOP, a stalled host) or no grant for that long: the controller may
+                # have declared this node dead and requeued its jobs. Stop everything and register again.
+                await asyncio.get_running_loop().run_in_executor(self._pool, self._stop_all_attempts)
+                raise LeaseLost(f"node lease expired {-(self.lease.remaining_s() or 0.0):.1f}s ago: "
+                                "stopped every attempt here; registering again")
+            outbox.put_nowait(pb.AgentMessage(heartbeat=pb.Heartbeat(time=time.time(),
+                                                                     lease_request=self.lease.request())))
+            self._report_running_usage(outbox)
             await asyncio.sleep(self.heartbeat_interval_s)
+
+    def _stop_all_attempts(self) -> None:
+        """Terminate every attempt on this node (SIGTERM, the kill wait, SIGKILL): the lease has run out."""
+        for job_id, attempt in self.jobs.attempts():
+            if self.jobs.result(job_id, attempt) is None:
+                log.warning("node lease expired: stopping %s", kv(job=job_id, attempt=attempt, node=self.node_name))
+                self.jobs.stop_for_lease(job_id, attempt)
+
+    def _report_running_usage(self, outbox: asyncio.Queue[pb.AgentMessage]) -> None:
+        """With each heartbeat, what every running attempt has used so far (gjob shows it, as sstat)."""
+        for job_id, attempt in sorted(self.active):
+            usage = self.jobs.running_usage(job_id, attempt)
+            if usage is not None:
+                outbox.put_nowait(pb.AgentMessage(running_usage=pb.ContainmentRunningUsage(
+                    job_id=job_id, attempt=attempt, usage=usage_to_pb(usage))))
 
     async def _handle(self, message: pb.ControllerMessage) -> None:
         kind = message.WhichOneof("kind")
         if kind == "registered":
             self.heartbeat_interval_s = message.registered.heartbeat_interval_s or self.heartbeat_interval_s
+            self._registered = True
             log.info("registered with controller %s as %s", self.config.controller, self.node_name)
             # Ready for systemd (Type=notify) only now: the node is part of the cluster. Repeats are ignored.
             sdnotify.ready(f"registered with the controller at {self.config.controller} as {self.node_name}")
@@ -257,6 +419,10 @@ class Agent:
                 sig.action
             ]
             key = (sig.job_id, sig.attempt)
+            if action == "signal" and sig.signal:
+                # gcancel -s, --signal and preemption warnings reach every task of the job's steps too, as
+                # scancel's reach every step (but --signal=B: only the batch shell).
+                self.steps.signal_job(sig.job_id, sig.signal, self.jobs.batch_signal(*key))
             known = await asyncio.get_running_loop().run_in_executor(
                 self._pool, self.jobs.signal, sig.job_id, sig.attempt, action, sig.signal
             )
@@ -265,6 +431,14 @@ class Agent:
                 self._send(pb.AgentMessage(finished=pb.JobResult(job_id=sig.job_id, attempt=sig.attempt, error="not running here")))
             elif self.jobs.is_placeholder(*key):
                 self._check_attempt(key)
+        elif kind == "lease":
+            # On the loop, like the requests it answers: a few microseconds to rewrite the lease file.
+            self.lease.granted(message.lease.request, message.lease.duration_s)
+        elif kind == "release":
+            key = (message.release.job_id, message.release.attempt)
+            await asyncio.get_running_loop().run_in_executor(self._pool, self.jobs.release, *key)
+        elif kind in STEP_MESSAGE_KINDS:
+            self.steps.handle(message)
         elif kind == "ack":
             key = (message.ack.job_id, message.ack.attempt)
             self.active.discard(key)

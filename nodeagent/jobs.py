@@ -8,6 +8,7 @@ launch commands are idempotent (keyed by job id and attempt).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -15,11 +16,23 @@ import pwd
 import re
 import shutil
 import socket
-from dataclasses import dataclass
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from garrison.model.launch import LaunchDescription
-from garrison.nodeagent.launch.env import AttemptPaths, RankPlan, checkpoint_dir_for, plan_ranks
+from garrison.nodeagent.containment.interface import AttemptLimits, Containment, ContainmentError
+from garrison.nodeagent.containment.unconfined import Unconfined
+from garrison.nodeagent.jobfiles import owner_of_directory, read_job_file
+from garrison.nodeagent.launch.env import (
+    AttemptPaths,
+    RankPlan,
+    checkpoint_dir_for,
+    plan_ranks,
+    ranks_on_node,
+)
+from garrison.nodeagent.supervisor import cgroup_runtime
 from garrison.nodeagent.supervisor import client as supervisor
 from garrison.nodeagent.supervisor import core as supervisor_core
 from garrison.nodeagent.supervisor.spec import LaunchSpec, RankSpec
@@ -32,7 +45,9 @@ CHECKPOINT_MARK = "checkpoint-mark"
 MAX_ERROR_FILE_BYTES = 64 << 10
 PLACEHOLDER = "placeholder"  # a node of the allocation with no ranks (e.g. --launch single)
 ACKED = "acked"
-TERMINATE_REQUESTED = "terminate-requested"
+TERMINATE_REQUESTED = supervisor_core.TERMINATE_REQUEST_FILE  # read by the supervisor before it starts ranks
+LEASE_STOPPED = "lease-stopped"  # the agent stopped the attempt because the node's lease ran out
+GPU_USAGE_FILE = "gpu-usage.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +64,11 @@ class AttemptResult:
     ranks: tuple[RankResult, ...]
     error: str = ""
     finished_at: float = 0.0
+    lease_expired: bool = False  # the node's lease ran out and the supervisor stopped the ranks
+    # From the attempt's cgroup (supervisor/cgroup_runtime.py usage()): max_rss_bytes, cpu_time_ns, ...;
+    # None when the attempt ran unconfined.
+    usage: dict[str, int] | None = None
+    out_of_memory: bool = False  # the memory limit's OOM killer killed one of its processes
 
 
 class RefusedLaunch(Exception):
@@ -57,7 +77,15 @@ class RefusedLaunch(Exception):
 
 class JobManager:
     def __init__(
-        self, state_dir: Path, notify_socket: str, allow_root_jobs: bool, forkserver: Path | None = None
+        self,
+        state_dir: Path,
+        notify_socket: str,
+        allow_root_jobs: bool,
+        forkserver: Path | None = None,
+        containment: Containment | None = None,
+        pids_max: int = 10_000,
+        gpu_minors: Mapping[int, int] | None = None,
+        lease_file: Path | None = None,
     ) -> None:
         self.jobs_dir = state_dir / JOBS_DIR
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -65,6 +93,11 @@ class JobManager:
         self.notify_socket = notify_socket
         self.allow_root_jobs = allow_root_jobs
         self.forkserver = forkserver  # forks supervisors in ~8 ms instead of starting an interpreter (~25 ms)
+        self.lease_file = lease_file  # the node lease every supervisor honours (nodeagent/lease.py); None: none
+        self.containment: Containment = containment or Unconfined()
+        self.pids_max = pids_max
+        self.gpu_minors = dict(gpu_minors or {})  # GPU index -> /dev/nvidiaN minor (NVML's); absent: the index
+        self._cgroups: dict[tuple[int, int], dict[str, str] | None] = {}  # running attempts' cgroups, as read
 
     def job_dir(self, job_id: int, attempt: int) -> Path:
         return self.jobs_dir / f"{job_id}.{attempt}"
@@ -102,13 +135,17 @@ class JobManager:
         user_dir = staging / USER_DIR
         user_dir.mkdir(mode=0o700)
         self._give_to_user(user_dir, launch)
-        if launch.node_rank == 0:
+        if launch.node_rank == 0 and _world_size(launch) > 1:
+            # A one-rank job has nobody to rendezvous with: a taken port must not keep it from starting.
             _check_port_free(launch.master_port)
         argv: list[str] = list(launch.spec.command)
         if launch.spec.script is not None:
             script = staging / "script"
-            script.write_text(launch.spec.script)
-            os.chmod(script, 0o700)
+            # Created 0700 from the start: never readable by others, not even until a chmod.
+            fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o700)
+            with open(fd, "w", encoding="utf-8", errors="surrogateescape") as handle:
+                handle.write(launch.spec.script)
+            os.chmod(script, 0o700)  # the umask may have narrowed it; the user must be able to execute it
             self._give_to_user(script, launch)
             argv = [str(job_dir / "script"), *launch.spec.command]
         paths = AttemptPaths(
@@ -119,24 +156,87 @@ class JobManager:
         # Unbound ranks may use every CPU the agent may (SLURM_CPUS_ON_NODE).
         ranks = plan_ranks(launch, paths, argv, cpus_on_node=len(os.sched_getaffinity(0)))
         if not ranks:
+            # No process runs here (yet): the attempt's cgroup is still made, with its limits, so that the job
+            # steps started in it (gsrun) are contained as the attempt would be; acknowledge removes it.
+            self._create_cgroup(launch)
             (staging / PLACEHOLDER).touch()
             staging.rename(job_dir)
             return
+        cgroup = self._create_cgroup(launch)
         spec = supervisor_spec(
             launch,
             ranks,
             groups=_groups_of(launch.user, launch.gid) if launch.uid != os.getuid() else [],
             cpus=_usable_cpus(launch.allocation.nodes[launch.node_rank].cpus),
             notify_socket=self.notify_socket,
+            lease_file=str(self.lease_file) if self.lease_file is not None else None,
+            cgroup=cgroup,
         )
+        if launch.start_barrier:
+            spec = empty_outputs_before_start(spec, launch)
         # Rename first so a crash never leaves a half-written job dir under the attempt's real name.
         staging.rename(job_dir)
-        supervisor.spawn(job_dir, spec, forkserver=self.forkserver)
+        try:
+            supervisor.spawn(job_dir, spec, forkserver=self.forkserver)
+        except BaseException:
+            if cgroup is not None and supervisor.read_status(job_dir) is None and not supervisor.is_alive(job_dir):
+                self.containment.destroy(cgroup)
+            raise
+
+    def _create_cgroup(self, launch: LaunchDescription) -> dict[str, str] | None:
+        """The attempt's cgroup, with its limits, before any of its processes exists."""
+        mine = launch.allocation.nodes[launch.node_rank]
+        limits = AttemptLimits(
+            memory_bytes=mine.mem_mb << 20,
+            cpus=mine.cpus,
+            gpu_minors=tuple(self.gpu_minors.get(gpu, gpu) for gpu in mine.gpus),
+            pids_max=self.pids_max,
+        )
+        try:
+            dirs = self.containment.create(attempt_cgroup_name(launch.job_id, launch.attempt), limits)
+        except ContainmentError as exc:
+            raise RuntimeError(str(exc)) from None
+        return None if dirs is None else dict(dirs)
 
     @staticmethod
     def _give_to_user(path: Path, launch: LaunchDescription) -> None:
         if os.getuid() == 0 and launch.uid != 0:
             os.chown(path, launch.uid, launch.gid)
+
+    def release(self, job_id: int, attempt: int) -> bool:
+        """Every node of the gang has launched: let this node's ranks start. False when unknown here."""
+        job_dir = self.job_dir(job_id, attempt)
+        if not job_dir.exists():
+            return False
+        if not self.is_placeholder(job_id, attempt):
+            supervisor.release(job_dir)
+        return True
+    def batch_signal(self, job_id: int, attempt: int) -> int:
+        """The attempt's --signal=B: signal (only its batch shell gets it), or 0."""
+        try:
+            return LaunchSpec.from_json((self.job_dir(job_id, attempt) / "launch.json").read_bytes()).batch_signal
+        except (OSError, ValueError):
+            return 0
+
+    def step_cgroup(self, job_id: int, step_id: int) -> dict[str, str] | None:
+        """A cgroup for job step ``step_id``, a child of the job's running attempt's here (its limits, and
+        killed with it); None where the attempt is unconfined or not running here."""
+        for running_job, attempt in self.attempts():
+            if running_job != job_id or self.result(running_job, attempt) is not None:
+                continue
+            if self.is_placeholder(job_id, attempt):
+                dirs = self.containment.attempt_dirs(attempt_cgroup_name(job_id, attempt))
+                if dirs is not None and not all(os.path.isdir(path) for path in dirs.values()):
+                    dirs = None
+            else:
+                dirs = launch_cgroup(self.job_dir(job_id, attempt))
+            if dirs is None:
+                return None
+            try:
+                return dict(self.containment.create_child(dirs, f"step_{step_id}"))
+            except ContainmentError as exc:
+                raise RuntimeError(str(exc)) from None
+        return None
 
     def is_placeholder(self, job_id: int, attempt: int) -> bool:
         return (self.job_dir(job_id, attempt) / PLACEHOLDER).exists()
@@ -158,12 +258,22 @@ class JobManager:
             supervisor.send(job_dir, signum)
         return True
 
+    def stop_for_lease(self, job_id: int, attempt: int) -> bool:
+        """Terminate the attempt because the node's lease ran out: its result then says so, whether this stop
+        or the supervisor's own lease check got there first."""
+        job_dir = self.job_dir(job_id, attempt)
+        if not job_dir.exists():
+            return False
+        (job_dir / LEASE_STOPPED).touch()
+        return self.signal(job_id, attempt, "terminate")
+
     def result(self, job_id: int, attempt: int) -> AttemptResult | None:
         """The attempt's result once every rank here has ended, else None."""
         job_dir = self.job_dir(job_id, attempt)
+        lease_stopped = (job_dir / LEASE_STOPPED).exists()
         if self.is_placeholder(job_id, attempt):
             if (job_dir / TERMINATE_REQUESTED).exists():
-                return AttemptResult(job_id, attempt, ())
+                return AttemptResult(job_id, attempt, (), lease_expired=lease_stopped)
             return None
         status = supervisor.read_status(job_dir)
         if status is None or status.state != "finished":
@@ -181,23 +291,77 @@ class JobManager:
                 )
                 for r in status.ranks
             )
-            return AttemptResult(job_id, attempt, ranks, finished_at=status.finished_at or 0.0)
+            usage = status.usage
+            if usage is not None:
+                usage = {**usage, **self._gpu_usage(job_dir, status.started_at or 0.0)}
+            # The agent's own stop for the lease counts only where it stopped something: ranks that all exited 0
+            # had finished on their own (the supervisor's flag is the precise one; this covers supervisors
+            # started without a lease file).
+            stopped = lease_stopped and (not ranks or any(r.exit_code != 0 for r in ranks))
+            return AttemptResult(job_id, attempt, ranks, finished_at=status.finished_at or 0.0,
+                                 lease_expired=status.lease_expired or stopped, usage=usage,
+                                 out_of_memory=status.out_of_memory)
         if status is None and not (job_dir / "launch.json").exists():
             return AttemptResult(job_id, attempt, (), error="launch did not complete")
         # The supervisor died without a final status: kill what it left and report the attempt as failed,
         # with the last thing it wrote (its log goes with the job dir once the result is acknowledged).
         supervisor.kill_orphans(job_dir)
+        cgroup = launch_cgroup(job_dir)
+        if cgroup is not None:  # what escaped the ranks' process groups is still in the cgroup
+            self.containment.destroy(cgroup)
         last = _last_log_line(job_dir / supervisor_core.LOG_FILE)
         return AttemptResult(job_id, attempt, (), error=f"supervisor died: {last}" if last else "supervisor died")
+
+    def running_usage(self, job_id: int, attempt: int) -> dict[str, int] | None:
+        """A running attempt's figures so far, read from its cgroup (None: unconfined, or already gone)."""
+        key = (job_id, attempt)
+        if key not in self._cgroups:
+            self._cgroups[key] = launch_cgroup(self.job_dir(job_id, attempt))
+        dirs = self._cgroups[key]
+        if dirs is None or not os.path.isdir(next(iter(dirs.values()))):
+            return None
+        found = cgroup_runtime.usage(dirs)
+        return found or None
+
+    @staticmethod
+    def _gpu_usage(job_dir: Path, started_at: float) -> dict[str, int]:
+        """NVML's per-process accounting of the attempt's GPUs, asked once and kept in the job dir (the
+        result is read again until the controller acknowledges it)."""
+        cache = job_dir / GPU_USAGE_FILE
+        try:
+            return {str(k): int(v) for k, v in json.loads(cache.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            pass
+        try:
+            gpus = LaunchSpec.from_json((job_dir / supervisor_core.LAUNCH_FILE).read_bytes()).gpus
+        except (OSError, ValueError):
+            gpus = []
+        from garrison.nodeagent.gpu.accounting import attempt_gpu_usage
+
+        measured = attempt_gpu_usage(gpus, started_at)
+        found = {} if measured is None else {
+            "gpu_utilization_milli_pct": round(measured.utilization_pct * 1000),
+            "gpu_memory_bytes": measured.memory_bytes,
+        }
+        with contextlib.suppress(OSError):
+            cache.write_text(json.dumps(found))
+        return found
 
     def checkpoint_time(self, job_id: int, attempt: int) -> float | None:
         """When the job last touched its checkpoint mark (GARRISON_CHECKPOINT_MARK), if ever."""
         try:
-            return (self.job_dir(job_id, attempt) / USER_DIR / CHECKPOINT_MARK).stat().st_mtime
+            # Not following a link the job put there: a stat never blocks, but need not reveal root's files.
+            return os.lstat(self.job_dir(job_id, attempt) / USER_DIR / CHECKPOINT_MARK).st_mtime
         except OSError:
             return None
 
     def acknowledge(self, job_id: int, attempt: int) -> None:
+        self._cgroups.pop((job_id, attempt), None)
+        # Normally the supervisor removed the attempt's cgroup; one made by an agent that crashed before
+        # starting the supervisor is empty and still there.
+        leftover = self.containment.attempt_dirs(attempt_cgroup_name(job_id, attempt))
+        if leftover is not None and any(os.path.isdir(path) for path in leftover.values()):
+            self.containment.destroy(leftover)
         job_dir = self.job_dir(job_id, attempt)
         if job_dir.exists():
             shutil.rmtree(job_dir, ignore_errors=True)
@@ -215,6 +379,18 @@ class JobManager:
         return running, finished
 
 
+def attempt_cgroup_name(job_id: int, attempt: int) -> str:
+    return f"job_{job_id}_{attempt}"
+
+
+def launch_cgroup(job_dir: Path) -> dict[str, str] | None:
+    """The attempt's cgroup directories as its launch.json records them (None: unconfined or unreadable)."""
+    try:
+        return LaunchSpec.from_json((job_dir / supervisor_core.LAUNCH_FILE).read_bytes()).cgroup
+    except (OSError, ValueError):
+        return None
+
+
 def supervisor_spec(
     launch: LaunchDescription,
     ranks: list[RankPlan],
@@ -222,6 +398,8 @@ def supervisor_spec(
     groups: list[int],
     cpus: list[int] | None,
     notify_socket: str | None,
+    lease_file: str | None = None,
+    cgroup: dict[str, str] | None = None,
 ) -> LaunchSpec:
     """The supervisor's launch.json for this node's ranks of the attempt: the one place a launch description
     becomes the supervisor's file format. groups and cpus are this host's answers (its user database, its
@@ -244,6 +422,10 @@ def supervisor_spec(
         umask=launch.spec.umask,
         cpus=cpus,
         batch_signal=launch.batch_signal,
+        lease_file=lease_file,
+        start_barrier=launch.start_barrier,
+        cgroup=cgroup,
+        gpus=list(launch.allocation.nodes[launch.node_rank].gpus),
     )
 
 
@@ -256,6 +438,30 @@ def truncates_output(launch: LaunchDescription) -> bool:
 
 
 _PER_NODE_SPECIFIER = re.compile(r"%[0-9]*[tnN]")
+
+
+# Only regular files (or missing ones, which truncate creates) are emptied: an output that is /dev/null, a
+# FIFO or a terminal is left as it is, as opening it with O_TRUNC would (truncate(2) fails on those).
+_EMPTY_REGULAR_FILES = ('for p do if [ -e "$p" ] && [ ! -f "$p" ]; then continue; fi; '
+                        'truncate -s 0 -- "$p" || exit 1; done')
+
+
+def empty_outputs_before_start(spec: LaunchSpec, launch: LaunchDescription) -> LaunchSpec:
+    """A gang's output files are emptied now, before this node reports its launch, rather than when its first
+    rank opens them: the gang's ranks start together once every node has reported, and a file shared by
+    every node (slurm-%j.out) emptied by node 0's rank after another node's rank had written lost that line.
+    With the job user's rights (coreutils' truncate creates a missing file, as opening it would)."""
+    paths = sorted({path for rank in spec.ranks for path in rank.truncate})
+    if not paths:
+        return spec
+    as_user = {} if launch.uid == os.getuid() else {
+        "user": launch.uid, "group": launch.gid, "extra_groups": spec.groups}
+    umask = launch.spec.umask if launch.spec.umask is not None else -1
+    done = subprocess.run(["sh", "-c", _EMPTY_REGULAR_FILES, "sh", *paths], cwd=spec.ranks[0].cwd, umask=umask,
+                          capture_output=True, text=True, timeout=30, check=False, **as_user)  # type: ignore[call-overload]
+    if done.returncode != 0:
+        raise RuntimeError(f"cannot empty the output files: {done.stderr.strip()[:200]}")
+    return replace(spec, ranks=[replace(rank, truncate=[]) for rank in spec.ranks])
 
 
 def output_truncation(launch: LaunchDescription, ranks: list[RankPlan]) -> dict[int, list[str]]:
@@ -288,6 +494,11 @@ def _usable_cpus(chosen: tuple[int, ...]) -> list[int] | None:
     return present or None
 
 
+def _world_size(launch: LaunchDescription) -> int:
+    nodes = launch.allocation.nodes
+    return sum(ranks_on_node(launch.spec, launch.allocation, i) for i in range(len(nodes)))
+
+
 def _check_port_free(port: int) -> None:
     """Rank 0 hosts the rendezvous store on MASTER_PORT: fail the launch (and so get a new attempt with
     another port) rather than start a gang that cannot rendezvous."""
@@ -301,12 +512,17 @@ def _check_port_free(port: int) -> None:
 
 
 def _error_file_message(user_dir: Path, rank: int) -> str:
-    """The message torch's @record wrote to TORCHELASTIC_ERROR_FILE, if the rank left one."""
-    path = user_dir / f"error-{rank}.json"
+    """The message torch's @record wrote to TORCHELASTIC_ERROR_FILE, if the rank left one. The file is the
+    job's: read only if it is a regular file of the job's user (the owner of its user dir), see jobfiles.py."""
+    owner = owner_of_directory(user_dir)
+    if owner is None:
+        return ""
+    content = read_job_file(user_dir / f"error-{rank}.json", owner, MAX_ERROR_FILE_BYTES)
+    if content is None:
+        return ""
     try:
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read(MAX_ERROR_FILE_BYTES))
-    except (OSError, ValueError):
+        data = json.loads(content)
+    except ValueError:
         return ""
     message = data.get("message", data) if isinstance(data, dict) else data
     if isinstance(message, dict):

@@ -7,7 +7,7 @@ agent, so it runs this module as a program::
     python -m garrison.nodeagent.leftovers AGENT_CONFIG...
 
 For each agent configuration it kills every attempt's supervisor and whatever rank process groups a dead
-supervisor left behind. Run it only once the agents are stopped: a live agent would report the killed
+supervisor left behind, then empties and removes the attempts' cgroups and the agent's cgroup subtree. Run it only once the agents are stopped: a live agent would report the killed
 attempts as failed.
 """
 
@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 
 from garrison.config import ConfigError, load_config
-from garrison.nodeagent.jobs import JOBS_DIR
+from garrison.nodeagent.containment.cgroup_v1 import remove_subtree
+from garrison.nodeagent.jobs import JOBS_DIR, launch_cgroup
+from garrison.nodeagent.supervisor import cgroup_runtime
 from garrison.nodeagent.supervisor import client as supervisor
 
 
@@ -33,6 +35,10 @@ def kill_leftover_jobs(agent_state_dir: Path) -> int:
             seen += 1
             supervisor.kill_now(job_dir)
             supervisor.kill_orphans(job_dir)
+            cgroup = launch_cgroup(job_dir)
+            if cgroup is not None:
+                cgroup_runtime.kill_all(cgroup, timeout_s=10.0)
+                cgroup_runtime.remove(cgroup)
     return seen
 
 
@@ -50,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"garrison.nodeagent.leftovers: {exc}", file=sys.stderr)
             return 2
         kill_leftover_jobs(state_dir)
+        remove_subtree(load_config(config_path).agent.cgroup_root)
     return 0
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from garrison.config import ConfigError, GarrisonConfig, load_config
@@ -27,7 +28,26 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--config", default=os.environ.get("GARRISON_CONFIG", "/etc/garrison/garrison.toml"),
                         help="TOML configuration file (default: $GARRISON_CONFIG or /etc/garrison/garrison.toml)")
+    parser.add_argument("--check", action="store_true",
+                        help="Print what this node can enforce on jobs (cgroup controllers) and exit: 0 if the agent "
+                             "would start, 1 if it would refuse to.")
     return parser.parse_args(argv)
+
+
+def _check(config: GarrisonConfig) -> int:
+    """garrison-agent --check: what containment this host allows, and whether the agent would start."""
+    from garrison.nodeagent.containment import probe
+
+    containment = probe.probe(config.agent.cgroup_root)
+    for line in probe.report(containment.capabilities):
+        print(line)
+    if containment.capabilities.confined:
+        return 0
+    if config.agent.allow_unconfined:
+        print("jobs would run unconfined (allow_unconfined = true)")
+        return 0
+    print("the agent would refuse to start: nothing can be enforced and allow_unconfined is false")
+    return 1
 
 
 async def _run(agent) -> None:  # type: ignore[no-untyped-def]
@@ -42,8 +62,6 @@ def _serve_metrics(config: GarrisonConfig, node_name: str) -> MetricsEndpoint | 
     address = config.agent.metrics_address
     if not address:
         return None
-    from pathlib import Path
-
     from garrison.metrics_server import serve_metrics
     from garrison.nodeagent.metrics import node_registry
 
@@ -61,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("agent")
     try:
         config = load_config(args.config)
+        if args.check:
+            return _check(config)
         cfg = config.agent
         from garrison.tls import TlsError, check_agent_transport
 
@@ -82,15 +102,34 @@ def main(argv: list[str] | None = None) -> int:
             fake_nvml.install_fake_nvml(description, node_name)
             model = str(description.get("name", ""))
         inventory = discovery.discover(node_name)
-        if model or cfg.features:
-            from dataclasses import replace
+        from dataclasses import replace
 
-            inventory = replace(inventory, model=model, features=cfg.features)
+        from garrison.nodeagent.containment import probe
+
+        try:
+            containment = probe.choose(cfg.cgroup_root, cfg.allow_unconfined)
+        except probe.NothingEnforceable as exc:
+            raise ConfigError(str(exc)) from None
+        inventory = replace(inventory, model=model, features=cfg.features,
+                            containment=containment.capabilities.summary())
         log.info("node %s: %d GPUs (%s)", node_name, len(inventory.gpus), model or "NVML")
+        log.info("node %s: containment %s", node_name, containment.capabilities.summary())
+        for check in containment.capabilities.checks:
+            if not check.usable:
+                log.warning("node %s: %s not enforced: %s", node_name, check.name, check.detail)
 
+        from garrison.trusted_paths import UntrustedPath, ensure_trusted_dir
+
+        try:
+            # Job users traverse it to their attempt's script and files (0755; each attempt's dir is 0711).
+            ensure_trusted_dir(Path(cfg.state_dir), "agent.state_dir", mode=0o755)
+        except UntrustedPath as exc:
+            raise ConfigError(f"{config.path}: {exc}") from None
         from garrison.nodeagent.agent import Agent
+        from garrison.nodeagent.gpu.minors import device_minors
 
-        agent = Agent(cfg, node_name, inventory, config.controller.allow_root_jobs)
+        minors = device_minors(gpu.index for gpu in inventory.gpus)
+        agent = Agent(cfg, node_name, inventory, config.controller.allow_root_jobs, containment, minors)
         metrics_endpoint = _serve_metrics(config, node_name)
         try:
             asyncio.run(_run(agent))

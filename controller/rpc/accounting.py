@@ -8,15 +8,17 @@ never touches the store itself.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import grpc
 
 from garrison.controller.accounting_query import AccountingQuery, JobQuery, UsageQuery
 from garrison.controller.clock import Clock
+from garrison.controller.engine import PermissionDenied
 from garrison.controller.rpc import convert_admin
 from garrison.controller.rpc.services import Authenticator, mapped_errors
 from garrison.controller.validate import ValidationError
-from garrison.model.domain import JobState
+from garrison.model.domain import JobState, Principal
 from garrison.model.jobrefs import MAX_ID, parse_job_ref
 from garrison.protos.v1 import accounting_pb2 as apb
 from garrison.protos.v1 import accounting_pb2_grpc as apb_grpc
@@ -87,13 +89,35 @@ def usage_query_from_pb(request: apb.UsageRequest) -> UsageQuery:
     return UsageQuery(start=start, end=end, users=tuple(request.users), accounts=tuple(request.accounts))
 
 
-class AccountingService(apb_grpc.AccountingServicer):
-    """Every authenticated user may read every record, as gqueue shows every job."""
+def usage_request_for(principal: Principal, request: apb.UsageRequest, is_admin: bool) -> apb.UsageRequest:
+    """What ``principal`` may ask of GPU usage: admins anyone's (as gadmin usage); others only their own, as
+    Slurm's PrivateData=usage (no -u means "mine"; another user's name is refused, never silently dropped)."""
+    if is_admin:
+        return request
+    others = [user for user in request.users if user != principal.user]
+    if others:
+        raise PermissionDenied(
+            f"the usage of {others[0][:40]} is shown to admins only (gadmin usage); without -u you see your own"
+        )
+    own = apb.UsageRequest()
+    own.CopyFrom(request)
+    del own.users[:]
+    own.users.append(principal.user)
+    return own
 
-    def __init__(self, queries: AccountingQuery, auth: Authenticator, clock: Clock) -> None:
+
+class AccountingService(apb_grpc.AccountingServicer):
+    """Every authenticated user may read every job record, as gqueue shows every job; GPU usage is each
+    user's own, every user's to admins only."""
+
+    def __init__(
+        self, queries: AccountingQuery, auth: Authenticator, clock: Clock,
+        is_admin: Callable[[Principal], bool] = lambda principal: False,
+    ) -> None:
         self.queries = queries
         self.auth = auth
         self.clock = clock
+        self.is_admin = is_admin
 
     # Each answer is read and shaped on the queries' pool (AccountingQuery.run), as a whole.
 
@@ -121,5 +145,6 @@ class AccountingService(apb_grpc.AccountingServicer):
 
     @mapped_errors
     async def GetUsage(self, request: apb.UsageRequest, context: grpc.aio.ServicerContext) -> apb.UsageResponse:
-        self.auth.principal(context)
+        principal = self.auth.principal(context)
+        request = usage_request_for(principal, request, self.is_admin(principal))
         return await self.queries.run(self._usage, request, self.clock.now())

@@ -162,7 +162,8 @@ class AdminService(admin_grpc.AdminServicer):
         now = engine.clock.now()
         last = engine.policy.last
         return adminpb.QueueDetailsResponse(
-            jobs=[convert_admin.pending_detail_to_pb(line, now) for line in self.ops.pending_details(jobs)],
+            jobs=[convert_admin.pending_detail_to_pb(line, now)
+                  for line in self.ops.pending_details(jobs, explain=request.explain)],
             weights=convert_admin.priority_weights_to_pb(engine.policy.scheduler.weights),
             cycle_time=last.at if last is not None else 0.0,
             now=now,

@@ -13,7 +13,7 @@ from garrison.model.accounts import UNSET, Account, Accounting, PartitionDef, Qo
 from garrison.model.domain import Attempt, Job
 from garrison.protos.v1 import accounting_pb2 as apb
 from garrison.protos.v1 import admin_pb2 as adminpb
-from garrison.wire.convert import allocation_to_pb, job_to_pb
+from garrison.wire.convert import allocation_to_pb, attempt_usage_to_pb, job_to_pb
 
 if TYPE_CHECKING:  # not at run time: keep SQLAlchemy and the scheduler out of this module's imports
     from garrison.controller.admin import PendingLine, UsageLine
@@ -45,6 +45,8 @@ def job_record_to_pb(job: Job, now: float) -> apb.JobRecord:
         )
         if att.exit_code is not None:
             record.exit_code = att.exit_code
+        if att.usage is not None:
+            record.usage.CopyFrom(attempt_usage_to_pb(att.usage))
         attempts.append(record)
     msg = apb.JobRecord(
         job_id=job.job_id,
@@ -243,6 +245,7 @@ def pending_detail_to_pb(line: PendingLine, now: float) -> adminpb.PendingDetail
         msg.estimated_start = line.estimated_start
     if line.priority is not None:
         msg.priority = line.priority
+    msg.explanation.extend(line.explanation)
     factors = line.factors
     if factors is not None:
         msg.factors.CopyFrom(adminpb.PriorityFactors(age=factors.age, fair_share=factors.fair_share, qos=factors.qos,

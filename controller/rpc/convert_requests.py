@@ -20,18 +20,27 @@ from garrison.controller.commands import (
     CancelResult,
     CheckpointMarked,
     JobFilter,
+    LeaseGrant,
     NodeRow,
     PartitionRow,
     Registration,
     RunningAttempt,
+    RunningUsageReported,
     StillAlive,
     SubmitCommand,
     Submitted,
     TestSubmitResult,
     Welcome,
 )
+from garrison.controller.instructions import ReleaseGang
+from garrison.controller.rpc.convert_step_messages import (
+    STEP_EVENT_KINDS,
+    step_event_from_pb,
+    step_instruction_to_pb,
+)
 from garrison.controller.signals import parse_signal_name
 from garrison.controller.state import AckResult, SignalAttempt
+from garrison.controller.step_commands import AckStep, LaunchStep, SignalStep, StepStdin
 from garrison.controller.validate import ValidationError
 from garrison.model.domain import JobState
 from garrison.model.launch import LaunchDescription
@@ -137,6 +146,7 @@ def registration_from_pb(register: pb.Register, address: str) -> Registration:
         inventory=convert.inventory_from_pb(register.inventory),
         running=tuple(RunningAttempt(r.job_id, r.attempt, r.checkpoint_time) for r in register.running),
         finished=tuple(convert.result_from_pb(r) for r in register.finished),
+        lease_request=register.lease_request,
     )
 
 
@@ -151,6 +161,15 @@ def agent_event_from_pb(message: pb.AgentMessage) -> AgentEvent:
         return CheckpointMarked(job_id=c.job_id, attempt=c.attempt, time=c.time)
     if kind == "finished":
         return AttemptFinished(result=convert.result_from_pb(message.finished))
+    if kind == "heartbeat":
+        return StillAlive(lease_request=message.heartbeat.lease_request)
+    if kind == "running_usage":
+        u = message.running_usage
+        return RunningUsageReported(job_id=u.job_id, attempt=u.attempt, usage=convert.attempt_usage_from_pb(u.usage))
+    if kind in STEP_EVENT_KINDS:
+        step_event = step_event_from_pb(message)
+        if step_event is not None:
+            return step_event
     return StillAlive()
 
 
@@ -172,6 +191,13 @@ def instruction_to_pb(instruction: AgentInstruction) -> pb.ControllerMessage:
         )
     if isinstance(instruction, AckResult):
         return pb.ControllerMessage(ack=pb.AckResult(job_id=instruction.job_id, attempt=instruction.attempt))
+    if isinstance(instruction, LeaseGrant):
+        return pb.ControllerMessage(lease=pb.NodeLeaseGrant(request=instruction.request,
+                                                            duration_s=instruction.duration_s))
+    if isinstance(instruction, ReleaseGang):
+        return pb.ControllerMessage(release=pb.GangRelease(job_id=instruction.job_id, attempt=instruction.attempt))
     if isinstance(instruction, Welcome):
         return pb.ControllerMessage(registered=pb.RegisterAck(heartbeat_interval_s=instruction.heartbeat_interval_s))
+    if isinstance(instruction, LaunchStep | SignalStep | StepStdin | AckStep):
+        return step_instruction_to_pb(instruction)
     raise TypeError(f"no message for {type(instruction).__name__}")

@@ -15,19 +15,35 @@ protobuf. The request is parsed into its message type just as strictly (unknown 
 INVALID_ARGUMENT) before the servicer sees it.
 
 Several requests may share one connection. Clients elsewhere use gRPC (with tokens, issue 7).
+
+Any local user can connect, so what one connection may cost is bounded (issue 20; ``LocalLimits``): a uid
+holds at most so many connections at once, the frames being received (a frame's length is reserved when its
+header arrives) take at most so many bytes per uid and in all, and a frame must arrive whole within a
+time limit. A request past a limit gets RESOURCE_EXHAUSTED with one line saying which, and its connection
+is closed. Before, 40 unfinished 8 MiB frames grew the controller from 78 to 408 MB.
+
+One streaming RPC, ``RunStep`` (gsrun), turns its connection into a stream for the rest of its life: the
+first frame names the method and carries the first StepClientMessage, every later frame from the client is
+``u32 length | serialized StepClientMessage``, and each answer is a response frame as above with status OK
+and a StepServerMessage; the stream's end is a frame with status ``STREAM_END`` (empty), or an error's
+status and message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import struct
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from garrison.auth import principal_for
 from garrison.model.domain import Principal
@@ -38,6 +54,27 @@ log = logging.getLogger("garrison.controller.local")
 
 MAX_FRAME = 8 << 20
 HEADER = struct.Struct("!I")
+# Frames at least this large are parsed on a thread: a 100,000-task array's request is 600 KB of JSON,
+# a third of a second to parse.
+PARSE_OFF_LOOP_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class LocalLimits:
+    """What the local socket's clients may hold of the controller (config: ``local_*``, docs/security.md)."""
+
+    connections_per_uid: int = 16
+    buffer_per_uid: int = 16 << 20  # bytes of frames being received, per uid
+    buffer_total: int = 64 << 20  # and in all
+    frame_timeout_s: float = 30.0  # from a frame's header to its last byte
+
+
+class LimitRefused(Exception):
+    """A connection or a frame past one of LocalLimits: answered RESOURCE_EXHAUSTED, then closed."""
+
+
+STREAM_METHOD = "RunStep"
+STREAM_END = 255  # the status byte of a stream's last frame
 
 # method name -> request message type; responses come back as the servicer's return value
 REQUEST_TYPES: dict[str, type[Any]] = {
@@ -47,6 +84,10 @@ REQUEST_TYPES: dict[str, type[Any]] = {
     "ListJobs": pb.ListJobsRequest,
     "GetJob": pb.GetJobRequest,
     "ListNodes": pb.ListNodesRequest,
+    "KeepAllocation": pb.KeepAllocationRequest,
+    "ReleaseAllocation": pb.ReleaseAllocationRequest,
+    "ListSteps": pb.ListStepsRequest,
+    "CancelStep": pb.CancelStepRequest,
 }
 
 
@@ -77,11 +118,64 @@ def _status_byte(code: grpc.StatusCode) -> int:
     return int(code.value[0])
 
 
+def _parse(body: bytes, request_type: type[Any], plain: bool) -> Any:
+    return parse_plain(body, request_type) if plain else request_type.FromString(body)
+
+
+class ConnectionBudget:
+    """The connections and the bytes of unfinished frames each uid holds, against LocalLimits."""
+
+    def __init__(self, limits: LocalLimits) -> None:
+        self.limits = limits
+        self.connections: Counter[int] = Counter()
+        self.buffered: Counter[int] = Counter()
+        self.buffered_total = 0
+
+    def connect(self, uid: int) -> None:
+        if self.connections[uid] >= self.limits.connections_per_uid:
+            raise LimitRefused(f"too many connections from uid {uid} to the local socket: at most "
+                               f"{self.limits.connections_per_uid} at once (local_max_connections_per_user)")
+        self.connections[uid] += 1
+
+    def disconnect(self, uid: int) -> None:
+        self.connections[uid] -= 1
+        if self.connections[uid] <= 0:
+            del self.connections[uid]
+
+    def reserve(self, uid: int, length: int) -> None:
+        if self.buffered[uid] + length > self.limits.buffer_per_uid:
+            raise LimitRefused(f"uid {uid} is sending too much at once on the local socket: at most "
+                               f"{self.limits.buffer_per_uid >> 20} MiB of requests in flight "
+                               "(local_max_buffer_per_user_mb)")
+        if self.buffered_total + length > self.limits.buffer_total:
+            raise LimitRefused("the local socket is receiving too much at once: at most "
+                               f"{self.limits.buffer_total >> 20} MiB of requests in flight, retry shortly "
+                               "(local_max_buffer_total_mb)")
+        self.buffered[uid] += length
+        self.buffered_total += length
+
+    def release(self, uid: int, length: int) -> None:
+        self.buffered[uid] -= length
+        self.buffered_total -= length
+        if self.buffered[uid] <= 0:
+            del self.buffered[uid]
+
+
 class LocalServer:
-    def __init__(self, path: str, servicer: Any, principal_of: Callable[[int, int], Principal] = principal_for) -> None:
+    def __init__(
+        self,
+        path: str,
+        servicer: Any,
+        principal_of: Callable[[int, int], Principal] = principal_for,
+        limits: LocalLimits | None = None,
+        refused: Callable[[int, str], None] | None = None,
+    ) -> None:
         self.path = path
         self.servicer = servicer
         self.principal_of = principal_of
+        self.budget = ConnectionBudget(limits or LocalLimits())
+        # Told (uid, why) of each refusal past a limit; the controller logs them, rate-limited.
+        self.refused = refused
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -103,9 +197,12 @@ class LocalServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock: socket.socket = writer.get_extra_info("socket")
+        uid: int | None = None
         try:
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            _, uid, gid = struct.unpack("3i", creds)
+            _, peer_uid, gid = struct.unpack("3i", creds)
+            self.budget.connect(peer_uid)
+            uid = peer_uid
             principal = await asyncio.get_running_loop().run_in_executor(None, self.principal_of, uid, gid)
             while True:
                 try:
@@ -114,15 +211,42 @@ class LocalServer:
                     return
                 if not 1 <= length <= MAX_FRAME:
                     return
-                frame = await reader.readexactly(length)
-                writer.write(await self._answer(principal, frame))
+                self.budget.reserve(uid, length)
+                try:
+                    frame = await asyncio.wait_for(reader.readexactly(length), self.budget.limits.frame_timeout_s)
+                    if frame[1 : 1 + frame[0]] == STREAM_METHOD.encode():
+                        self.budget.release(uid, length)
+                        length = 0
+                        await self._stream(principal, uid, frame[1 + frame[0] :], reader, writer)
+                        return
+                    answer = await self._answer(principal, frame)
+                    del frame
+                finally:
+                    if length:
+                        self.budget.release(uid, length)
+                writer.write(answer)
                 await writer.drain()
+        except LimitRefused as refusal:
+            self._refuse(writer, peer_uid, str(refusal))
+        except TimeoutError:
+            self._refuse(writer, peer_uid, f"a request did not arrive whole within {self.budget.limits.frame_timeout_s:g}s "
+                                           "(local_frame_timeout_s)")
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except Exception:
             log.exception("local client connection failed")
         finally:
+            if uid is not None:
+                self.budget.disconnect(uid)
             writer.close()
+
+    def _refuse(self, writer: asyncio.StreamWriter, uid: int, why: str) -> None:
+        if self.refused is not None:
+            self.refused(uid, why)
+        try:
+            writer.write(self._frame(_status_byte(grpc.StatusCode.RESOURCE_EXHAUSTED), why.encode()))
+        except (ConnectionError, RuntimeError):
+            pass
 
     async def _answer(self, principal: Principal, frame: bytes) -> bytes:
         name_length = frame[0]
@@ -135,7 +259,10 @@ class LocalServer:
             return self._frame(_status_byte(grpc.StatusCode.UNIMPLEMENTED), f"unknown method {method!r}".encode())
         body = frame[1 + name_length :]
         try:
-            request = parse_plain(body, request_type) if plain else request_type.FromString(body)
+            if len(body) >= PARSE_OFF_LOOP_BYTES:
+                request = await asyncio.get_running_loop().run_in_executor(None, _parse, body, request_type, plain)
+            else:
+                request = _parse(body, request_type, plain)
         except PlainError as err:
             return self._frame(_status_byte(grpc.StatusCode.INVALID_ARGUMENT), f"malformed request: {err}".encode())
         except Exception:
@@ -146,6 +273,45 @@ class LocalServer:
             return self._frame(_status_byte(abort.code), abort.details.encode())
         answer = dump_plain(response) if plain else response.SerializeToString()
         return self._frame(_status_byte(grpc.StatusCode.OK), answer)
+
+    async def _stream(self, principal: Principal, uid: int, first: bytes, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        """RunStep on this connection: client frames in as messages, the servicer's answers out as frames."""
+
+        async def requests() -> Any:
+            yield pb.StepClientMessage.FromString(first)
+            while True:
+                try:
+                    (length,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+                    if not 1 <= length <= MAX_FRAME:
+                        return
+                    # Each frame's length is reserved as any request's is, and its body must arrive within the
+                    # frame timeout; the wait for the next header is not timed (gsrun idles between inputs).
+                    self.budget.reserve(uid, length)
+                    try:
+                        body = await asyncio.wait_for(reader.readexactly(length), self.budget.limits.frame_timeout_s)
+                    finally:
+                        self.budget.release(uid, length)
+                except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, LimitRefused):
+                    return  # the client went away: the servicer treats the end of its requests so
+                try:
+                    message = pb.StepClientMessage.FromString(body)
+                except DecodeError:
+                    return
+                yield message
+
+        try:
+            answers = getattr(self.servicer, STREAM_METHOD)(requests(), LocalContext(principal))
+            async with contextlib.aclosing(answers):
+                async for answer in answers:
+                    writer.write(self._frame(_status_byte(grpc.StatusCode.OK), answer.SerializeToString()))
+                    await writer.drain()
+            writer.write(self._frame(STREAM_END, b""))
+        except LocalAbort as abort:
+            writer.write(self._frame(_status_byte(abort.code), abort.details.encode()))
+        except DecodeError:
+            writer.write(self._frame(_status_byte(grpc.StatusCode.INVALID_ARGUMENT), b"malformed stream message"))
+        await writer.drain()
 
     @staticmethod
     def _frame(status: int, body: bytes) -> bytes:

@@ -23,7 +23,9 @@ from garrison.controller.limits import (
     check_list,
     validate_registration,
 )
-from garrison.controller.ratelimit import AuthFailureLimiter, RateLimited, RateLimiter, peer_host
+from garrison.controller.ratelimit import AuthFailureLimiter, RateLimited, RateLimiter, RefusalLog, peer_host
+from garrison.controller.rpc import steps_service
+from garrison.controller.rpc.convert_allocations import allocation_status_to_pb, release_result_to_pb
 from garrison.controller.rpc.convert_requests import (
     agent_event_from_pb,
     cancel_command_from_pb,
@@ -37,6 +39,10 @@ from garrison.controller.rpc.convert_requests import (
     submit_estimate_to_pb,
     submitted_to_pb,
 )
+from garrison.controller.rpc.same_host import is_same_host_peer
+from garrison.controller.steps import StepNotFound, StepPermissionDenied
+from garrison.controller.store.errors import StoreUnavailable
+from garrison.controller.submitcaps import SubmitLimitExceeded
 from garrison.controller.validate import ValidationError
 from garrison.model.domain import Principal
 from garrison.protos.v1 import garrison_pb2 as pb
@@ -64,6 +70,12 @@ ERROR_CODES: dict[type[Exception], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     AuthError: grpc.StatusCode.UNAUTHENTICATED,
     RateLimited: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # The database is down, full or read-only: nothing changed, and the client may retry. Its message is
+    # always StoreUnavailable.MESSAGE, never the driver's (which the controller logs).
+    StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+    SubmitLimitExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    StepNotFound: grpc.StatusCode.NOT_FOUND,
+    StepPermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
 # Refusals of who is asking or of what they may do: each is logged with its reason (docs/security.md).
 LOGGED_REFUSALS = {
@@ -88,6 +100,21 @@ def _one_line(exc: Exception, limit: int = 500) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _log_refusal(servicer: Any, context: grpc.aio.ServicerContext, method: str, code: grpc.StatusCode,
+                 why: str) -> None:
+    """A refusal's log line, through the servicer's RefusalLog (rate-limited per client and kind)."""
+    peer = context.peer()
+    principal: Principal | None = getattr(context, "peer_principal", None)
+    who = f"uid {principal.uid}" if principal is not None else peer_host(peer or "")
+    line = f"refused {method} from {peer} ({code.name}): {why}"
+    auth = getattr(servicer, "auth", None)
+    refusals: RefusalLog | None = getattr(auth, "refusals", None)
+    if refusals is None:
+        log.warning("%s", line)
+    else:
+        refusals.refused((code.name, "from", who), line)
+
+
 def mapped_errors(handler: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
@@ -101,8 +128,10 @@ def mapped_errors(handler: Callable[..., Awaitable[R]]) -> Callable[..., Awaitab
                 log.exception("internal error in %s", handler.__name__)
                 await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
                 raise
-            if code in LOGGED_REFUSALS and not getattr(exc, "quiet", False):
-                log.warning("refused %s from %s (%s): %s", handler.__name__, context.peer(), code.name, _one_line(exc))
+            if isinstance(exc, StoreUnavailable):
+                log.warning("%s refused, the database is unavailable: %s", handler.__name__, exc.cause)
+            elif code in LOGGED_REFUSALS and not getattr(exc, "quiet", False):
+                _log_refusal(self, context, handler.__name__, code, _one_line(exc))
             await context.abort(code, _one_line(exc))
             raise
 
@@ -144,12 +173,15 @@ class Authenticator:
         tokens: TokenRegistry | None = None,
         limiter: RateLimiter | None = None,
         failures: AuthFailureLimiter | None = None,
+        refusals: RefusalLog | None = None,
     ) -> None:
         self.key = key
         self.clock = clock
         self.tokens = tokens
         self.limiter = limiter
         self.failures = failures
+        # Where refusals are logged, rate-limited (mapped_errors); the default logs at most 20 a kind per 10 s.
+        self.refusals = refusals if refusals is not None else RefusalLog(lambda line: log.warning("%s", line))
 
     def identify(self, context: grpc.aio.ServicerContext) -> tuple[Principal, str]:
         """(principal, how it was proven), or AuthError saying why the caller is not believed."""
@@ -206,6 +238,9 @@ class ControllerService(pb_grpc.ControllerServicer):
         self.local_socket = local_socket
 
     async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloResponse:
+        # Unauthenticated: the socket paths only to callers on this host, the only ones who can use them.
+        if not is_same_host_peer(context.peer()):
+            return pb.HelloResponse(version=VERSION)
         return pb.HelloResponse(
             version=VERSION, credential_socket=self.credential_socket, local_socket=self.local_socket
         )
@@ -216,7 +251,7 @@ class ControllerService(pb_grpc.ControllerServicer):
         command = submit_command_from_pb(request)
         if request.test_only:
             return submit_estimate_to_pb(await self.engine.test_submit(principal, command))
-        return submitted_to_pb(self.engine.submit(principal, command))
+        return submitted_to_pb(await self.engine.submit_async(principal, command))
 
     @mapped_errors
     async def CancelJobs(self, request: pb.CancelJobsRequest, context: grpc.aio.ServicerContext) -> pb.CancelJobsResponse:
@@ -226,7 +261,7 @@ class ControllerService(pb_grpc.ControllerServicer):
         check_list([request.user], "users")
         check_list([request.signal], "signal", MAX_STATE_CHARS)
         check_filters(request)
-        return cancel_result_to_pb(self.engine.cancel(principal, cancel_command_from_pb(request)))
+        return cancel_result_to_pb(await self.engine.cancel_async(principal, cancel_command_from_pb(request)))
 
     @mapped_errors
     async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext) -> pb.ListJobsResponse:
@@ -243,7 +278,7 @@ class ControllerService(pb_grpc.ControllerServicer):
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.JobInfo:
         principal = self.auth.principal(context)
         check_list([request.job_id], "job ids", MAX_JOB_REF_CHARS)
-        job = self.engine.job_for_viewer(principal, request.job_id)
+        job = self.engine.with_running_usage(self.engine.job_for_viewer(principal, request.job_id))
         return convert.job_to_pb(job, self.engine.clock.now(), with_spec=True)
 
     @mapped_errors
@@ -253,6 +288,49 @@ class ControllerService(pb_grpc.ControllerServicer):
             nodes=[node_row_to_pb(row) for row in self.engine.nodes_view()],
             partitions=[partition_row_to_pb(row) for row in self.engine.partitions_view()],
         )
+
+    @mapped_errors
+    async def KeepAllocation(
+        self, request: pb.KeepAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AllocationStatusReply:
+        principal = self.auth.principal(context)
+        status = self.engine.allocations.keep(principal, request.job_id)
+        return allocation_status_to_pb(status, self.engine.clock.now())
+
+    @mapped_errors
+    async def ReleaseAllocation(
+        self, request: pb.ReleaseAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReleaseAllocationReply:
+        principal = self.auth.principal(context)
+        return release_result_to_pb(self.engine.allocations.release(principal, request.job_id, request.exit_code))
+
+    # Job steps (gsrun): controller/rpc/steps_service.py
+
+    async def RunStep(
+        self, request_iterator: AsyncIterator[pb.StepClientMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StepServerMessage]:
+        try:
+            principal = self.auth.principal(context)
+        except (AuthError, RateLimited) as exc:
+            code = grpc.StatusCode.UNAUTHENTICATED if isinstance(exc, AuthError) else grpc.StatusCode.RESOURCE_EXHAUSTED
+            await context.abort(code, _one_line(exc))
+            return
+        async for message in steps_service.run_step(self.engine, principal, request_iterator, context):
+            yield message
+
+    @mapped_errors
+    async def ListSteps(self, request: pb.ListStepsRequest, context: grpc.aio.ServicerContext) -> pb.ListStepsResponse:
+        self.auth.principal(context)
+        check_list(request.job_ids, "job ids", MAX_JOB_REF_CHARS)
+        check_list(request.users, "users")
+        return steps_service.list_steps(self.engine, request)
+
+    @mapped_errors
+    async def CancelStep(self, request: pb.CancelStepRequest, context: grpc.aio.ServicerContext) -> pb.CancelStepResponse:
+        principal = self.auth.principal(context)
+        check_list([request.step_id], "step ids", MAX_JOB_REF_CHARS)
+        check_list([request.signal], "signal", MAX_STATE_CHARS)
+        return steps_service.cancel_step(self.engine, principal, request)
 
 
 class AgentLinkService(pb_grpc.AgentLinkServicer):
@@ -331,7 +409,12 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             )
             return
         session = AgentSession(node=registration.node, address=registration.address)
-        self.engine.agent_connected(session, registration)
+        try:
+            self.engine.agent_connected(session, registration)
+        except StoreUnavailable as exc:  # not expected (registering needs no write), but never a raw message
+            log.warning("registration of %s refused, the database is unavailable: %s", registration.node, exc.cause)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, StoreUnavailable.MESSAGE)
+            return
 
         async def read() -> None:
             try:

@@ -17,7 +17,8 @@ are wired together in one place, pipeline.py.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Protocol
 
 from garrison.controller.sched.snapshot import NodeView
@@ -90,6 +91,22 @@ class Request:
     exclusive: bool = False  # whole idle nodes only, and the job takes all of each
 
 
+# What a placement answer does not depend on: which job asks (its id) and for how long (an answer is kept
+# per end time beside the key: cycle_state.Memo). Every other field of Request is in ``placement_key``, derived
+# from the dataclass itself, so a field added to Request later is in the key without anyone remembering to
+# put it there (a job must never be taken for a look-alike of one that differs in what placement reads).
+NOT_IN_PLACEMENT_KEY = frozenset({"job_id", "duration_s"})
+PLACEMENT_KEY_FIELDS = tuple(f.name for f in fields(Request) if f.name not in NOT_IN_PLACEMENT_KEY)
+_placement_key = attrgetter(*PLACEMENT_KEY_FIELDS)
+
+
+def placement_key(request: Request) -> tuple[object, ...]:
+    """Everything about a request that placement, the filters and the scorers look at: two requests with
+    equal keys fit (or not) on the same nodes at the same moment for the same end time."""
+    key: tuple[object, ...] = _placement_key(request)
+    return key
+
+
 @dataclass(slots=True)
 class Candidate:
     """What one node can offer one request at one moment (now, or a future time for a reservation)."""
@@ -106,6 +123,9 @@ class Candidate:
 
 class Filter(Protocol):
     name: str
+    # What a filter reads beyond the node's static description (feasibility.py groups nodes by that):
+    reads_node_name: bool  # its answer depends on the node's name (-x, -w): asked node by node
+    about_node_state: bool  # it answers "is the node up?": feasibility asks that per level instead
 
     def check(self, request: Request, candidate: Candidate) -> Status:
         """OK if the node can hold its share of the request; otherwise why not, and whether waiting or

@@ -5,15 +5,18 @@ go first (most nodes are rejected in a few nanoseconds), and every check that ca
 (UNRESOLVABLE) runs before any check that fails only for now (UNSCHEDULABLE), so that the status a node
 ends with tells preemption and the "why pending" reasons whether freeing GPUs could ever help.
 
+The cycle itself is wired here too: GATES, then PHASES, for each job in QUEUE_ORDER (cycle.py runs them).
+
 Scorers all run on every node that passed; their weighted sum (weights in the config) picks the node.
 The registries let a configuration (or the simulator) name the steps it wants.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from garrison.controller.sched.cycle_state import Candidacy, CycleState
 from garrison.controller.sched.filters import (
     CpuMemoryFit,
     GpuCapacity,
@@ -26,6 +29,11 @@ from garrison.controller.sched.filters import (
     PartitionMember,
 )
 from garrison.controller.sched.framework import OK, Candidate, Filter, QueueOrder, Request, Scorer, Status
+from garrison.controller.sched.phases.gates import gate
+from garrison.controller.sched.phases.never_here import never_here
+from garrison.controller.sched.phases.place_now import place_now
+from garrison.controller.sched.phases.preempt import preempt_for
+from garrison.controller.sched.phases.reserve import reserve_later
 from garrison.controller.sched.priority import PriorityOrder
 from garrison.controller.sched.scorers import BinPack, GpuTopology, NumaLocality
 
@@ -50,6 +58,21 @@ FILTERS: tuple[Filter, ...] = (
     # 5. Free GPUs for the whole run: the only step that depends on the moment (now, or a reservation's
     #    start) and on other jobs' reservations, so it goes last.
     GpuFree(),
+)
+
+# The phases of a cycle (phases/), for each job of the queue in order: first the gates (held, dependency,
+# begin time, partition/QoS rules, singleton, array limit, quota, bounded work), which need no placement;
+# then each phase until one decides (returns True):
+GATES = gate
+PHASES: tuple[Callable[[CycleState, Candidacy], bool], ...] = (
+    # 1. Start now if the whole gang fits, respecting reservations ahead (Filter, Score, Bind).
+    place_now,
+    # 2. Can never run on the up nodes (the filters' UNRESOLVABLE on the idle cluster): say so, hold no one.
+    never_here,
+    # 3. PostFilter: make room by preempting lower QoS, when enabled.
+    preempt_for,
+    # 4. Reserve its earliest start (backfill), or, without backfill, hold back its partition.
+    reserve_later,
 )
 
 # The queue is walked once per cycle in this order; jobs are placed in it, so it is also the order in which

@@ -18,16 +18,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from garrison.controller.sched.filters.cpu_memory import cpus_needed, mem_needed
 from garrison.controller.sched.framework import Candidate, GangShape, Request
-from garrison.controller.sched.pipeline import Pipeline, build_pipeline
 from garrison.controller.sched.scorers.numa import local_cpus
 from garrison.controller.sched.snapshot import NodeView
 from garrison.controller.sched.topology import gpu_affinity, pick_connected_gpus
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation
 from garrison.model.features import parse_constraint
 from garrison.model.gputype import gpu_matches
+
+if TYPE_CHECKING:
+    from garrison.controller.sched.pipeline import Pipeline
 
 __all__ = [
     "GangShape",
@@ -281,5 +284,7 @@ def place(spec: JobSpec, nodes: Sequence[NodeView], partition: str | None = None
     """Where ``spec`` fits on ``nodes`` as they are now (any partition unless one is named)."""
     views = [v if partition is not None else replace(v, partitions=frozenset({""})) for v in nodes]
     views.sort(key=lambda v: (v.switches, v.name))
+    from garrison.controller.sched.pipeline import build_pipeline  # the pipeline wires placement in: no cycle
+
     request = request_for(0, spec, partition if partition is not None else "", 0.0)
     return Placer(build_pipeline()).place(request, lambda r: candidates_of(views, r))

@@ -45,7 +45,24 @@ EXACT_SEARCH_PLACEMENTS = 64
 class Preempt:
     job_id: int
     attempt: int
-    grace_s: int  # warning time before the job is stopped (the victim QoS's grace)
+    grace_s: int  # warning time before the job is stopped: preemption_grace(), decided here in the core
+
+
+# How far a job's own --signal lead time may lengthen its QoS's preemption grace unless the admin says
+# (scheduler setting preempt_max_grace): enough for the usual checkpoint-on-warning habits (Lightning's and
+# submitit's USR1@90..120), far from the 18 hours --signal allows.
+DEFAULT_MAX_GRACE_S = 300
+
+
+def preemption_grace(qos_grace_s: int, warning_lead_s: int | None, max_grace_s: int) -> int:
+    """The victim's warning time: its QoS's grace; a --signal lead time shorter than that shortens it (the job
+    says it needs less), a longer one lengthens it only up to the admin's maximum (and never below the QoS's
+    grace), so no user can make a job unpreemptable by asking for an 18-hour warning."""
+    if warning_lead_s is None:
+        return qos_grace_s
+    if warning_lead_s <= qos_grace_s:
+        return warning_lead_s
+    return max(qos_grace_s, min(warning_lead_s, max_grace_s))
 
 
 def lost_work(job: RunningJob, now: float) -> float:

@@ -16,9 +16,22 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from garrison.controller.sched.snapshot import PendingJob, RunningJob, UsageView
 from garrison.model.accounts import Accounting
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaBlock:
+    """A limit a job's start would break: e.g. account physics, GPUs, 16 used of 16."""
+
+    reason: str  # the reason code (Reason below)
+    scope: str  # "account", "user" or "qos"
+    name: str
+    resource: str  # "GPUs", "jobs", "GPU-hours", "GPUs per user", "jobs per user"
+    used: float
+    limit: float
 
 
 class Reason:
@@ -74,7 +87,12 @@ class QuotaTally:
         self.qos_user_jobs[(qos, user)] += 1
 
     def blocked_by(self, job: PendingJob, gpus: int, duration_s: float) -> str | None:
-        """The limit that starting ``job`` now would break, or None."""
+        """The limit that starting ``job`` now would break (its reason code), or None."""
+        found = self.blocking_limit(job, gpus, duration_s)
+        return found.reason if found is not None else None
+
+    def blocking_limit(self, job: PendingJob, gpus: int, duration_s: float) -> QuotaBlock | None:
+        """The limit that starting ``job`` now would break, with what is used and allowed, or None."""
         if not self.enabled:
             return None
         accounting = self.accounting
@@ -85,28 +103,34 @@ class QuotaTally:
             if found is None:
                 continue
             if found.max_gpus is not None and self.account_gpus[name] + gpus > found.max_gpus:
-                return Reason.QUOTA_GPUS
+                return QuotaBlock(Reason.QUOTA_GPUS, "account", name, "GPUs", self.account_gpus[name], found.max_gpus)
             if found.max_jobs is not None and self.account_jobs[name] + 1 > found.max_jobs:
-                return Reason.QUOTA_JOBS
+                return QuotaBlock(Reason.QUOTA_JOBS, "account", name, "jobs", self.account_jobs[name], found.max_jobs)
             if found.max_gpu_hours is not None and self.account_seconds[name] + seconds > found.max_gpu_hours * 3600:
-                return Reason.QUOTA_GPU_HOURS
+                return QuotaBlock(Reason.QUOTA_GPU_HOURS, "account", name, "GPU-hours",
+                                  round(self.account_seconds[name] / 3600), found.max_gpu_hours)
         user_limit = accounting.user_limit_map.get(job.user)
         if user_limit is not None:
             if user_limit.max_gpus is not None and self.user_gpus[job.user] + gpus > user_limit.max_gpus:
-                return Reason.QUOTA_GPUS
+                return QuotaBlock(Reason.QUOTA_GPUS, "user", job.user, "GPUs", self.user_gpus[job.user],
+                                  user_limit.max_gpus)
             if user_limit.max_jobs is not None and self.user_jobs[job.user] + 1 > user_limit.max_jobs:
-                return Reason.QUOTA_JOBS
+                return QuotaBlock(Reason.QUOTA_JOBS, "user", job.user, "jobs", self.user_jobs[job.user],
+                                  user_limit.max_jobs)
             if (user_limit.max_gpu_hours is not None
                     and self.user_seconds[job.user] + seconds > user_limit.max_gpu_hours * 3600):
-                return Reason.QUOTA_GPU_HOURS
+                return QuotaBlock(Reason.QUOTA_GPU_HOURS, "user", job.user, "GPU-hours",
+                                  round(self.user_seconds[job.user] / 3600), user_limit.max_gpu_hours)
         qos_name = job.qos_name or self.default_qos
         qos = accounting.qos_map.get(qos_name)
         if qos is not None:
             key = (qos_name, job.user)
             if qos.max_gpus_per_user is not None and self.qos_user_gpus[key] + gpus > qos.max_gpus_per_user:
-                return Reason.QOS_GPUS_PER_USER
+                return QuotaBlock(Reason.QOS_GPUS_PER_USER, "qos", qos_name, "GPUs per user", self.qos_user_gpus[key],
+                                  qos.max_gpus_per_user)
             if qos.max_jobs_per_user is not None and self.qos_user_jobs[key] + 1 > qos.max_jobs_per_user:
-                return Reason.QOS_JOBS_PER_USER
+                return QuotaBlock(Reason.QOS_JOBS_PER_USER, "qos", qos_name, "jobs per user", self.qos_user_jobs[key],
+                                  qos.max_jobs_per_user)
         return None
 
     def started(self, job: PendingJob, gpus: int, duration_s: float) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from garrison.controller.sched.dependencies import JobDependencies
 from garrison.model.accounts import Accounting
 from garrison.model.cpulist import parse_cpu_list as parse_cpu_list
 from garrison.model.domain import Allocation, JobSpec, NodeInventory
@@ -56,8 +57,7 @@ class PendingJob:
     priority: int = 0  # an admin's adjustment, added to the computed priority
     array_job_id: int | None = None
     held: bool = False
-    dependency_reason: str = ""  # why its -d dependency does not hold yet ("" when none or it holds)
-    singleton_key: tuple[str, str] | None = None  # (user, name) of a -d singleton job: one starts at a time
+    dependencies: JobDependencies | None = None  # its -d list, typed (the core decides: dependencies.py)
     user: str = ""
     account: str = ""  # "" : spec.account, else "default"
     qos: str = ""  # "" : spec.qos, else the accounting's default QoS
@@ -89,6 +89,7 @@ class RunningJob:
     array_job_id: int | None = None
     checkpoint_time: float | None = None  # when its work was last saved; None: the attempt start
     stopping: bool = False  # already being stopped: its GPUs come free soon, and it is no victim
+    warning_lead_s: int | None = None  # its --signal lead time (None: it asked for none), for preemption grace
 
     @property
     def expected_end(self) -> float:
@@ -119,6 +120,8 @@ class Snapshot:
     running: tuple[RunningJob, ...] = ()
     accounting: Accounting = EMPTY_ACCOUNTING
     usage: Mapping[tuple[str, str], UsageView] = field(default_factory=dict)  # (account, user) -> usage
+    # (user, job name) of every job that holds resources, for -d singleton (filled only when a job needs it)
+    running_names: frozenset[tuple[str, str]] = frozenset()
 
 
 def node_view(

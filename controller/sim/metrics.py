@@ -13,6 +13,11 @@ Definitions (docs/gsim.md repeats them for users):
   weights, water-filling over the accounts' demands); x_a = GPU-seconds account a actually held during
   those intervals / GPU-seconds it was entitled to, and the index is (sum x)^2 / (n sum x^2): 1.0 when every
   account received its share in proportion, 1/n when one account took everything.
+- Estimated-start accuracy: for the jobs that waited (and, for the second figure, waited an hour or more), the
+  median and p90 of |first start - estimate|, where the estimate is the cycle's estimated start (what
+  gqueue --start shows) from the first cycle after the job's submission, and the last one given an hour or
+  more before it started; coverage is the share of those jobs that had such an estimate (a job deep in the
+  queue gets none: only the top blocked jobs have reservations).
 - Percentiles interpolate linearly between order statistics (numpy's default).
 """
 
@@ -112,6 +117,10 @@ class JobOutcome:
     end: float | None
     preemptions: int
     timed_out: bool
+    # The scheduler's estimated start (Plan.estimated_starts, what gqueue --start shows) from the first cycle
+    # at or after its submission, and the last one given an hour or more before it started; None: none given.
+    estimate_at_submit: float | None = None
+    estimate_hour_before: float | None = None
 
     @property
     def jct(self) -> float | None:
@@ -145,6 +154,26 @@ class ReplayResult:
     wall_s: float = 0.0
 
 
+ESTIMATE_LEAD_S = 3600.0  # "an hour before its start"
+
+
+def estimate_errors(jobs: Sequence[JobOutcome], which: str) -> tuple[list[float], int]:
+    """Sorted |real first start - estimate| of the jobs that waited (started after their submission) and had
+    an estimate (``which``: "submit" or "hour"), and how many jobs could have had one."""
+    errors: list[float] = []
+    eligible = 0
+    for job in jobs:
+        if job.first_start is None or job.first_start <= job.submit:
+            continue  # never started, or started at once: an estimate of "now" is right by construction
+        if which == "hour" and job.first_start - job.submit < ESTIMATE_LEAD_S:
+            continue  # it did not wait an hour: there was no "hour before"
+        eligible += 1
+        estimate = job.estimate_at_submit if which == "submit" else job.estimate_hour_before
+        if estimate is not None:
+            errors.append(abs(job.first_start - estimate))
+    return sorted(errors), eligible
+
+
 def summarize(result: ReplayResult) -> dict[str, float | int | str]:
     """The figures of one replay, with the keys of ``gsim --json``."""
     done = [j for j in result.jobs if j.end is not None]
@@ -154,6 +183,8 @@ def summarize(result: ReplayResult) -> dict[str, float | int | str]:
     last_end = max((j.end for j in done if j.end is not None), default=first_submit)
     makespan = last_end - first_submit
     capacity = result.total_gpus * makespan
+    at_submit, submit_eligible = estimate_errors(result.jobs, "submit")
+    hour_before, hour_eligible = estimate_errors(result.jobs, "hour")
     return {
         "policy": result.policy,
         "jobs": len(result.jobs),
@@ -176,6 +207,12 @@ def summarize(result: ReplayResult) -> dict[str, float | int | str]:
         "preemptions": result.preemptions,
         "gpu_hours_lost": result.gpu_hours_lost,
         "timeouts": sum(1 for j in result.jobs if j.timed_out),
+        "estimate_submit_p50_error_s": percentile(at_submit, 50),
+        "estimate_submit_p90_error_s": percentile(at_submit, 90),
+        "estimate_submit_coverage": len(at_submit) / submit_eligible if submit_eligible else 0.0,
+        "estimate_hour_p50_error_s": percentile(hour_before, 50),
+        "estimate_hour_p90_error_s": percentile(hour_before, 90),
+        "estimate_hour_coverage": len(hour_before) / hour_eligible if hour_eligible else 0.0,
         "cycles": result.cycles,
         "rejected_starts": result.rejected_starts,
         "wall_s": result.wall_s,

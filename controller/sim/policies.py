@@ -26,6 +26,10 @@ from pathlib import Path
 
 from garrison.config import ConfigError, ControllerConfig, PartitionConfig, load_config
 from garrison.controller.sched.cycle import SchedulerConfig
+from garrison.controller.sched.explain import never_text
+from garrison.controller.sched.feasibility import Feasibility, IdleCluster
+from garrison.controller.sched.pipeline import build_pipeline
+from garrison.controller.sched.placement import Placer, request_for
 from garrison.controller.sched.presets import policy_presets
 from garrison.controller.sched.snapshot import NodeView, PendingJob, RunningJob, Snapshot, node_view
 from garrison.controller.sched_settings import scheduler_config, seed_accounting, switch_paths
@@ -111,6 +115,21 @@ def job_spec(job: TraceJob, job_id: int) -> JobSpec:
         account=job.account,
         qos=job.qos,
     )
+
+
+def never_runs(policy: Policy, cluster: SimCluster, jobs: list[TraceJob]) -> dict[int, str]:
+    """The trace jobs (by index) that no state of the cluster could ever run, each with why: the core's own
+    answer (sched/feasibility.py), as the daemon refuses such a job at submission."""
+    nodes = SnapshotBuilder(cluster, policy, 0.0).build().nodes
+    idle = IdleCluster(sorted(nodes, key=lambda v: (v.switches, v.name)), Placer(build_pipeline()))
+    partition = default_partition(policy).name
+    refused: dict[int, str] = {}
+    for index, job in enumerate(jobs):
+        request = request_for(index + 1, job_spec(job, index + 1), partition, float(job.time_limit_s or 0))
+        verdict = idle.verdict(request)
+        if verdict.feasibility == Feasibility.NEVER:
+            refused[index] = never_text(request, verdict.tally, partition)
+    return refused
 
 
 @dataclass(slots=True)

@@ -30,8 +30,8 @@ from garrison.controller.clock import ManualClock
 from garrison.controller.ledger import AttemptLedger
 from garrison.controller.sched.cycle import schedule
 from garrison.controller.sim.cluster import SimCluster
-from garrison.controller.sim.metrics import ContentionTracker, JobOutcome, ReplayResult
-from garrison.controller.sim.policies import Policy, SnapshotBuilder
+from garrison.controller.sim.metrics import ESTIMATE_LEAD_S, ContentionTracker, JobOutcome, ReplayResult
+from garrison.controller.sim.policies import Policy, SnapshotBuilder, never_runs
 from garrison.controller.sim.trace import TraceError, TraceJob
 from garrison.model.domain import Allocation, Node
 
@@ -68,6 +68,8 @@ class _Job:
     preemptions: int = 0
     timed_out: bool = False
     stopping: bool = False  # being preempted: warned, GPUs held until the grace period ends
+    estimate_at_submit: float | None = None  # the first cycle's estimated start after its submission
+    estimates: list[tuple[float, float]] | None = None  # (cycle time, estimate) whenever the estimate changed
 
 
 _END = 0
@@ -115,6 +117,7 @@ class Replay:
         self.times: list[float] = []
         self.queue_length: list[int] = []
         self.busy_gpus: list[int] = []
+        self.unestimated: list[_Job] = []  # arrived since the last cycle: their first estimate is the next one
 
     # ---------------------------------------------------------------------------------------------
 
@@ -165,6 +168,8 @@ class Replay:
                     end=j.end,
                     preemptions=j.preemptions,
                     timed_out=j.timed_out,
+                    estimate_at_submit=j.estimate_at_submit,
+                    estimate_hour_before=_estimate_before(j, ESTIMATE_LEAD_S),
                 )
                 for j in self.jobs
             ],
@@ -207,17 +212,22 @@ class Replay:
 
     def _arrive(self, job: _Job, now: float) -> None:
         self._add_pending(job)
+        if job.attempt == 0:
+            self.unestimated.append(job)
         self.builder.job_arrived(job.job_id, job.trace, job.trace.submit_s)
         self.tracker.change(job.account, demand=job.trace.gpus, waiting=1)
 
     def _cycle(self, now: float) -> None:
         preempting = self.policy.config.preemption
-        if not self.ledger.queued or (self.free_count == 0 and not preempting):
+        # A cycle with no GPU free (and no preemption) starts nothing whatever the policy, and is skipped,
+        # unless a job just arrived: the daemon's cycle on its submission gives its first estimated start.
+        if not self.ledger.queued or (self.free_count == 0 and not preempting and not self.unestimated):
             return
         if preempting:
             self._report_checkpoints(now)
         plan = schedule(self.builder.build(), now, self.policy.config)
         self.cycles += 1
+        self._record_estimates(plan.estimated_starts)
         # As the engine applies a plan: the ledger accepts what holds, starts first, then preemptions. The
         # simulator's snapshot is never stale, so a rejected start means the plan itself was inconsistent.
         result = self.ledger.apply(plan, now)
@@ -226,6 +236,22 @@ class Replay:
             self._start(start.job_id, start.allocation, now)
         for victim in result.preempting:
             self._begin_preemption(self.jobs[victim.job_id - 1], now, float(victim.grace_s))
+
+    def _record_estimates(self, estimated: dict[int, float]) -> None:
+        """What gqueue --start would show now: each job's estimated start, kept where it changed (for the
+        accuracy report), and the first one after each arrival."""
+        now = self.clock.now()
+        for job in self.unestimated:
+            job.estimate_at_submit = estimated.get(job.job_id)
+        self.unestimated.clear()
+        for job_id, estimate in estimated.items():
+            job = self.jobs[job_id - 1]
+            if job.first_start is not None:
+                continue
+            if job.estimates is None:
+                job.estimates = []
+            if not job.estimates or job.estimates[-1][1] != estimate:
+                job.estimates.append((now, estimate))
 
     def _slowdown(self, job: _Job, allocation: Allocation) -> float:
         factor = self.options.gang_slowdown
@@ -341,15 +367,28 @@ class Replay:
         self.builder.job_arrived(job.job_id, job.trace, job.trace.submit_s)
 
 
-def check_fits(cluster: SimCluster, jobs: Sequence[TraceJob], source: str) -> None:
+def _estimate_before(job: _Job, lead_s: float) -> float | None:
+    """The last estimated start the job had been given ``lead_s`` or more before its first start."""
+    if job.first_start is None or not job.estimates:
+        return None
+    found = None
+    for at, estimate in job.estimates:
+        if at > job.first_start - lead_s:
+            break
+        found = estimate
+    return found
+
+
+def check_fits(cluster: SimCluster, jobs: Sequence[TraceJob], source: str, policy: Policy) -> None:
     """Refuse, before any replay, a job that no state of the cluster could run (the daemon refuses it at
-    submission): it would wait forever and hold back every policy alike."""
-    for job in jobs:
-        if job.gpus > cluster.total_gpus:
-            raise TraceError(
-                f"{source}, line {job.line}: job {job.job_id} asks for {job.gpus} GPUs; "
-                f"the cluster has {cluster.total_gpus}"
-            )
+    submission, from the same answer of the core): it would wait forever and hold back every policy alike."""
+    refused = never_runs(policy, cluster, list(jobs))
+    if refused:
+        index = min(refused)
+        job = jobs[index]
+        why = (f"asks for {job.gpus} GPUs; the cluster has {cluster.total_gpus}" if job.gpus > cluster.total_gpus
+               else f"can never run: {refused[index]}")
+        raise TraceError(f"{source}, line {job.line}: job {job.job_id} {why}")
 
 
 def replay(

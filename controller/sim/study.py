@@ -66,7 +66,7 @@ def prepare(
     loaded = tuple(load_policy(name, config_path, preemption=preemption) for name in policy_names(policies))
     jobs = complete_jobs(traced, model or CompletionModel())
     jobs = fit_time_limits(jobs, traced, default_partition(loaded[0]).max_time_s, str(trace_path))
-    check_fits(cluster, jobs, str(trace_path))
+    check_fits(cluster, jobs, str(trace_path), loaded[0])
     return Study(Path(trace_path), cluster, tuple(jobs), loaded, options or ReplayOptions())
 
 

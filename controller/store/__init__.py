@@ -11,18 +11,23 @@ See ``interface.Store`` for the contract, ``schema.py`` for the tables and ``mig
 from __future__ import annotations
 
 from .engine import PoolSettings, UnsupportedDatabaseURL, create_store_engine
-from .interface import JobQuery, LoadedState, Store, UsageRow
+from .errors import StoreUnavailable
+from .interface import AttemptStop, JobQuery, LoadedState, Store, StoreChanges, UsageRow
 from .migrate import upgrade, upgrade_engine
 from .sql_store import SqlStore
 
 __all__ = [
+    "AttemptStop",
     "JobQuery",
     "LoadedState",
     "PoolSettings",
     "SqlStore",
     "Store",
+    "StoreChanges",
+    "StoreUnavailable",
     "UnsupportedDatabaseURL",
     "UsageRow",
+    "create_store_engine",
     "open_store",
     "upgrade",
 ]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from garrison.model.accounts import Accounting, UsageState
 from garrison.model.domain import Job, JobState, Node
+from garrison.model.steps import Step
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,36 @@ class LoadedState:
     jobs: list[Job]  # every job with its attempts (in attempt order), ordered by job_id
     nodes: list[Node]  # ordered by name
     next_job_id: int  # the first id allocate_job_ids has not handed out yet
+    stops: tuple[AttemptStop, ...] = ()  # decisions to stop attempts, of jobs still COMPLETING
+
+
+@dataclass(frozen=True)
+class AttemptStop:
+    """The controller's decision to stop an attempt, durable so that a restarted controller carries it out
+    as decided: the job's outcome, the state its attempt is recorded with when the job is requeued
+    (PREEMPTED, CANCELLED, NODE_FAIL...), why, and the end of a preemption's grace period (None when the
+    attempt is being terminated now)."""
+
+    job_id: int
+    attempt: int
+    outcome: JobState
+    requeue_as: JobState
+    reason: str
+    terminate_at: float | None = None
+
+
+@dataclass(frozen=True)
+class StoreChanges:
+    """Everything one controller operation changes, written in one transaction (``Store.write``): either
+    all of it is durable or none of it is."""
+
+    jobs: Sequence[Job] = ()
+    holds: Mapping[int, bool | None] = field(default_factory=dict)  # job id -> held by an admin; None: released
+    nodes: Sequence[Node] = ()
+    stops: Sequence[AttemptStop] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs or self.holds or self.nodes or self.stops)
 
 
 @dataclass(frozen=True)
@@ -56,9 +87,14 @@ class Store(Protocol):
     before acting on it (a submit is persisted before the client sees its job id), and reads everything back
     with ``load`` at start-up. Every method commits before it returns, so a change a method has returned from
     survives the controller being killed. Methods may be called from several threads.
+
+    When the database cannot be reached or cannot take a write, every method raises
+    ``errors.StoreUnavailable`` (and has changed nothing); the caller may retry.
     """
 
-    def load(self) -> LoadedState: ...
+    def load(self) -> LoadedState:
+        """Everything, after deleting the jobs of submissions begun and never ended (begin_submission)."""
+        ...
 
     def allocate_job_ids(self, count: int) -> int:
         """Durably reserve ``count`` consecutive job ids and return the first; ids start at 1 and are never
@@ -67,6 +103,20 @@ class Store(Protocol):
 
     def save_jobs(self, jobs: Sequence[Job]) -> None:
         """Insert or update each job and all of its attempts, in one transaction."""
+        ...
+
+    def write(self, changes: StoreChanges) -> None:
+        """Write jobs (with their attempts), holds, nodes and attempt stops in one transaction."""
+        ...
+
+    def begin_submission(self, first_job_id: int, count: int) -> None:
+        """Record that jobs [first_job_id, first_job_id + count) are about to be saved in several
+        transactions (a large array, controller/bulk.py). Until ``end_submission``, ``load`` deletes them:
+        a controller killed midway must not run part of an array whose client never got its id."""
+        ...
+
+    def end_submission(self, first_job_id: int) -> None:
+        """Every job of the submission begun at ``first_job_id`` is saved: it survives a restart now."""
         ...
 
     def save_node(self, node: Node) -> None:
@@ -117,8 +167,28 @@ class Store(Protocol):
         """Held jobs: job id -> whether an admin holds it (only an admin may release those)."""
         ...
 
+    def set_holds(self, job_ids: Sequence[int], by_admin: bool) -> None:
+        """Hold every job of ``job_ids`` (by an admin or not), in one transaction: a held array's tasks."""
+        ...
+
     def set_hold(self, job_id: int, by_admin: bool | None) -> None:
         """Hold job ``job_id`` (by an admin or not), or with None release it."""
+        ...
+
+    # -- job steps (controller/store/step_tables.py) ---------------------------------------------------
+
+    def save_step(self, step: Step) -> None:
+        """Insert or update one job step (its job must be stored)."""
+        ...
+
+    def last_step_id(self, job_id: int) -> int | None:
+        """The highest step number stored for the job, or None if it has none."""
+        ...
+
+    def query_steps(self, job_ids: Sequence[int] = (), users: Sequence[str] = (), limit: int = 10000,
+                    running_only: bool = False) -> list[Step]:
+        """Steps of these jobs and users (empty: any), ordered by job then step, at most ``limit``; with
+        ``running_only`` only those not ended (what a restarted controller picks up again)."""
         ...
 
     def close(self) -> None: ...

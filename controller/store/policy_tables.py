@@ -199,6 +199,13 @@ class PolicyTables:
             rows = connection.execute(select(schema.job_holds)).all()
         return {row.job_id: bool(row.by_admin) for row in rows}
 
+    def set_holds(self, job_ids: Sequence[int], by_admin: bool) -> None:
+        if not job_ids:
+            return
+        with self._write() as connection:
+            connection.execute(self._upsert(schema.job_holds),
+                               [{"job_id": job_id, "by_admin": by_admin} for job_id in job_ids])
+
     def set_hold(self, job_id: int, by_admin: bool | None) -> None:
         with self._write() as connection:
             if by_admin is None:

@@ -61,9 +61,34 @@ jobs = Table(
     Column("end_time", Double, nullable=True),
     Column("exit_code", Integer, nullable=True),
     Column("restart_count", Integer, nullable=False),
-    Column("spec_json", Text, nullable=False),
+    # The spec is stored once however many jobs share it (every task of an array): see job_specs below. No
+    # foreign key: SQLite cannot add one to an existing table without rebuilding it, and rebuilding the jobs
+    # table would cascade-delete its attempts; the store writes a job's spec in the job's own transaction.
+    # (The server default only lets migration 0003 add the column to existing rows; the store always sets it.)
+    Column("spec_key", Text, nullable=False, server_default=""),
     Index(None, "state"),
     Index(None, "user_name"),
+    Index(None, "spec_key"),
+)
+
+# Job specs by content (migration 0003): an array of 100,000 tasks, or of 300 with a 1 MB script, stores its
+# spec once. The key is a digest of the spec's JSON text (serde.spec_key); a spec no job refers to any more
+# is deleted with the last of its jobs (SqlStore.delete_jobs).
+job_specs = Table(
+    "job_specs",
+    metadata,
+    Column("spec_key", Text, primary_key=True),
+    Column("spec_json", Text, nullable=False),
+)
+
+# A large array being written in chunks (controller/bulk.py): its jobs are ids [first_job_id, first_job_id +
+# job_count). A row still here at start-up is a submission the controller died in the middle of, whose client
+# never got its job id: load() deletes its jobs.
+unfinished_submissions = Table(
+    "unfinished_submissions",
+    metadata,
+    Column("first_job_id", JobId, primary_key=True, autoincrement=False),
+    Column("job_count", BigInteger, nullable=False),
 )
 
 job_attempts = Table(
@@ -83,6 +108,8 @@ job_attempts = Table(
     Column("state", Text, nullable=False),
     Column("exit_code", Integer, nullable=True),
     Column("reason", Text, nullable=False),
+    # What the attempt used (serde.usage_to_json), once it has ended on a contained node; NULL: not measured.
+    Column("usage_json", Text, nullable=True),
 )
 
 nodes = Table(
@@ -223,4 +250,39 @@ job_holds = Table(
     metadata,
     Column("job_id", JobId, ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True, autoincrement=False),
     Column("by_admin", Boolean, nullable=False),
+)
+
+# -- Database outages (migration 0003_storefaults) ----------------------------------------------------------
+
+# The decision to stop an attempt (controller/lifecycle.py), written with the job's COMPLETING state, so that
+# a restarted controller records the attempt as it was decided (PREEMPTED, not NODE_FAIL) and keeps what
+# is left of a preemption's grace period instead of terminating the victim at once.
+attempt_stops = Table(
+    "attempt_stops",
+    metadata,
+    Column("job_id", JobId, ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True, autoincrement=False),
+    Column("attempt", Integer, primary_key=True, autoincrement=False),
+    Column("outcome", Text, nullable=False),
+    Column("requeue_as", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("terminate_at", Double, nullable=True),
+)
+
+# Job steps (gsrun): one row per step, written when it starts and again when it ends. The layout (its
+# nodes, tasks, GPUs and CPUs) and the command are JSON only the controller reads.
+job_steps = Table(
+    "job_steps",
+    metadata,
+    Column("job_id", JobId, ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True, autoincrement=False),
+    Column("step_id", Integer, primary_key=True, autoincrement=False),
+    Column("name", Text, nullable=False),
+    Column("user_name", Text, nullable=False),
+    Column("uid", BigInteger, nullable=False),
+    Column("argv_json", Text, nullable=False),
+    Column("layout_json", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("start_time", Double, nullable=False),
+    Column("end_time", Double, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("reason", Text, nullable=False),
 )

@@ -8,12 +8,21 @@ rollback.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any
 
-from garrison.model.domain import Allocation, Gpu, JobSpec, LaunchMode, NodeAllocation, NodeInventory
+from garrison.model.domain import (
+    Allocation,
+    AttemptUsage,
+    Gpu,
+    JobSpec,
+    LaunchMode,
+    NodeAllocation,
+    NodeInventory,
+)
 
 
 def _dumps(value: object) -> str:
@@ -129,6 +138,7 @@ def inventory_to_dict(inventory: NodeInventory) -> dict[str, Any]:
         "memory_mb": inventory.memory_mb,
         "model": inventory.model,
         **({"features": list(inventory.features)} if inventory.features else {}),
+        **({"containment": inventory.containment} if inventory.containment else {}),
     }
 
 
@@ -142,6 +152,7 @@ def inventory_from_dict(data: Mapping[str, Any]) -> NodeInventory:
         memory_mb=data["memory_mb"],
         model=data.get("model", ""),
         features=tuple(data.get("features", ())),
+        containment=str(data.get("containment", "")),
     )
 
 
@@ -151,3 +162,21 @@ def inventory_to_json(inventory: NodeInventory) -> str:
 
 def inventory_from_json(text: str) -> NodeInventory:
     return inventory_from_dict(_loads_object(text, "node inventory"))
+
+
+def spec_key(spec_json: str) -> str:
+    """The key a spec is stored under in the job_specs table: a digest of its JSON text, so that every job
+    with the same spec (every task of an array) shares one row, and writing it twice is a no-op."""
+    return hashlib.sha256(spec_json.encode()).hexdigest()[:32]
+def usage_to_json(usage: AttemptUsage | None) -> str | None:
+    if usage is None:
+        return None
+    return _dumps({f.name: getattr(usage, f.name) for f in fields(usage) if getattr(usage, f.name) is not None})
+
+
+def usage_from_json(text: str | None) -> AttemptUsage | None:
+    if text is None:
+        return None
+    data = _loads_object(text, "attempt usage")
+    known = {f.name for f in fields(AttemptUsage)}
+    return AttemptUsage(**{key: value for key, value in data.items() if key in known})

@@ -7,20 +7,23 @@ per store: no ORM session, no read before write. A submit waits for its write, s
 from __future__ import annotations
 
 import contextlib
+import logging
+import sys
 import threading
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, Insert, Row, Table, and_, delete, func, or_, select, update
+from sqlalchemy import Engine, Insert, Row, Table, and_, delete, exists, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from garrison.model.domain import Attempt, Job, JobState, Node, NodeState
+from garrison.model.domain import Attempt, Job, JobSpec, JobState, Node, NodeState
 
 from . import schema
 from .engine import create_sqlite_reader, is_sqlite
-from .interface import JobQuery, LoadedState, UsageRow
+from .errors import outages_as_unavailable
+from .interface import AttemptStop, JobQuery, LoadedState, StoreChanges, UsageRow
 from .policy_tables import PolicyTables
 from .schema import COUNTER_ROW_ID
 from .serde import (
@@ -29,14 +32,58 @@ from .serde import (
     inventory_from_json,
     inventory_to_json,
     spec_from_json,
+    spec_key,
     spec_to_json,
+    usage_from_json,
+    usage_to_json,
 )
+from .step_tables import StepTables
+
+log = logging.getLogger("garrison.controller.store")
 
 # Ids per DELETE ... WHERE job_id IN (...): SQLite caps the bound parameters of one statement.
 DELETE_BATCH = 500
+# Specs remembered by object identity (their JSON text and key), so that saving the 100,000 tasks of an array,
+# or one task again at each state change, encodes its spec once rather than once per save.
+SPEC_CACHE_SIZE = 1024
+# Keys known to be stored, at most: past it the set starts again (which only costs re-sending some specs).
+STORED_KEYS_LIMIT = 200_000
 
 
-class SqlStore(PolicyTables):
+class _SpecCache:
+    """Spec object -> its key, for the specs saved or loaded lately; and which keys are known to be stored.
+
+    By identity: a JobSpec holds a dict (its environment), so it cannot be hashed, and every task of an array
+    shares one spec object anyway. The cache holds each spec it names, so that an id is not reused meanwhile.
+    Used under the store's write lock.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[JobSpec, str]] = {}
+        self.stored: set[str] = set()  # keys committed to job_specs: saving them again can be skipped
+
+    def key_of(self, spec: JobSpec) -> tuple[str, str | None]:
+        """The spec's key, and its JSON text when the key is not known to be stored (None when it is)."""
+        found = self._by_id.get(id(spec))
+        if found is not None and found[0] is spec and found[1] in self.stored:
+            return found[1], None
+        text = spec_to_json(spec)
+        key = spec_key(text)
+        self.remember(spec, key)
+        return key, None if key in self.stored else text
+
+    def mark_stored(self, keys: Iterable[str]) -> None:
+        if len(self.stored) > STORED_KEYS_LIMIT:
+            self.stored.clear()
+        self.stored.update(keys)
+
+    def remember(self, spec: JobSpec, key: str) -> None:
+        if len(self._by_id) >= SPEC_CACHE_SIZE:
+            self._by_id.pop(next(iter(self._by_id)))  # the oldest entry
+        self._by_id[id(spec)] = (spec, key)
+
+
+class SqlStore(PolicyTables, StepTables):
     """``Store`` on a SQLAlchemy engine whose database is already migrated to head (see ``open_store``)."""
 
     def __init__(self, engine: Engine) -> None:
@@ -52,6 +99,14 @@ class SqlStore(PolicyTables):
         self._upsert_attempts = self._upsert(schema.job_attempts)
         self._upsert_node = self._upsert(schema.nodes)
         self._upsert_gpus = self._upsert(schema.gpus)
+        self._upsert_stops = self._upsert(schema.attempt_stops)
+        self._upsert_holds = self._upsert(schema.job_holds)
+        specs_insert = sqlite.insert(schema.job_specs) if self._sqlite else postgresql.insert(schema.job_specs)
+        self._insert_specs = specs_insert.on_conflict_do_nothing(index_elements=["spec_key"])
+        self._specs = _SpecCache()
+        # Held by the writers of job rows and by delete_jobs, which deletes the specs no job refers to any
+        # more: a save that skips a spec it believes stored must not race that deletion (PostgreSQL).
+        self._spec_lock = threading.Lock()
         self._reader: Engine | None = None  # for accounting reads on SQLite, made on first use
         self._reader_lock = threading.Lock()
 
@@ -67,14 +122,16 @@ class SqlStore(PolicyTables):
             set_={c.name: insert.excluded[c.name] for c in table.columns if not c.primary_key},
         )
 
+    # Every transaction goes through one of these three: a database outage leaves each as StoreUnavailable.
+
     @contextlib.contextmanager
     def _write(self) -> Iterator[Connection]:
-        with self._serialise, self._engine.begin() as connection:
+        with self._serialise, outages_as_unavailable(), self._engine.begin() as connection:
             yield connection
 
     @contextlib.contextmanager
     def _snapshot(self) -> Iterator[Connection]:
-        with self._serialise, self._engine.connect() as connection:
+        with self._serialise, outages_as_unavailable(), self._engine.connect() as connection:
             if not self._sqlite:
                 # One snapshot for every SELECT, so that jobs and attempts agree even if someone commits
                 # between them. (SQLite's BEGIN IMMEDIATE already excludes other writers.)
@@ -90,7 +147,7 @@ class SqlStore(PolicyTables):
                 if self._reader is None:
                     self._reader = create_sqlite_reader(self._engine)
             if self._reader is not None:
-                with self._reader.connect() as connection, connection.begin():
+                with outages_as_unavailable(), self._reader.connect() as connection, connection.begin():
                     yield connection
                 return
         with self._snapshot() as connection:
@@ -99,6 +156,7 @@ class SqlStore(PolicyTables):
     # -- Store -----------------------------------------------------------------------------------------
 
     def load(self) -> LoadedState:
+        self._discard_unfinished_submissions()
         with self._snapshot() as connection:
             next_job_id = connection.execute(
                 select(schema.counters.c.next_job_id).where(schema.counters.c.id == COUNTER_ROW_ID)
@@ -109,9 +167,16 @@ class SqlStore(PolicyTables):
                 )
             ).all()
             job_rows = connection.execute(select(schema.jobs).order_by(schema.jobs.c.job_id)).all()
+            spec_rows = connection.execute(select(schema.job_specs)).all()
             node_rows = connection.execute(select(schema.nodes).order_by(schema.nodes.c.name)).all()
+            stop_rows = connection.execute(
+                select(schema.attempt_stops)
+                .join(schema.jobs, schema.jobs.c.job_id == schema.attempt_stops.c.job_id)
+                .where(schema.jobs.c.state == JobState.COMPLETING.value)
+            ).all()
 
-        loaded_jobs = _jobs_from_rows(job_rows, attempt_rows)
+        specs = self._specs_from_rows(spec_rows)
+        loaded_jobs = _jobs_from_rows(job_rows, attempt_rows, specs)
         loaded_nodes = [
             Node(
                 name=row.name,
@@ -122,7 +187,12 @@ class SqlStore(PolicyTables):
             )
             for row in node_rows
         ]
-        return LoadedState(jobs=loaded_jobs, nodes=loaded_nodes, next_job_id=next_job_id)
+        stops = tuple(
+            AttemptStop(row.job_id, row.attempt, JobState(row.outcome), JobState(row.requeue_as), row.reason,
+                        row.terminate_at)
+            for row in stop_rows
+        )
+        return LoadedState(jobs=loaded_jobs, nodes=loaded_nodes, next_job_id=next_job_id, stops=stops)
 
     def allocate_job_ids(self, count: int) -> int:
         if count < 1:
@@ -140,18 +210,89 @@ class SqlStore(PolicyTables):
         return next_free - count
 
     def save_jobs(self, jobs: Sequence[Job]) -> None:
+        if jobs:
+            self.write(StoreChanges(jobs=jobs))
+
+    def write(self, changes: StoreChanges) -> None:
+        if not changes:
+            return
+        # Held by the writers of job rows and by delete_jobs (see __init__); a spec is marked stored only once
+        # its transaction has committed.
+        with self._spec_lock:
+            with self._write() as connection:
+                new_specs = self._write_jobs(connection, changes.jobs)
+                for node in {node.name: node for node in changes.nodes}.values():
+                    self._write_node(connection, node)
+                if changes.stops:
+                    stops = {(stop.job_id, stop.attempt): stop for stop in changes.stops}
+                    connection.execute(self._upsert_stops, [_stop_row(stop) for stop in stops.values()])
+                released = [job_id for job_id, by_admin in changes.holds.items() if by_admin is None]
+                held = [{"job_id": job_id, "by_admin": by_admin}
+                        for job_id, by_admin in changes.holds.items() if by_admin is not None]
+                for start in range(0, len(released), DELETE_BATCH):
+                    connection.execute(
+                        delete(schema.job_holds).where(schema.job_holds.c.job_id.in_(released[start : start + DELETE_BATCH]))
+                    )
+                if held:
+                    connection.execute(self._upsert_holds, held)
+            self._specs.mark_stored(new_specs)
+
+    def _write_jobs(self, connection: Connection, jobs: Sequence[Job]) -> dict[str, str]:
+        """Write the jobs and their attempts (and their specs not stored yet, returned: key -> JSON text, to
+        be marked stored once the transaction commits). The caller holds ``_spec_lock``."""
         # A job listed twice takes its last version: PostgreSQL refuses an upsert that touches a row twice.
         latest = {job.job_id: job for job in jobs}
         if not latest:
-            return
-        job_rows = [_job_row(job) for job in latest.values()]
+            return {}
+        job_rows: list[dict[str, Any]] = []
         attempt_rows = list({key: row for job in latest.values() for key, row in _attempt_rows(job)}.values())
+        new_specs = self._job_rows_with_specs(latest.values(), job_rows)
+        if new_specs:
+            connection.execute(self._insert_specs, [{"spec_key": k, "spec_json": v} for k, v in new_specs.items()])
+        connection.execute(self._upsert_jobs, job_rows)
+        if attempt_rows:
+            connection.execute(self._upsert_attempts, attempt_rows)
+        return new_specs
+
+    def _job_rows_with_specs(self, jobs: Iterable[Job], job_rows: list[dict[str, Any]]) -> dict[str, str]:
+        """Each job's row, naming its spec by key; returns the specs not known to be stored (key -> JSON)."""
+        keys: dict[int, str] = {}  # id(spec) -> key, for this save: each distinct spec is encoded once
+        new_specs: dict[str, str] = {}
+        for job in jobs:
+            key = keys.get(id(job.spec))
+            if key is None:
+                key, text = self._specs.key_of(job.spec)
+                keys[id(job.spec)] = key
+                if text is not None:
+                    new_specs[key] = text
+            job_rows.append(_job_row(job, key))
+        return new_specs
+
+    def begin_submission(self, first_job_id: int, count: int) -> None:
         with self._write() as connection:
-            connection.execute(self._upsert_jobs, job_rows)
-            if attempt_rows:
-                connection.execute(self._upsert_attempts, attempt_rows)
+            connection.execute(
+                schema.unfinished_submissions.insert().values(first_job_id=first_job_id, job_count=count)
+            )
+
+    def end_submission(self, first_job_id: int) -> None:
+        table = schema.unfinished_submissions
+        with self._write() as connection:
+            connection.execute(delete(table).where(table.c.first_job_id == first_job_id))
+
+    def _discard_unfinished_submissions(self) -> None:
+        table = schema.unfinished_submissions
+        with self._snapshot() as connection:
+            unfinished = connection.execute(select(table.c.first_job_id, table.c.job_count)).all()
+        for first, count in unfinished:
+            ids = list(range(first, first + count))
+            self.delete_jobs(ids)
+            self.end_submission(first)
+            log.warning("deleted the %d jobs of the submission of job %d, which never finished", count, first)
 
     def save_node(self, node: Node) -> None:
+        self.write(StoreChanges(nodes=(node,)))
+
+    def _write_node(self, connection: Connection, node: Node) -> None:
         node_row = {
             "name": node.name,
             "state": node.state.value,
@@ -160,27 +301,39 @@ class SqlStore(PolicyTables):
             "inventory_json": inventory_to_json(node.inventory),
         }
         gpu_indices = [gpu.index for gpu in node.inventory.gpus]
-        with self._write() as connection:
-            connection.execute(self._upsert_node, node_row)
-            # GPUs gone from the inventory (one fell off the bus, the node was rebuilt) must not linger.
-            connection.execute(
-                delete(schema.gpus).where(
-                    schema.gpus.c.node == node.name, schema.gpus.c.gpu_index.not_in(gpu_indices)
-                )
-            )
-            if gpu_indices:
-                connection.execute(self._upsert_gpus, _gpu_rows(node))
+        connection.execute(self._upsert_node, node_row)
+        # GPUs gone from the inventory (one fell off the bus, the node was rebuilt) must not linger.
+        connection.execute(
+            delete(schema.gpus).where(schema.gpus.c.node == node.name, schema.gpus.c.gpu_index.not_in(gpu_indices))
+        )
+        if gpu_indices:
+            connection.execute(self._upsert_gpus, _gpu_rows(node))
 
     def delete_jobs(self, job_ids: Sequence[int]) -> None:
         unique_ids = list(dict.fromkeys(job_ids))
         if not unique_ids:
             return
-        with self._write() as connection:
+        jobs_table, specs_table = schema.jobs, schema.job_specs
+        with self._spec_lock, self._write() as connection:
+            keys: set[str] = set()
             for start in range(0, len(unique_ids), DELETE_BATCH):
                 batch = unique_ids[start : start + DELETE_BATCH]
+                keys.update(connection.execute(
+                    select(jobs_table.c.spec_key).where(jobs_table.c.job_id.in_(batch)).distinct()
+                ).scalars())
                 # Attempts first, explicitly: correct even where the foreign key's cascade is not enforced.
+                connection.execute(delete(schema.attempt_stops).where(schema.attempt_stops.c.job_id.in_(batch)))
                 connection.execute(delete(schema.job_attempts).where(schema.job_attempts.c.job_id.in_(batch)))
-                connection.execute(delete(schema.jobs).where(schema.jobs.c.job_id.in_(batch)))
+                connection.execute(delete(schema.job_steps).where(schema.job_steps.c.job_id.in_(batch)))
+                connection.execute(delete(jobs_table).where(jobs_table.c.job_id.in_(batch)))
+            # The specs that went with their last job.
+            unused = list(keys)
+            for start in range(0, len(unused), DELETE_BATCH):
+                connection.execute(delete(specs_table).where(
+                    specs_table.c.spec_key.in_(unused[start : start + DELETE_BATCH]),
+                    ~exists().where(jobs_table.c.spec_key == specs_table.c.spec_key),
+                ))
+            self._specs.stored.difference_update(keys)  # some may still be stored: that costs a re-send
 
     # -- accounting ------------------------------------------------------------------------------------
 
@@ -222,7 +375,14 @@ class SqlStore(PolicyTables):
                     .where(attempts_table.c.job_id.in_(ids[start : start + DELETE_BATCH]))
                     .order_by(attempts_table.c.job_id, attempts_table.c.attempt)
                 ).all()
-        return _jobs_from_rows(job_rows, attempt_rows)
+            keys = list({row.spec_key for row in job_rows})
+            spec_rows: list[Row[Any]] = []
+            for start in range(0, len(keys), DELETE_BATCH):
+                spec_rows += connection.execute(
+                    select(schema.job_specs).where(schema.job_specs.c.spec_key.in_(keys[start : start + DELETE_BATCH]))
+                ).all()
+        specs = {row.spec_key: spec_from_json(row.spec_json) for row in spec_rows}
+        return _jobs_from_rows(job_rows, attempt_rows, specs)
 
     def usage(
         self,
@@ -272,6 +432,16 @@ class SqlStore(PolicyTables):
             for account, user in sorted(gpu_seconds)
         ]
 
+    def _specs_from_rows(self, spec_rows: Sequence[Row[Any]]) -> dict[str, JobSpec]:
+        """Each stored spec decoded once, and shared by every job that refers to it (every task of an
+        array), so a restarted controller holds one spec per array in memory, as before the restart."""
+        specs = {row.spec_key: spec_from_json(row.spec_json) for row in spec_rows}
+        with self._spec_lock:
+            for key, spec in specs.items():
+                self._specs.remember(spec, key)
+            self._specs.mark_stored(specs)
+        return specs
+
     def close(self) -> None:
         if self._reader is not None:
             self._reader.dispose()
@@ -288,23 +458,29 @@ def _attempt_from_row(row: Row[Any]) -> Attempt:
         state=JobState(row.state),
         exit_code=row.exit_code,
         reason=row.reason,
+        usage=usage_from_json(row.usage_json),
     )
 
 
-def _jobs_from_rows(job_rows: Sequence[Row[Any]], attempt_rows: Sequence[Row[Any]]) -> list[Job]:
-    """Jobs from their rows, each with its attempts (``attempt_rows`` in attempt order)."""
+def _jobs_from_rows(
+    job_rows: Sequence[Row[Any]], attempt_rows: Sequence[Row[Any]], specs: dict[str, JobSpec]
+) -> list[Job]:
+    """Jobs from their rows, each with its attempts (``attempt_rows`` in attempt order) and its spec (by key).
+
+    The names that repeat over many rows (user, account, partition) are interned, so that 100,000 tasks of
+    one user hold one copy of each, as they did before a restart."""
     attempts_by_job: defaultdict[int, list[Attempt]] = defaultdict(list)
     for row in attempt_rows:
         attempts_by_job[row.job_id].append(_attempt_from_row(row))
     return [
         Job(
             job_id=row.job_id,
-            spec=spec_from_json(row.spec_json),
-            user=row.user_name,
+            spec=specs[row.spec_key],
+            user=sys.intern(row.user_name),
             uid=row.uid,
             gid=row.gid,
-            account=row.account,
-            partition=row.partition,
+            account=sys.intern(row.account),
+            partition=sys.intern(row.partition),
             time_limit_s=row.time_limit_s,
             submit_time=row.submit_time,
             state=JobState(row.state),
@@ -322,7 +498,7 @@ def _jobs_from_rows(job_rows: Sequence[Row[Any]], attempt_rows: Sequence[Row[Any
     ]
 
 
-def _job_row(job: Job) -> dict[str, Any]:
+def _job_row(job: Job, spec_key: str) -> dict[str, Any]:
     return {
         "job_id": job.job_id,
         "array_job_id": job.array_job_id,
@@ -342,7 +518,7 @@ def _job_row(job: Job) -> dict[str, Any]:
         "end_time": job.end_time,
         "exit_code": job.exit_code,
         "restart_count": job.restart_count,
-        "spec_json": spec_to_json(job.spec),
+        "spec_key": spec_key,
     }
 
 
@@ -362,8 +538,20 @@ def _attempt_rows(job: Job) -> Iterator[tuple[tuple[int, int], dict[str, Any]]]:
                 "state": attempt.state.value,
                 "exit_code": attempt.exit_code,
                 "reason": attempt.reason,
+                "usage_json": usage_to_json(attempt.usage),
             },
         )
+
+
+def _stop_row(stop: AttemptStop) -> dict[str, Any]:
+    return {
+        "job_id": stop.job_id,
+        "attempt": stop.attempt,
+        "outcome": stop.outcome.value,
+        "requeue_as": stop.requeue_as.value,
+        "reason": stop.reason,
+        "terminate_at": stop.terminate_at,
+    }
 
 
 def _gpu_rows(node: Node) -> list[dict[str, Any]]:

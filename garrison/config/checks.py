@@ -16,6 +16,9 @@ def check_controller(cfg: ControllerConfig, where: str) -> None:
         raise ConfigError(f"{where}.default_account: {cfg.default_account!r} is not in accounts")
     if cfg.heartbeat_timeout_s <= cfg.heartbeat_interval_s:
         raise ConfigError(f"{where}.heartbeat_timeout_s: must exceed heartbeat_interval_s")
+    if cfg.node_lease_s < 2 * cfg.heartbeat_interval_s:
+        # One late heartbeat must not stop a node's jobs.
+        raise ConfigError(f"{where}.node_lease_s: must be at least twice heartbeat_interval_s")
     check_address(cfg.address, f"{where}.address")
     check_tls_files(cfg.tls_cert, cfg.tls_key, cfg.tls_ca, where)
     if cfg.agent_address:
@@ -38,6 +41,8 @@ def check_agent(cfg: AgentConfig, where: str) -> None:
     check_tls_files(cfg.tls_cert, cfg.tls_key, cfg.tls_ca, where)
     if cfg.metrics_address:
         check_address(cfg.metrics_address, f"{where}.metrics_address")
+    if not cfg.cgroup_root.strip("/") or ".." in cfg.cgroup_root.split("/"):
+        raise ConfigError(f"{where}.cgroup_root: must name a directory below a cgroup (not {cfg.cgroup_root!r})")
     try:
         check_feature_names(cfg.features, f"{where}.features")
     except ConstraintError as exc:

@@ -113,6 +113,8 @@ class SchedulerSettings:
     backfill_resolution_s: int = 60
     max_starts_per_cycle: int = 10_000
     preemption: bool = False
+    # How far a preempted job's --signal lead time may lengthen its QoS grace (sched/preemption.py).
+    preempt_max_grace_s: int = 300
     usage_save_interval_s: float = 30.0
 
 
@@ -126,23 +128,45 @@ class ControllerConfig:
     database_max_overflow: int = 10
     database_pool_timeout_s: float = 30.0
     database_pool_recycle_s: float = 3600.0
+    # How long the controller retries writing an agent's report (a job's start or end, a registration) while
+    # the database is unavailable, before it drops the agent's stream so that the agent reports it again.
+    store_retry_s: float = 60.0
     metrics_address: str = ""  # HOST:PORT of the Prometheus endpoint; empty: none
     state_dir: str = "/var/lib/garrison/controller"
     credential_socket: str = "/run/garrison/auth.sock"
     local_socket: str = "/run/garrison/controller.sock"  # the Controller RPCs for local clients, no grpc
     key_file: str = "/var/lib/garrison/controller/credential.key"
-    credential_lifetime_s: float = 600.0
+    credential_lifetime_s: float = 300.0  # short: a stolen credential is worth little (issue 20)
     heartbeat_interval_s: float = 5.0
     heartbeat_timeout_s: float = 30.0
+    # The node lease (fencing, docs/operations.md): a node's ranks run at most this long past the last
+    # heartbeat the controller answered; a controller outage shorter than this kills nothing.
+    node_lease_s: float = 60.0
     schedule_interval_s: float = 1.0
     kill_wait_s: float = 10.0
+    # galloc renews its allocation's lease every third of this; a lease not renewed for this long (galloc
+    # killed, its host gone) ends the allocation.
+    allocation_keepalive_s: float = 30.0
     finished_job_retention_s: float = 300.0
     cluster_name: str = "garrison"  # SLURM_CLUSTER_NAME in every job
+    # MASTER_PORT of each attempt (controller/rendezvous.py): below Linux's default ephemeral 32768-60999.
+    rendezvous_ports: tuple[int, int] = (20000, 32767)
+    max_launch_failures: int = 5  # failed launches in a row before a job ends FAILED (each backs off)
     allow_root_jobs: bool = False
     agent_uids: tuple[int, ...] = (0,)
     accounts: tuple[str, ...] = ("default",)
     default_account: str = "default"
     max_array_size: int = 100_000
+    # Each user's jobs not yet ended (array tasks count one each), as Slurm's MaxSubmitJobs; 0: no cap.
+    max_submit_jobs: int = 200_000
+    # What one local user may hold of the local socket (controller/rpc/local.py, docs/security.md).
+    local_max_connections_per_user: int = 16
+    local_max_buffer_per_user_mb: int = 16
+    local_max_buffer_total_mb: int = 64
+    local_frame_timeout_s: float = 30.0
+    # Refusals (authentication, permission, rate limits) logged per client and kind, at most, per 10 s; the
+    # rest are counted in one line.
+    refusal_log_burst: int = 20
     # Security (docs/security.md). TLS: all three files or none; with them, agents must use agent_address
     # (mutual TLS) and plain text is refused. Without them, only loopback addresses are allowed.
     tls_cert: str = ""
@@ -185,6 +209,12 @@ class AgentConfig:
     tls_ca: str = ""
     metrics_address: str = ""  # HOST:PORT of the Prometheus endpoint; empty: none
     features: tuple[str, ...] = ()  # node features that sbatch -C/--constraint selects on, e.g. ("a100", "ib")
+    # Containment (docs/security.md): the agent's cgroup subtree in each v1 hierarchy (relative: below the
+    # agent's own cgroup, i.e. systemd's delegated one; absolute: from the mount), whether jobs may run
+    # unconfined where nothing can be enforced, and each job's task limit (pids.max).
+    cgroup_root: str = "garrison"
+    allow_unconfined: bool = False
+    job_pids_max: int = 10_000
 
 
 @dataclass(frozen=True)

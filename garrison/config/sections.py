@@ -79,6 +79,7 @@ def read_controller(table: Mapping[str, Any], where: str) -> ControllerConfig:
         database_max_overflow=s.get_int("database_max_overflow", d.database_max_overflow),
         database_pool_timeout_s=s.get_number("database_pool_timeout_s", d.database_pool_timeout_s, 0.1),
         database_pool_recycle_s=s.get_number("database_pool_recycle_s", d.database_pool_recycle_s, 1.0),
+        store_retry_s=s.get_number("store_retry_s", d.store_retry_s, 0.1),
         metrics_address=s.get_str("metrics_address", d.metrics_address),
         state_dir=s.get_str("state_dir", d.state_dir),
         credential_socket=s.get_str("credential_socket", d.credential_socket),
@@ -87,15 +88,26 @@ def read_controller(table: Mapping[str, Any], where: str) -> ControllerConfig:
         credential_lifetime_s=s.get_number("credential_lifetime_s", d.credential_lifetime_s, 1.0),
         heartbeat_interval_s=s.get_number("heartbeat_interval_s", d.heartbeat_interval_s, 0.05),
         heartbeat_timeout_s=s.get_number("heartbeat_timeout_s", d.heartbeat_timeout_s, 0.1),
+        node_lease_s=s.get_number("node_lease_s", d.node_lease_s, 0.1),
         schedule_interval_s=s.get_number("schedule_interval_s", d.schedule_interval_s, 0.01),
         kill_wait_s=s.get_number("kill_wait_s", d.kill_wait_s),
+        allocation_keepalive_s=s.get_number("allocation_keepalive_s", d.allocation_keepalive_s, 1.0),
         finished_job_retention_s=s.get_number("finished_job_retention_s", d.finished_job_retention_s),
         cluster_name=_cluster_name(s.get_str("cluster_name", d.cluster_name), s.where),
+        rendezvous_ports=_port_range(s.get_str("rendezvous_ports", "{}-{}".format(*d.rendezvous_ports)), s.where),
+        max_launch_failures=s.get_int("max_launch_failures", d.max_launch_failures, 1),
         allow_root_jobs=s.get_bool("allow_root_jobs", d.allow_root_jobs),
         agent_uids=s.get_int_list("agent_uids", d.agent_uids),
         accounts=accounts,
         default_account=s.get_str("default_account", d.default_account),
         max_array_size=s.get_int("max_array_size", d.max_array_size, 1),
+        max_submit_jobs=s.get_int("max_submit_jobs", d.max_submit_jobs, 0),
+        local_max_connections_per_user=s.get_int("local_max_connections_per_user",
+                                                 d.local_max_connections_per_user, 1),
+        local_max_buffer_per_user_mb=s.get_int("local_max_buffer_per_user_mb", d.local_max_buffer_per_user_mb, 9),
+        local_max_buffer_total_mb=s.get_int("local_max_buffer_total_mb", d.local_max_buffer_total_mb, 9),
+        local_frame_timeout_s=s.get_number("local_frame_timeout_s", d.local_frame_timeout_s, 0.1),
+        refusal_log_burst=s.get_int("refusal_log_burst", d.refusal_log_burst, 1),
         tls_cert=s.get_str("tls_cert", d.tls_cert),
         tls_key=s.get_str("tls_key", d.tls_key),
         tls_ca=s.get_str("tls_ca", d.tls_ca),
@@ -247,6 +259,7 @@ def read_scheduler(table: Mapping[str, Any] | None, where: str) -> SchedulerSett
         backfill_resolution_s=s.get_duration("backfill_resolution", d.backfill_resolution_s),
         max_starts_per_cycle=s.get_int("max_starts_per_cycle", d.max_starts_per_cycle, 1),
         preemption=s.get_bool("preemption", d.preemption),
+        preempt_max_grace_s=s.get_duration("preempt_max_grace", d.preempt_max_grace_s),
         usage_save_interval_s=s.get_number("usage_save_interval_s", d.usage_save_interval_s, 1.0),
     )
     s.finish()
@@ -280,10 +293,25 @@ def read_agent(table: Mapping[str, Any], where: str) -> AgentConfig:
         tls_ca=s.get_str("tls_ca", d.tls_ca),
         metrics_address=s.get_str("metrics_address", d.metrics_address),
         features=s.get_str_list("features", d.features),
+        cgroup_root=s.get_str("cgroup_root", d.cgroup_root),
+        allow_unconfined=s.get_bool("allow_unconfined", d.allow_unconfined),
+        job_pids_max=s.get_int("job_pids_max", d.job_pids_max, minimum=1),
     )
     s.finish()
     check_agent(cfg, where)
     return cfg
+
+
+_PORT_RANGE = re.compile(r"^(\d{1,5})-(\d{1,5})$")
+
+
+def _port_range(value: str, where: str) -> tuple[int, int]:
+    """rendezvous_ports = "LOW-HIGH": unprivileged ports, LOW <= HIGH."""
+    match = _PORT_RANGE.match(value.strip())
+    if match is None or not 1024 <= int(match[1]) <= int(match[2]) <= 65535:
+        raise ConfigError(f"{where}.rendezvous_ports: expected LOW-HIGH within 1024-65535 (e.g. 20000-32767), "
+                          f"got {value[:40]!r}")
+    return int(match[1]), int(match[2])
 
 
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -8,7 +8,7 @@ The only legal job state changes are listed in ``TRANSITIONS``; ``check_transiti
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 # What a user asks for lives in its own module, so the CLI can import it without the rest of these types.
@@ -26,6 +26,7 @@ class JobState(enum.StrEnum):
     CANCELLED = "CANCELLED"
     TIMEOUT = "TIMEOUT"
     NODE_FAIL = "NODE_FAIL"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"  # killed by its memory limit (--mem) on some node, as in Slurm
     # Only ever the state of an *attempt* (never of a job): stopped to make room, and the job requeued.
     PREEMPTED = "PREEMPTED"
 
@@ -39,7 +40,8 @@ class JobState(enum.StrEnum):
 
 
 TERMINAL_STATES = frozenset(
-    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.NODE_FAIL}
+    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.NODE_FAIL,
+     JobState.OUT_OF_MEMORY}
 )
 
 # The only legal job state changes. A requeue is X -> PENDING; a job whose ranks must be stopped first
@@ -55,6 +57,7 @@ TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
             JobState.FAILED,
             JobState.CANCELLED,
             JobState.NODE_FAIL,
+            JobState.OUT_OF_MEMORY,
         }
     ),
     JobState.RUNNING: frozenset(
@@ -65,6 +68,7 @@ TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
             JobState.CANCELLED,
             JobState.TIMEOUT,
             JobState.NODE_FAIL,
+            JobState.OUT_OF_MEMORY,
             JobState.PENDING,
         }
     ),
@@ -75,6 +79,7 @@ TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
             JobState.CANCELLED,
             JobState.TIMEOUT,
             JobState.NODE_FAIL,
+            JobState.OUT_OF_MEMORY,
             JobState.PENDING,
         }
     ),
@@ -83,6 +88,7 @@ TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
     JobState.CANCELLED: frozenset(),
     JobState.TIMEOUT: frozenset(),
     JobState.NODE_FAIL: frozenset(),
+    JobState.OUT_OF_MEMORY: frozenset(),
     JobState.PREEMPTED: frozenset(),
 }
 
@@ -136,6 +142,35 @@ class Allocation:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptUsage:
+    """What an attempt used (sacct's MaxRSS and TotalCPU, seff's GPU figures): per node as an agent
+    measured it in the attempt's cgroup, or over the whole attempt (``combine``). None: not measured."""
+
+    max_rss_bytes: int | None = None
+    cpu_time_s: float | None = None
+    gpu_utilization_pct: float | None = None
+    gpu_memory_bytes: int | None = None
+    oom_kills: int = 0
+
+    @staticmethod
+    def combine(parts: Sequence[AttemptUsage]) -> AttemptUsage | None:
+        """Peak memory of the largest node, CPU time summed, GPU utilisation averaged, GPU memory's peak."""
+        if not parts:
+            return None
+        rss = [p.max_rss_bytes for p in parts if p.max_rss_bytes is not None]
+        cpu = [p.cpu_time_s for p in parts if p.cpu_time_s is not None]
+        util = [p.gpu_utilization_pct for p in parts if p.gpu_utilization_pct is not None]
+        gpu_mem = [p.gpu_memory_bytes for p in parts if p.gpu_memory_bytes is not None]
+        return AttemptUsage(
+            max_rss_bytes=max(rss) if rss else None,
+            cpu_time_s=sum(cpu) if cpu else None,
+            gpu_utilization_pct=sum(util) / len(util) if util else None,
+            gpu_memory_bytes=max(gpu_mem) if gpu_mem else None,
+            oom_kills=sum(p.oom_kills for p in parts),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Attempt:
     """One start of a job. A requeue or restart makes a new attempt with the next number."""
 
@@ -147,6 +182,7 @@ class Attempt:
     state: JobState = JobState.CONFIGURING
     exit_code: int | None = None
     reason: str = ""
+    usage: AttemptUsage | None = None  # once it has ended, from the nodes' cgroups
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +255,7 @@ class NodeInventory:
     memory_mb: int
     model: str = ""  # machine description name, or "" for a real node
     features: tuple[str, ...] = ()  # from the agent's configuration (sbatch -C matches them)
+    containment: str = ""  # what the agent enforces: "cgroup-v1: memory,...", "unconfined"; "" = not said
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +311,10 @@ class NodeResult:
     attempt: int
     ranks: tuple[RankOutcome, ...]
     error: str = ""  # the launch failed on this node
+    # The node's lease ran out and its supervisor stopped the ranks (fencing): the node's fault, not the job's.
+    lease_expired: bool = False
+    usage: AttemptUsage | None = None  # None: unconfined there
+    out_of_memory: bool = False  # the memory limit's OOM killer killed one of its processes there
 
     @property
     def failed(self) -> bool:

@@ -23,13 +23,38 @@ def parse_job_ref(text: str) -> tuple[int, int | None]:
 
 class JobLookup:
     """The jobs a reference stands for: "12" is every task of array 12, or else job 12; "12_3" is task 3 of
-    array 12. The index of array tasks is built on the first question, with one pass over the jobs."""
+    array 12. The index of array tasks is built on the first question, with one pass over the jobs.
+
+    An array's tasks have consecutive job ids from the array's id (the controller allocates them so), so while
+    job ``12`` is in ``jobs`` the reference is answered by looking up ids, without that pass: gcancel of one
+    job or one array among 100,000 other tasks costs its own tasks, not the whole queue."""
 
     def __init__(self, jobs: Mapping[int, Job]) -> None:
         self._jobs = jobs
         self._members: dict[int, list[Job]] | None = None
 
+    def _by_ids(self, job_id: int) -> list[Job] | None:
+        """The array's tasks by their ids, or None when that shortcut does not apply."""
+        first = self._jobs.get(job_id)
+        if self._members is not None or first is None:
+            return None
+        if first.array_job_id != job_id:
+            # Job 12 is in memory and heads no array: then no array is 12 (an array's id is its first task's).
+            return []
+        count = first.spec.array_task_count
+        if not count:
+            return None
+        found = (self._jobs.get(i) for i in range(job_id, job_id + count))
+        return [job for job in found if job is not None and job.array_job_id == job_id]
+
     def find(self, job_id: int, task: int | None) -> list[Job]:
+        array = self._by_ids(job_id)
+        if array is not None:
+            if task is not None:
+                return [job for job in array if job.array_task_id == task]
+            if array:
+                return array
+            return [self._jobs[job_id]]
         if self._members is None:
             self._members = {}
             for job in self._jobs.values():

@@ -11,11 +11,24 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+# Garrison's own credentials in a submitter's environment: never part of a job's. A job's environment is
+# on disk on its nodes and in the queue; a token in it speaks for its user to anyone who reads it there.
+# (GARRISON_TOKEN_FILE is only a path to the user's own 0600 file, and lets a job's gsub authenticate.)
+CREDENTIAL_VARIABLES = frozenset({"GARRISON_TOKEN"})
+
+
+def without_credentials(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less Garrison's credentials (CREDENTIAL_VARIABLES)."""
+    return {name: value for name, value in env.items() if name not in CREDENTIAL_VARIABLES}
+
 
 class LaunchMode(enum.StrEnum):
     RANK = "rank"  # one process per allocated GPU (or --ntasks-per-node)
     NODE = "node"  # one process per node
     SINGLE = "single"  # once, on the first node, like an sbatch script
+    # Nothing: the allocation is held for galloc (salloc), whose command runs on the submitting host, and
+    # for the steps started in it. Never given to gsub --launch.
+    ALLOCATION = "allocation"
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from garrison.model.domain import (
     Allocation,
+    AttemptUsage,
     Gpu,
     Job,
     JobSpec,
@@ -42,6 +43,7 @@ def inventory_to_pb(inv: NodeInventory) -> pb.NodeInventory:
         memory_mb=inv.memory_mb,
         model=inv.model,
         features=list(inv.features),
+        containment=inv.containment,
     )
 
 
@@ -67,6 +69,7 @@ def inventory_from_pb(msg: pb.NodeInventory) -> NodeInventory:
         memory_mb=msg.memory_mb,
         model=msg.model,
         features=tuple(msg.features),
+        containment=msg.containment,
     )
 
 
@@ -79,7 +82,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
     try:
         launch = LaunchMode(msg.launch or "rank")
     except ValueError:
-        raise InvalidRequest(f"unknown launch mode {msg.launch[:20]!r} (expected rank, node or single)") from None
+        raise InvalidRequest(f"unknown launch mode {msg.launch[:20]!r} (expected rank, node, single or allocation)") from None
     return JobSpec(
         name=msg.name,
         command=tuple(msg.command),
@@ -185,6 +188,8 @@ def job_to_pb(job: Job, now: float, with_spec: bool = False) -> pb.JobInfo:
             )
             if att.exit_code is not None:
                 info.exit_code = att.exit_code
+            if att.usage is not None:
+                info.usage.CopyFrom(attempt_usage_to_pb(att.usage))
             msg.attempts.append(info)
     return msg
 
@@ -214,6 +219,39 @@ def result_from_pb(msg: pb.JobResult) -> NodeResult:
         # Error texts end up in job reasons and the store: keep a long one to its first few kilobytes.
         ranks=tuple(RankOutcome(r.rank, r.exit_code, r.error[:MAX_RESULT_ERROR_CHARS]) for r in msg.ranks),
         error=msg.error[:MAX_RESULT_ERROR_CHARS],
+        lease_expired=msg.lease_expired,
+        usage=attempt_usage_from_pb(msg.usage) if msg.HasField("usage") else None,
+        out_of_memory=msg.out_of_memory,
+    )
+
+
+def attempt_usage_to_pb(usage: AttemptUsage) -> pb.ContainmentUsage:
+    msg = pb.ContainmentUsage(oom_kills=usage.oom_kills)
+    if usage.max_rss_bytes is not None:
+        msg.max_rss_bytes = usage.max_rss_bytes
+    if usage.cpu_time_s is not None:
+        msg.cpu_time_s = usage.cpu_time_s
+    if usage.gpu_utilization_pct is not None:
+        msg.gpu_utilization_pct = usage.gpu_utilization_pct
+    if usage.gpu_memory_bytes is not None:
+        msg.gpu_memory_bytes = usage.gpu_memory_bytes
+    return msg
+
+
+def attempt_usage_from_pb(msg: pb.ContainmentUsage) -> AttemptUsage:
+    """An agent's figures, kept to what they can be (an agent is trusted, but its numbers are still checked)."""
+    utilization = msg.gpu_utilization_pct if msg.HasField("gpu_utilization_pct") else None
+    if utilization is not None and not 0.0 <= utilization <= 100.0:
+        utilization = None
+    cpu = msg.cpu_time_s if msg.HasField("cpu_time_s") else None
+    if cpu is not None and not cpu >= 0.0:  # NaN too
+        cpu = None
+    return AttemptUsage(
+        max_rss_bytes=msg.max_rss_bytes if msg.HasField("max_rss_bytes") else None,
+        cpu_time_s=cpu,
+        gpu_utilization_pct=utilization,
+        gpu_memory_bytes=msg.gpu_memory_bytes if msg.HasField("gpu_memory_bytes") else None,
+        oom_kills=msg.oom_kills,
     )
 
 
@@ -241,6 +279,7 @@ def launch_to_pb(launch: LaunchDescription) -> pb.LaunchJob:
         array_task_max=launch.array_task_max,
         array_task_step=launch.array_task_step,
         batch_signal=launch.batch_signal,
+        start_barrier=launch.start_barrier,
     )
     if launch.array_job_id is not None:
         msg.array_job_id = launch.array_job_id
@@ -275,4 +314,5 @@ def launch_from_pb(msg: pb.LaunchJob) -> LaunchDescription:
         array_task_max=msg.array_task_max,
         array_task_step=msg.array_task_step,
         batch_signal=msg.batch_signal,
+        start_barrier=msg.start_barrier,
     )

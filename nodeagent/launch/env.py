@@ -18,8 +18,14 @@ from dataclasses import dataclass
 
 from garrison.model.domain import Allocation, JobSpec, LaunchMode
 from garrison.model.hostlist import compress_hostlist
+from garrison.model.jobspec import without_credentials
 from garrison.model.launch import LaunchDescription
 from garrison.model.outputpath import resolve_output_path
+
+# Slurm's job variables are the shared vocabulary's (galloc gives them to its command on the submit host).
+from garrison.model.slurmenv import slurm_environment as slurm_environment
+from garrison.model.slurmenv import tasks_per_node_text as tasks_per_node_text
+from garrison.model.steps import StepLaunchDescription
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,100 +55,13 @@ def checkpoint_dir_for(spec: JobSpec, job_id: int) -> str:
 def ranks_on_node(spec: JobSpec, allocation: Allocation, node_rank: int) -> int:
     if spec.launch == LaunchMode.SINGLE:
         return 1 if node_rank == 0 else 0
+    if spec.launch == LaunchMode.ALLOCATION:
+        return 0  # galloc's allocation runs nothing itself: every node holds a placeholder
     if spec.launch == LaunchMode.NODE:
         return 1
     if spec.ntasks_per_node is not None:
         return spec.ntasks_per_node
     return max(1, len(allocation.nodes[node_rank].gpus))
-
-
-def tasks_per_node_text(counts: Sequence[int]) -> str:
-    """Slurm's SLURM_TASKS_PER_NODE form: [4, 4, 2] -> "4(x2),2"."""
-    parts: list[str] = []
-    i = 0
-    while i < len(counts):
-        j = i
-        while j < len(counts) and counts[j] == counts[i]:
-            j += 1
-        parts.append(f"{counts[i]}(x{j - i})" if j - i > 1 else str(counts[i]))
-        i = j
-    return ",".join(parts)
-
-
-def slurm_environment(launch: LaunchDescription, counts: Sequence[int], cpus_on_node: int) -> dict[str, str]:
-    """The variables sbatch gives a batch job (and srun its tasks, for the counts), from the launch.
-
-    ``counts`` are the ranks each node starts. A batch script (``--launch single``) starts one process,
-    but its job has as many tasks as it asked for: ``--ntasks-per-node`` on every node, as under sbatch
-    (SLURM_NTASKS is then set), else one per node. ``cpus_on_node`` stands in when the scheduler bound
-    no CPUs (the job then has all of the node's).
-    """
-    spec = launch.spec
-    nodes = launch.allocation.nodes
-    here = nodes[launch.node_rank]
-    names = compress_hostlist(launch.allocation.node_names)
-    if spec.launch == LaunchMode.SINGLE:
-        if spec.ntasks_per_node is None and spec.ntasks is not None:
-            # -n alone: sbatch's block distribution, the first nodes taking one more when it does not divide.
-            share, extra = divmod(spec.ntasks, len(nodes))
-            tasks = [share + (1 if index < extra else 0) for index in range(len(nodes))]
-        else:
-            tasks = [spec.ntasks_per_node or 1] * len(nodes)
-        ntasks_known = spec.ntasks_per_node is not None or spec.ntasks is not None
-    else:
-        tasks = list(counts)
-        ntasks_known = True
-    cpus = len(here.cpus) or cpus_on_node
-    env = {
-        "SLURM_JOB_ID": str(launch.job_id),
-        "SLURM_JOBID": str(launch.job_id),
-        "SLURM_JOB_NAME": spec.name,
-        "SLURM_JOB_USER": launch.user,
-        "SLURM_JOB_UID": str(launch.uid),
-        "SLURM_JOB_GID": str(launch.gid),
-        "SLURM_JOB_NODELIST": names,
-        "SLURM_NODELIST": names,
-        "SLURM_JOB_NUM_NODES": str(len(nodes)),
-        "SLURM_NNODES": str(len(nodes)),
-        "SLURM_TASKS_PER_NODE": tasks_per_node_text(tasks),
-        "SLURM_JOB_CPUS_PER_NODE": tasks_per_node_text([len(n.cpus) or cpus_on_node for n in nodes]),
-        "SLURM_CPUS_ON_NODE": str(cpus),
-        "SLURM_GPUS_ON_NODE": str(len(here.gpus)),
-        "SLURM_JOB_GPUS": ",".join(str(g) for g in sorted(here.gpus)),
-        "SLURMD_NODENAME": here.node,
-        "SLURM_TOPOLOGY_ADDR": here.node,
-        "SLURM_SUBMIT_DIR": spec.workdir,
-        "SLURM_RESTART_COUNT": str(launch.restart_count),
-        "SLURM_JOB_PARTITION": launch.partition,
-        "SLURM_JOB_ACCOUNT": launch.account,
-        "SLURM_CLUSTER_NAME": launch.cluster_name,
-    }
-    if ntasks_known:
-        env["SLURM_NTASKS"] = env["SLURM_NPROCS"] = str(sum(tasks))
-    if spec.ntasks_per_node is not None:
-        env["SLURM_NTASKS_PER_NODE"] = str(spec.ntasks_per_node)
-    if spec.cpus_per_task is not None:
-        env["SLURM_CPUS_PER_TASK"] = str(spec.cpus_per_task)  # -c, as sbatch sets it
-    elif here.cpus and tasks[launch.node_rank]:
-        # The CPUs bound on this node, shared out among its tasks (Slurm sets it for -c).
-        env["SLURM_CPUS_PER_TASK"] = str(max(1, len(here.cpus) // tasks[launch.node_rank]))
-    if spec.gpus_per_node is not None:
-        env["SLURM_GPUS_PER_NODE"] = str(spec.gpus_per_node)
-    if here.mem_mb:
-        env["SLURM_MEM_PER_NODE"] = str(here.mem_mb)
-    if spec.submit_host:
-        env["SLURM_SUBMIT_HOST"] = spec.submit_host
-    if launch.qos:
-        env["SLURM_JOB_QOS"] = launch.qos
-    if launch.array_job_id is not None and launch.array_task_id is not None:
-        env["SLURM_ARRAY_JOB_ID"] = str(launch.array_job_id)
-        env["SLURM_ARRAY_TASK_ID"] = str(launch.array_task_id)
-        if launch.array_task_count:
-            env["SLURM_ARRAY_TASK_COUNT"] = str(launch.array_task_count)
-            env["SLURM_ARRAY_TASK_MIN"] = str(launch.array_task_min)
-            env["SLURM_ARRAY_TASK_MAX"] = str(launch.array_task_max)
-            env["SLURM_ARRAY_TASK_STEP"] = str(launch.array_task_step)
-    return env
 
 
 def _resolve_output(pattern: str | None, launch: LaunchDescription, rank: int) -> str:
@@ -167,7 +86,8 @@ def plan_ranks(
     world = sum(counts)
     gpus = nodes[launch.node_rank].gpus
 
-    common: dict[str, str] = dict(spec.env)
+    # Also here, not only in gsub: a job queued by an older gsub, or a client that is not gsub.
+    common: dict[str, str] = without_credentials(spec.env)
     if spec.launch != LaunchMode.RANK:
         # Exported from a submitting torchrun worker, they would make Lightning take the job for torchrun's.
         for name in [name for name in common if name.startswith("TORCHELASTIC_")]:
@@ -234,4 +154,57 @@ def plan_ranks(
         stdout = _resolve_output(spec.output, launch, rank)
         stderr = _resolve_output(spec.error, launch, rank) if spec.error else stdout
         plans.append(RankPlan(rank=rank, argv=tuple(argv), env=env, cwd=spec.workdir, stdout=stdout, stderr=stderr))
+    return plans
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Job steps (gsrun): srun's task environment
+
+
+def plan_step_tasks(step: StepLaunchDescription, io_dir: str) -> list[RankPlan]:
+    """This node's tasks of a step, each with the environment srun gives a task: gsrun's (as --export
+    resolved it), then Slurm's step variables and torchrun's worker variables (RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT of the step's first node), and CUDA_VISIBLE_DEVICES for
+    the task's GPUs. Output goes to ``io_dir`` (out-TASK, err-TASK), from where the agent streams it."""
+    layout = step.layout
+    here = step.here
+    counts = layout.tasks_per_node()
+    names = compress_hostlist(layout.node_names)
+    common: dict[str, str] = {k: v for k, v in step.env.items() if not k.startswith("TORCHELASTIC_")}
+    common.update({
+        "SLURM_STEP_ID": str(step.step_id),
+        "SLURM_STEPID": str(step.step_id),
+        "SLURM_STEP_NODELIST": names,
+        "SLURM_STEP_NUM_NODES": str(len(layout.nodes)),
+        "SLURM_STEP_NUM_TASKS": str(layout.ntasks),
+        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node_text(counts),
+        "SLURM_NTASKS": str(layout.ntasks),
+        "SLURM_NPROCS": str(layout.ntasks),
+        "SLURM_NODEID": str(step.node_index),
+        "SLURMD_NODENAME": here.node,
+        "SLURM_TOPOLOGY_ADDR": here.node,
+        "SLURM_JOB_ID": str(step.job_id),
+        "SLURM_JOBID": str(step.job_id),
+        "GARRISON_JOB_ID": str(step.job_id),
+        "GARRISON_STEP_ID": str(step.step_id),
+        "GARRISON_NODENAME": here.node,
+        "MASTER_ADDR": step.master_addr,
+        "MASTER_PORT": str(step.master_port),
+        "WORLD_SIZE": str(layout.ntasks),
+        "LOCAL_WORLD_SIZE": str(len(here.tasks)),
+        "GROUP_RANK": str(step.node_index),
+        "NODE_RANK": str(step.node_index),
+    })
+    if here.held_gpus:
+        common["SLURM_STEP_GPUS"] = ",".join(str(g) for g in here.held_gpus)
+    plans = []
+    for local, task in enumerate(here.tasks):
+        env = dict(common)
+        env.update({
+            "SLURM_PROCID": str(task), "SLURM_LOCALID": str(local), "RANK": str(task), "LOCAL_RANK": str(local),
+            "GARRISON_PROCID": str(task), "GARRISON_LOCALID": str(local),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in here.task_gpus[local]),
+        })
+        plans.append(RankPlan(rank=task, argv=tuple(step.argv), env=env, cwd=step.cwd,
+                              stdout=os.path.join(io_dir, f"out-{task}"), stderr=os.path.join(io_dir, f"err-{task}")))
     return plans

@@ -84,7 +84,7 @@ def spawn(
         if existing_pid is not None:
             return existing_pid
         core.write_file_atomically(str(job_dir / core.LAUNCH_FILE), spec.to_json().encode())
-        lock_fd = os.open(job_dir / core.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        lock_fd = os.open(job_dir / core.LOCK_FILE, os.O_RDWR | os.O_CREAT, core.PRIVATE_FILE_MODE)
         try:
             # Blocking is fine: no supervisor holds it (checked above under the spawn
             # lock), at most an is_alive() probe does, for microseconds.
@@ -106,7 +106,7 @@ def spawn(
 def _spawn_lock(job_dir: Path) -> Iterator[None]:
     # Serialises concurrent spawns of one job dir (e.g. a resent launch command handled
     # in another thread), so the check-then-start below is not a race.
-    fd = os.open(job_dir / SPAWN_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(job_dir / SPAWN_LOCK_FILE, os.O_RDWR | os.O_CREAT, core.PRIVATE_FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -134,6 +134,10 @@ def _existing_supervisor_pid(job_dir: Path, spec: LaunchSpec) -> int | None:
 
 
 def _start_detached_interpreter(job_dir: Path, lock_fd: int, python: str) -> int:
+    # Created here, 0600, so the shell's 2>> appends to a private file rather than creating one under the
+    # agent's umask (the supervisor's umask must stay the agent's: ranks without --umask inherit it).
+    os.close(os.open(job_dir / core.LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                     core.PRIVATE_FILE_MODE))
     command = [
         "/bin/sh",
         "-c",
@@ -252,7 +256,7 @@ def send(job_dir: Path, sig: int) -> bool:
     if not is_alive(job_dir):
         return False
     control_dir = Path(job_dir) / core.CONTROL_DIR
-    control_dir.mkdir(exist_ok=True)
+    control_dir.mkdir(mode=0o700, exist_ok=True)
     # One file per request (sorted by name = by time), so concurrent senders never
     # overwrite each other's requests; a dot-name until complete so none is read half-written.
     name = f"{time.time_ns():020d}-{os.getpid()}-{next(_control_request_numbers)}"
@@ -268,6 +272,15 @@ def send(job_dir: Path, sig: int) -> bool:
 def terminate(job_dir: Path) -> bool:
     """SIGCONT+SIGTERM to every rank group, SIGKILL to those left after kill_wait_s."""
     return _signal_supervisor(job_dir, core.TERMINATE_SIGNAL)
+
+
+def release(job_dir: Path) -> bool:
+    """Open a gang's start barrier: the supervisor starts its ranks. Idempotent; the file stays, so a
+    supervisor that missed the signal still finds it."""
+    path = Path(job_dir) / core.RELEASE_FILE
+    if not path.exists():
+        path.touch(mode=0o644)
+    return _signal_supervisor(job_dir, core.CONTROL_REQUEST_SIGNAL)
 
 
 def kill_now(job_dir: Path) -> bool:

@@ -15,13 +15,28 @@ appending this directory to sys.path, so it must not use package-relative import
 either: when started that way it is the top-level module ``core``.
 
 Control protocol (signals sent to the supervisor pid):
-  SIGUSR1, SIGUSR2  forwarded to every rank's process group (to each rank's own process
-                    only when it is the launch's batch_signal: --signal=B:, as in Slurm)
-  SIGTERM           terminate: SIGCONT+SIGTERM to every rank group, SIGKILL to the
-                    groups still alive after kill_wait_s
+  SIGUSR1, SIGUSR2  forwarded to every process of the attempt, also those that left their
+                    rank's process group (torchrun's workers run in sessions of their own),
+                    except torchrun agents, which would die of it and pass it to nobody (to
+                    each rank's own process only when it is the launch's batch_signal:
+                    --signal=B:, as in Slurm)
+  SIGTERM           terminate: SIGCONT+SIGTERM to every process group of the attempt,
+                    SIGKILL to everything still alive after kill_wait_s
   SIGINT            SIGKILL every rank group now
   SIGHUP            process the request files in ``control/`` (one file per request,
-                    containing a signal number to forward to every rank group)
+                    containing a signal number to forward to every rank group); at a
+                    gang's start barrier, look for the release file
+
+Fencing (docs/operations.md): when launch.json names a ``lease_file``, the supervisor
+reads it every LEASE_CHECK_INTERVAL_S. It holds the end of the node's lease in
+CLOCK_BOOTTIME seconds, written by the agent from the controller's grants; once that
+end has passed (the agent is frozen, dead or cut off from the controller), the
+supervisor stops its ranks as terminate does and records ``lease_expired``. It does
+this on its own, so a frozen agent cannot keep ranks running past the lease.
+
+Start barrier: with ``start_barrier`` set (a gang over several nodes), no rank is
+started until the agent has created ``released`` in the job directory (and sent
+SIGHUP); a terminate or kill before that ends the attempt with no rank started.
 """
 
 from __future__ import annotations
@@ -33,6 +48,13 @@ import os
 import signal
 import sys
 import time
+
+# The cgroup part of the supervisor: a sibling module, imported as the package's when we are part of it
+# (the fork server) and as a top-level module when client.spawn() starts us with this directory on sys.path.
+try:
+    from . import cgroup_runtime
+except ImportError:
+    import cgroup_runtime  # type: ignore[no-redef]
 
 # typing costs ~5 ms of start-up and the annotations here are never evaluated at run
 # time (postponed annotations), so it is imported for the type checker only. (mypy
@@ -47,6 +69,10 @@ STATUS_FILE = "status.json"
 PID_FILE = "supervisor.pid"
 LOCK_FILE = "supervisor.lock"
 LOG_FILE = "supervisor.log"
+# Every file the agent or the supervisor writes in a job directory: launch.json holds the job's whole
+# environment, the log its commands' errors. The job's user never needs them (the supervisor reads them as
+# root), so nobody but root may read them.
+PRIVATE_FILE_MODE = 0o600
 CONTROL_DIR = "control"
 
 STATE_STARTING = "starting"
@@ -74,6 +100,15 @@ GROUP_POLL_INTERVAL_S = 1.0
 
 NOTIFY_TIMEOUT_S = 0.5
 
+# garrison.model.lease.SUPERVISOR_LEASE_CHECK_S: the controller's fence delay counts on it.
+LEASE_CHECK_INTERVAL_S = 1.0
+RELEASE_FILE = "released"
+# The agent creates it before it signals a stop; a stop requested while the supervisor was being started
+# (before its pid was known) is found this way, so it is never lost, not even at a start barrier.
+TERMINATE_REQUEST_FILE = "terminate-requested"
+# The agent signals the release; this is the fallback should its SIGHUP be lost.
+BARRIER_POLL_INTERVAL_S = 0.5
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -92,6 +127,7 @@ class RankProcess:
         "stdout",
         "stderr",
         "truncate",
+        "cpus",
         "pid",
         "leader_start_ticks",
         "leader_exit_code",
@@ -107,6 +143,8 @@ class RankProcess:
         self.stdout = str(description["stdout"])
         self.stderr = str(description["stderr"])
         self.truncate = frozenset(str(path) for path in description.get("truncate") or ())
+        cpus = description.get("cpus")
+        self.cpus = [int(cpu) for cpu in cpus] if cpus else None  # a step task's own --cpu-bind
         if not self.argv:
             raise LaunchError(f"rank {self.rank}: empty argv")
         # The rank is its own session, so its pid is also its process group id.
@@ -136,7 +174,7 @@ class Launch:
 
     __slots__ = (
         "job_id", "attempt", "uid", "gid", "groups", "user", "ranks", "kill_wait_s", "notify_socket", "umask", "cpus",
-        "batch_signal",
+        "batch_signal", "lease_file", "start_barrier", "cgroup",
     )
 
     def __init__(self, document: dict[str, Any]) -> None:
@@ -156,6 +194,12 @@ class Launch:
             cpus = document.get("cpus")
             self.cpus = None if not cpus else [int(cpu) for cpu in cpus]
             self.batch_signal = int(document.get("batch_signal") or 0)
+            lease_file = document.get("lease_file")
+            self.lease_file = None if lease_file is None else str(lease_file)
+            self.start_barrier = bool(document.get("start_barrier") or False)
+            # The attempt's cgroup directories, by v1 controller (created by the agent); None: unconfined.
+            cgroup = document.get("cgroup")
+            self.cgroup = None if not cgroup else {str(key): str(value) for key, value in cgroup.items()}
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise LaunchError(f"malformed {LAUNCH_FILE}: {error!r}") from error
 
@@ -172,11 +216,13 @@ class Launch:
 
 
 def write_file_atomically(path: str, data: bytes) -> None:
-    """Readers see the old content or the new one, never a torn write."""
+    """Readers see the old content or the new one, never a torn write. Mode 0600: what the agent and the
+    supervisor write for an attempt (its environment, its status) is root's alone, never other users'."""
     # Per-process temporary name: the client and the supervisor both write supervisor.pid.
     temporary = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
     try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)  # a leftover temporary of a crashed writer keeps its old mode otherwise
         os.write(fd, data)
     finally:
         os.close(fd)
@@ -194,6 +240,21 @@ def read_start_ticks(pid: int) -> int | None:
     # parentheses, so count fields from the last ')'.
     fields = stat[stat.rindex(b")") + 2 :].split()
     return int(fields[19])
+
+
+def boottime() -> float:
+    """Seconds since boot, suspended time included: the lease file's clock (one per host, so the agent's
+    and every supervisor's readings agree)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def read_lease_end(path: str) -> float | None:
+    """The lease's end (boottime seconds) in the lease file, or None if it cannot be read: no lease."""
+    try:
+        with open(path, "rb") as lease_file:
+            return float(lease_file.read(64).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _log(message: str) -> None:
@@ -275,6 +336,11 @@ def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_sig
     stderr_fd = -1
     privileges_dropped = False
     try:
+        if launch.cgroup is not None:
+            # Before anything of the job runs: every process it ever starts is born inside the cgroup.
+            stage = "join the attempt's cgroup"
+            cgroup_runtime.join(launch.cgroup)
+        stage = "setsid"
         os.setsid()
         stage = "reset signals"
         # Ignored dispositions survive exec (Python ignores SIGPIPE and SIGXFSZ; a shell
@@ -282,9 +348,10 @@ def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_sig
         for signal_number in ignored_signals:
             signal.signal(signal_number, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        if launch.cpus:
+        cpus = rank.cpus or launch.cpus
+        if cpus:
             stage = "bind to CPUs"
-            os.sched_setaffinity(0, launch.cpus)  # the CPUs the scheduler chose, NUMA-local to the GPUs
+            os.sched_setaffinity(0, cpus)  # the CPUs the scheduler chose, NUMA-local to the GPUs
         if launch.uid != os.getuid():
             stage = f"switch to uid {launch.uid} gid {launch.gid}"
             os.setgroups(launch.groups)
@@ -346,6 +413,68 @@ def _wait_for_signal(timeout: float | None) -> int | None:
     return None if info is None else info.si_signo
 
 
+# --- the attempt's process tree -----------------------------------------------------
+
+# How a torchrun (torch.distributed.run) agent shows in its command line. It handles only
+# TERM, INT, HUP and QUIT (TORCHELASTIC_SIGNALS_TO_HANDLE adds more, but as fatal ones):
+# any other signal kills it and orphans its workers, which it starts in sessions of their
+# own. So a warning signal goes to its workers, never to it.
+_TORCHRUN_PROGRAMS = frozenset({"torchrun"})
+_TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+
+
+def process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group id) of every process on the host, from /proc."""
+    table: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat_file:
+                stat = stat_file.read()
+        except OSError:
+            continue  # it has just exited
+        # Fields after the parenthesised command name: state, ppid, pgrp, ...
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        table[int(name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def descendants(root: int, table: dict[int, tuple[int, int]]) -> list[int]:
+    """Every process below ``root`` in ``table``. The supervisor is a child subreaper, so
+    orphans of the ranks are re-parented to it and stay below it."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: list[int] = []
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _has_children() -> bool:
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def is_torchrun_agent(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline_file:
+            words = cmdline_file.read().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    head = words[:4]  # torchrun ..., python [-u] .../torchrun ..., python -m torch.distributed.run ...
+    if any(os.path.basename(word) in _TORCHRUN_PROGRAMS for word in head):
+        return True
+    return any(word == "-m" and following in _TORCHRUN_MODULES for word, following in zip(head, head[1:], strict=False))
+
+
 class Supervisor:
     """Runs the ranks of one launch to completion; see the module docstring."""
 
@@ -359,16 +488,25 @@ class Supervisor:
         self.terminated_by: str | None = None
         self.error: str | None = None
         self._kill_deadline: float | None = None
+        # The lease ran out while a rank was still running (or before any started): the attempt was stopped
+        # for the node's sake, not the job's. Not set when every rank had already ended on its own.
+        self.lease_expired = False
+        self._lease_over = False  # the lease has run out: no more looks at the file
+        self._next_lease_check = 0.0  # time.monotonic() of the next look at the lease file
+        self.usage: dict[str, int] | None = None
+        self.out_of_memory = False
+        self._leftovers_killed = False
 
     # --- lifecycle -------------------------------------------------------------
 
     def run(self) -> int:
         self.write_status(STATE_STARTING)
         try:
-            if self._termination_requested_before_start():
+            not_started = self._reason_not_to_start()
+            if not_started is not None:
                 for rank in self.ranks:
                     rank.ended = True
-                    rank.error = f"not started: {self.terminated_by} requested before start"
+                    rank.error = f"not started: {not_started}"
             else:
                 self._start_ranks()
                 self.write_status(STATE_RUNNING)
@@ -380,16 +518,123 @@ class Supervisor:
             _log("supervisor failed:\n" + traceback.format_exc())
             self.error = f"supervisor failed: {error!r}"
             self._signal_ranks(signal.SIGKILL)
+        self._end_cgroup()
         self.finished_at = time.time()
         self.write_status(STATE_FINISHED)
         self._notify_agent()
         return 0 if self.error is None else 1
 
+    def _reason_not_to_start(self) -> str | None:
+        """Why no rank may start (a stop requested, the lease run out, at the gang's barrier), or None."""
+        if self._termination_requested_before_start():
+            return f"{self.terminated_by} requested before start"
+        if not self._wait_for_release():
+            return "node lease expired" if self._lease_over else f"{self.terminated_by} requested before start"
+        self._check_lease(force=True)
+        return "node lease expired" if self._lease_over else None
+
+    def _wait_for_release(self) -> bool:
+        """At a gang's start barrier, wait until the agent releases it: True then, False if the attempt is
+        stopped first (terminate, kill, the lease running out). True at once without a barrier."""
+        if not self.launch.start_barrier:
+            return True
+        release = os.path.join(self.job_dir, RELEASE_FILE)
+        while not os.path.exists(release):
+            self._check_lease()
+            if self._lease_over:
+                return False
+            if self._stop_requested_by_file():
+                self.terminated_by = self.terminated_by or "SIGTERM"
+                return False
+            timeout = BARRIER_POLL_INTERVAL_S
+            if self.launch.lease_file is not None:
+                timeout = min(timeout, max(self._next_lease_check - time.monotonic(), 0.0))
+            signal_number = _wait_for_signal(timeout)
+            while signal_number is not None:
+                if signal_number == KILL_NOW_SIGNAL:
+                    self.terminated_by = "SIGKILL"
+                    return False
+                if signal_number == TERMINATE_SIGNAL:
+                    self.terminated_by = self.terminated_by or "SIGTERM"
+                    return False
+                # SIGHUP: the release (or a control request, with no rank to forward it to yet).
+                signal_number = _wait_for_signal(0)
+        return True
+
+    def _stop_requested_by_file(self) -> bool:
+        return os.path.exists(os.path.join(self.job_dir, TERMINATE_REQUEST_FILE))
+
+    def _check_lease(self, force: bool = False) -> None:
+        """Every LEASE_CHECK_INTERVAL_S: once the node's lease has run out, stop the ranks (fencing)."""
+        if self.launch.lease_file is None or self._lease_over:
+            return
+        now = time.monotonic()
+        if not force and now < self._next_lease_check:
+            return
+        self._next_lease_check = now + LEASE_CHECK_INTERVAL_S
+        end = read_lease_end(self.launch.lease_file)
+        remaining = None if end is None else end - boottime()
+        if remaining is not None and remaining > 0:
+            return
+        self._lease_over = True
+        # A rank whose leader has exited has its own exit status; only ranks still running are the lease's.
+        self.lease_expired = self.started_at is None or any(
+            rank.pid is not None and rank.leader_exit_code is None and not rank.ended for rank in self.ranks
+        )
+        _log(f"node lease {'unreadable' if end is None else 'expired'} ({self.launch.lease_file}): stopping the ranks")
+        self._terminate()
+
+    def _end_cgroup(self) -> None:
+        """The attempt has ended only when its cgroup is empty: kill what the ranks left behind (daemons
+        that left their process groups), wait for it to go, measure what the attempt used, remove the
+        cgroup. Only then is the status final and the GPUs free."""
+        cgroup = self.launch.cgroup
+        if cgroup is None:
+            return
+        try:
+            cgroup_runtime.kill_all(cgroup, reap=lambda: self._reap_children())
+            self.usage = cgroup_runtime.usage(cgroup)
+        except OSError as error:
+            _log(f"cgroup {cgroup}: {error}")
+            return
+        if self.usage.get("oom_kills", 0) > 0:
+            self.out_of_memory = True
+            try:
+                self._tell_ranks_out_of_memory(self.usage["oom_kills"])
+            except OSError as error:  # a note in the output file is worth less than the final status
+                _log(f"could not write the out-of-memory note: {error}")
+        left = cgroup_runtime.remove(cgroup)
+        if left:
+            _log(f"cgroup directories still busy, left in place: {left}")
+
+    def _tell_ranks_out_of_memory(self, kills: int) -> None:
+        """As slurmstepd does, say so in the job's error output (written with the job user's rights)."""
+        message = (
+            f"garrison: error: detected {kills} oom_kill event{'s' if kills != 1 else ''} in job "
+            f"{self.launch.job_id}: some of its processes were killed by the memory limit (--mem)\n"
+        ).encode()
+        paths = list(dict.fromkeys(rank.stderr for rank in self.ranks if os.path.isabs(rank.stderr)))
+        for path in paths:
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    if self.launch.uid != os.getuid():
+                        os.setgroups(self.launch.groups)
+                        os.setgid(self.launch.gid)
+                        os.setuid(self.launch.uid)
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+                    os.write(fd, message)
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.waitpid(pid, 0)
+
     def _termination_requested_before_start(self) -> bool:
         pending = signal.sigpending()
         if KILL_NOW_SIGNAL in pending:
             self.terminated_by = "SIGKILL"
-        elif TERMINATE_SIGNAL in pending:
+        elif TERMINATE_SIGNAL in pending or self._stop_requested_by_file():
             self.terminated_by = "SIGTERM"
         else:
             return False
@@ -425,10 +670,11 @@ class Supervisor:
     def _supervise(self) -> None:
         while True:
             self._reap_children()
+            self._check_lease()
             self._escalate_to_kill_if_due()
             if self._mark_ended_ranks() and not self._all_ranks_ended():
                 self.write_status(STATE_RUNNING)
-            if self._all_ranks_ended():
+            if self._all_ranks_ended() and not self._kill_leftovers():
                 return
             signal_number = _wait_for_signal(self._wait_timeout())
             while signal_number is not None:
@@ -439,9 +685,33 @@ class Supervisor:
         timeout: float | None = None
         if self._kill_deadline is not None:
             timeout = self._kill_deadline - time.monotonic()
-        if any(rank.leader_exit_code is not None and not rank.ended for rank in self.ranks):
+        if any(rank.leader_exit_code is not None and not rank.ended for rank in self.ranks) or self._leftovers_killed:
             timeout = GROUP_POLL_INTERVAL_S if timeout is None else min(timeout, GROUP_POLL_INTERVAL_S)
+        if self.launch.lease_file is not None and not self._lease_over:
+            until_check = max(self._next_lease_check - time.monotonic(), 0.0)
+            timeout = until_check if timeout is None else min(timeout, until_check)
         return timeout
+
+    def _kill_leftovers(self) -> bool:
+        """Every rank's group is empty: SIGKILL what the ranks left running outside their groups (workers
+        in sessions of their own whose launcher has died, daemons), as Slurm kills what is left of a step
+        at its end. True while any is left; the attempt ends only when none is."""
+        if not _has_children():
+            # The topmost of any leftovers has lost its parent and so been re-parented to us: with no child
+            # there is none, and the common case costs no scan of /proc (~80 us a process).
+            return False
+        leftovers = descendants(os.getpid(), process_table())
+        if not leftovers:
+            return False
+        if not self._leftovers_killed:
+            _log(f"killing {len(leftovers)} process(es) the ranks left running: {leftovers[:20]}")
+        self._leftovers_killed = True
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # gone meanwhile, or not ours to kill (only without root)
+        return True
 
     # --- children --------------------------------------------------------------
 
@@ -483,7 +753,7 @@ class Supervisor:
         elif signal_number == KILL_NOW_SIGNAL:
             self.terminated_by = "SIGKILL"
             self._kill_deadline = None
-            self._signal_ranks(signal.SIGKILL)
+            self._signal_attempt(signal.SIGKILL)
         elif signal_number == CONTROL_REQUEST_SIGNAL:
             self._process_control_requests()
 
@@ -492,19 +762,55 @@ class Supervisor:
             return  # already terminating; a repeated request must not extend the grace period
         self.terminated_by = self.terminated_by or "SIGTERM"
         # SIGCONT first: a stopped (suspended) process would not act on SIGTERM.
-        self._signal_ranks(signal.SIGCONT)
-        self._signal_ranks(signal.SIGTERM)
+        self._signal_attempt(signal.SIGCONT)
+        self._signal_attempt(signal.SIGTERM)
+        if self.launch.cgroup is not None:  # and what left the ranks' groups (setsid daemons) hears it too
+            cgroup_runtime.signal_all(self.launch.cgroup, signal.SIGCONT)
+            cgroup_runtime.signal_all(self.launch.cgroup, signal.SIGTERM)
         self._kill_deadline = time.monotonic() + self.launch.kill_wait_s
 
     def _escalate_to_kill_if_due(self) -> None:
         if self._kill_deadline is not None and time.monotonic() >= self._kill_deadline:
             self._kill_deadline = None
-            self._signal_ranks(signal.SIGKILL)
+            self._signal_attempt(signal.SIGKILL)
 
-    def _signal_ranks(self, signal_number: int) -> None:
+    def _signal_attempt(self, signal_number: int, spare_torchrun_agents: bool = False) -> None:
+        """Every rank's process group, and every group of the processes below us that left them (torchrun
+        starts each worker in a session of its own). With ``spare_torchrun_agents``, a group holding a
+        torchrun agent is signalled member by member, the agent left out."""
+        self._signal_ranks(signal_number, spare_torchrun_agents)
+        rank_groups = {rank.pid for rank in self.ranks if rank.pid is not None}
+        table = process_table()
+        escaped: dict[int, list[int]] = {}
+        for pid in descendants(os.getpid(), table):
+            pgid = table[pid][1]
+            if pgid not in rank_groups and pgid != os.getpgrp():
+                escaped.setdefault(pgid, []).append(pid)
+        for pgid, members in escaped.items():
+            self._signal_group(pgid, members, signal_number, spare_torchrun_agents)
+
+    @staticmethod
+    def _signal_group(pgid: int, members: list[int], signal_number: int, spare_torchrun_agents: bool) -> None:
+        agents = [pid for pid in members if is_torchrun_agent(pid)] if spare_torchrun_agents else []
+        try:
+            if not agents:
+                os.killpg(pgid, signal_number)
+                return
+            for pid in members:
+                if pid not in agents:
+                    os.kill(pid, signal_number)
+        except (ProcessLookupError, PermissionError) as error:
+            _log(f"signal {signal_number} to group {pgid}: {error}")
+
+    def _signal_ranks(self, signal_number: int, spare_torchrun_agents: bool = False) -> None:
+        table = process_table() if spare_torchrun_agents else {}
         for rank in self.ranks:
             # Ended groups are never signalled: their number may already be reused.
             if rank.ended or rank.pid is None:
+                continue
+            if spare_torchrun_agents:
+                members = [pid for pid, (_, pgid) in table.items() if pgid == rank.pid]
+                self._signal_group(rank.pid, members, signal_number, spare_torchrun_agents)
                 continue
             try:
                 os.killpg(rank.pid, signal_number)
@@ -515,7 +821,7 @@ class Supervisor:
         """A signal for the job: every rank's process group, or, for the job's --signal=B: signal, only
         each rank's own process (the batch shell), not the children it started."""
         if signal_number != self.launch.batch_signal:
-            self._signal_ranks(signal_number)
+            self._signal_attempt(signal_number, spare_torchrun_agents=True)
             return
         for rank in self.ranks:
             if rank.ended or rank.pid is None or rank.leader_exit_code is not None:
@@ -559,6 +865,9 @@ class Supervisor:
                 "ranks": [rank.status() for rank in self.ranks],
                 "terminated_by": self.terminated_by,
                 "error": self.error,
+                "lease_expired": self.lease_expired,
+                "usage": self.usage,
+                "out_of_memory": self.out_of_memory,
             },
         )
 
@@ -595,7 +904,7 @@ def _claim_job_dir(job_dir: str, inherited_lock_fd: int | None) -> int | None:
         # The ranks must not inherit it, or they would keep us "alive" after our death.
         os.set_inheritable(inherited_lock_fd, False)
         return inherited_lock_fd
-    lock_fd = os.open(os.path.join(job_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    lock_fd = os.open(os.path.join(job_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, PRIVATE_FILE_MODE)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

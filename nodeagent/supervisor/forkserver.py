@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from .core import CONTROL_SIGNALS, LOG_FILE, reap_exited_children, run_supervisor
+from .core import CONTROL_SIGNALS, LOG_FILE, PRIVATE_FILE_MODE, reap_exited_children, run_supervisor
 
 MAX_REQUEST_BYTES = 64 * 1024
 READY_LINE = b"ready\n"
@@ -57,7 +57,7 @@ def _become_supervisor(job_dir: str, lock_fd: int, sockets_to_close: list[socket
             # again later, when it may belong to something else.
             os.close(server_socket.detach())
         null_fd = os.open(os.devnull, os.O_RDWR)
-        log_fd = os.open(os.path.join(job_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log_fd = os.open(os.path.join(job_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
         os.dup2(null_fd, 0)
         os.dup2(null_fd, 1)
         os.dup2(log_fd, 2)

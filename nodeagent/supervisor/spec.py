@@ -43,6 +43,14 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def _string_map(value: dict[str, Any] | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not all(isinstance(key, str) and isinstance(item, str) for key, item in value.items()):
+        raise ValueError("cgroup must map controller names to directories")
+    return dict(value)
+
+
 @dataclass(frozen=True)
 class RankSpec:
     """One process of the job on this node.
@@ -60,6 +68,7 @@ class RankSpec:
     stdout: str
     stderr: str
     truncate: list[str] = field(default_factory=list)
+    cpus: list[int] | None = None  # this rank's own CPU affinity (a step's --cpu-bind), over the launch's
 
     def __post_init__(self) -> None:
         if not self.argv or not all(isinstance(arg, str) for arg in self.argv):
@@ -77,6 +86,7 @@ class RankSpec:
             stdout=_field(document, "stdout", str),
             stderr=_field(document, "stderr", str),
             truncate=[str(path) for path in _optional_field(document, "truncate", list) or []],
+            cpus=_optional_field(document, "cpus", list),
         )
 
 
@@ -103,6 +113,13 @@ class LaunchSpec:
     umask: int | None = None  # the submitter's umask, applied after dropping privileges
     cpus: list[int] | None = None  # CPU ids every rank is bound to (sched_setaffinity); None: not bound
     batch_signal: int = 0  # --signal=B:SIG: forwarded SIG reaches each rank's own process, not its group
+    # The node's lease file (fencing): once the lease it holds has run out, the ranks are stopped. None: no lease.
+    lease_file: str | None = None
+    start_barrier: bool = False  # a gang's: start no rank before the agent creates core.RELEASE_FILE
+    # The attempt's cgroup directory per v1 controller (nodeagent/containment/); None: unconfined. Every rank
+    # joins them before exec, and the supervisor empties and removes them when the attempt ends.
+    cgroup: dict[str, str] | None = None
+    gpus: list[int] = field(default_factory=list)  # the allocated GPU indices (for NVML's accounting at the end)
 
     def __post_init__(self) -> None:
         if not self.ranks:
@@ -135,6 +152,10 @@ class LaunchSpec:
             umask=_optional_field(document, "umask", int),
             cpus=_optional_field(document, "cpus", list),
             batch_signal=_optional_field(document, "batch_signal", int) or 0,
+            lease_file=_optional_field(document, "lease_file", str),
+            start_barrier=_optional_field(document, "start_barrier", bool) or False,
+            cgroup=_string_map(_optional_field(document, "cgroup", dict)),
+            gpus=[int(gpu) for gpu in _optional_field(document, "gpus", list) or []],
         )
 
 
@@ -190,6 +211,11 @@ class SupervisorStatus:
     ranks: list[RankStatus] = field(default_factory=list)
     terminated_by: str | None = None
     error: str | None = None
+    lease_expired: bool = False  # the node's lease ran out: the supervisor stopped the ranks itself
+    # From the attempt's cgroup once it is empty (cgroup_runtime.usage): max_rss_bytes, cpu_time_ns,
+    # oom_kills, memory_failcnt. None for an unconfined attempt.
+    usage: dict[str, int] | None = None
+    out_of_memory: bool = False  # the kernel's OOM killer killed a process of the attempt (its memory limit)
 
     @property
     def finished(self) -> bool:
@@ -214,4 +240,15 @@ class SupervisorStatus:
             ranks=[RankStatus.from_dict(_object(rank, "rank")) for rank in _field(document, "ranks", list)],
             terminated_by=_optional_field(document, "terminated_by", str),
             error=_optional_field(document, "error", str),
+            lease_expired=_optional_field(document, "lease_expired", bool) or False,
+            usage=_usage_map(_optional_field(document, "usage", dict)),
+            out_of_memory=_optional_field(document, "out_of_memory", bool) or False,
         )
+
+
+def _usage_map(value: dict[str, Any] | None) -> dict[str, int] | None:
+    if value is None:
+        return None
+    if not all(isinstance(item, int) and not isinstance(item, bool) for item in value.values()):
+        raise ValueError("usage must map names to integers")
+    return {str(key): item for key, item in value.items()}

@@ -94,6 +94,7 @@ class AttemptRecord(_message.Message):
     ALLOCATION_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     state: _builtins.str
     start_time: _builtins.float
@@ -106,6 +107,10 @@ class AttemptRecord(_message.Message):
     """gpus x elapsed, up to `now` while it runs"""
     @_builtins.property
     def allocation(self) -> _containers.RepeatedCompositeFieldContainer[_garrison_pb2.NodeAllocation]: ...
+    @_builtins.property
+    def usage(self) -> _garrison_pb2.ContainmentUsage:
+        """peak memory, CPU time, GPU use; unset where not measured"""
+
     def __init__(
         self,
         *,
@@ -118,10 +123,11 @@ class AttemptRecord(_message.Message):
         allocation: _abc.Iterable[_garrison_pb2.NodeAllocation] | None = ...,
         gpus: _builtins.int = ...,
         gpu_seconds: _builtins.float = ...,
+        usage: _garrison_pb2.ContainmentUsage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "allocation", b"allocation", "attempt", b"attempt", "end_time", b"end_time", "exit_code", b"exit_code", "gpu_seconds", b"gpu_seconds", "gpus", b"gpus", "reason", b"reason", "start_time", b"start_time", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "allocation", b"allocation", "attempt", b"attempt", "end_time", b"end_time", "exit_code", b"exit_code", "gpu_seconds", b"gpu_seconds", "gpus", b"gpus", "reason", b"reason", "start_time", b"start_time", "state", b"state", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015

@@ -854,6 +854,9 @@ class QueueDetailsRequest(_message.Message):
     NAMES_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     ACCOUNTS_FIELD_NUMBER: _builtins.int
+    EXPLAIN_FIELD_NUMBER: _builtins.int
+    explain: _builtins.bool
+    """also say why each job waits (gqueue --explain, gjob); at most MAX_EXPLAINED jobs"""
     @_builtins.property
     def users(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -874,10 +877,11 @@ class QueueDetailsRequest(_message.Message):
         names: _abc.Iterable[_builtins.str] | None = ...,
         partitions: _abc.Iterable[_builtins.str] | None = ...,
         accounts: _abc.Iterable[_builtins.str] | None = ...,
+        explain: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accounts", b"accounts", "job_ids", b"job_ids", "names", b"names", "partitions", b"partitions", "users", b"users"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accounts", b"accounts", "explain", b"explain", "job_ids", b"job_ids", "names", b"names", "partitions", b"partitions", "users", b"users"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -970,6 +974,7 @@ class PendingDetail(_message.Message):
     ESTIMATED_START_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     FACTORS_FIELD_NUMBER: _builtins.int
+    EXPLANATION_FIELD_NUMBER: _builtins.int
     position: _builtins.int
     """in the queue at the last cycle (1 = next); 0: submitted since"""
     estimated_start: _builtins.float
@@ -979,6 +984,10 @@ class PendingDetail(_message.Message):
     def job(self) -> _garrison_pb2.JobInfo: ...
     @_builtins.property
     def factors(self) -> Global___PriorityFactors: ...
+    @_builtins.property
+    def explanation(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """with explain: why it waits, one sentence a line, from the last cycle"""
+
     def __init__(
         self,
         *,
@@ -987,10 +996,11 @@ class PendingDetail(_message.Message):
         estimated_start: _builtins.float | None = ...,
         priority: _builtins.int | None = ...,
         factors: Global___PriorityFactors | None = ...,
+        explanation: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_estimated_start", b"_estimated_start", "_priority", b"_priority", "estimated_start", b"estimated_start", "factors", b"factors", "job", b"job", "priority", b"priority"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_estimated_start", b"_estimated_start", "_priority", b"_priority", "estimated_start", b"estimated_start", "factors", b"factors", "job", b"job", "position", b"position", "priority", b"priority"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_estimated_start", b"_estimated_start", "_priority", b"_priority", "estimated_start", b"estimated_start", "explanation", b"explanation", "factors", b"factors", "job", b"job", "position", b"position", "priority", b"priority"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__estimated_start: _TypeAlias = _typing.Literal["estimated_start"]  # noqa: Y015
     _WhichOneofArgType__estimated_start: _TypeAlias = _typing.Literal["_estimated_start", b"_estimated_start"]  # noqa: Y015

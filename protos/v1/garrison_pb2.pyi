@@ -121,10 +121,15 @@ class NodeInventory(_message.Message):
     MEMORY_MB_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     FEATURES_FIELD_NUMBER: _builtins.int
+    CONTAINMENT_FIELD_NUMBER: _builtins.int
     hostname: _builtins.str
     cpus: _builtins.int
     memory_mb: _builtins.int
     model: _builtins.str
+    containment: _builtins.str
+    """What the agent enforces on its jobs: "cgroup-v1: memory,cpuset,devices,pids,freezer", "unconfined",
+    or "" (an agent from before containment).
+    """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuInfo]: ...
     @_builtins.property
@@ -150,10 +155,11 @@ class NodeInventory(_message.Message):
         memory_mb: _builtins.int = ...,
         model: _builtins.str = ...,
         features: _abc.Iterable[_builtins.str] | None = ...,
+        containment: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus", b"cpus", "features", b"features", "gpus", b"gpus", "hostname", b"hostname", "memory_mb", b"memory_mb", "model", b"model", "nvlink", b"nvlink", "topo", b"topo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["containment", b"containment", "cpus", b"cpus", "features", b"features", "gpus", b"gpus", "hostname", b"hostname", "memory_mb", b"memory_mb", "model", b"model", "nvlink", b"nvlink", "topo", b"topo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -434,6 +440,152 @@ class NodeAllocation(_message.Message):
 Global___NodeAllocation: _TypeAlias = NodeAllocation  # noqa: Y015
 
 @_typing.final
+class KeepAllocationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeepAllocationRequest: _TypeAlias = KeepAllocationRequest  # noqa: Y015
+
+@_typing.final
+class AllocationStatusReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvironmentEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    KEEPALIVE_S_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    ESTIMATED_START_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    NOW_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    state: _builtins.str
+    """the job's state"""
+    reason: _builtins.str
+    """a pending job's wait reason, an ended job's reason"""
+    keepalive_s: _builtins.float
+    """the lease: renew it every third of this"""
+    position: _builtins.int
+    """in the last cycle's queue (1 is next); 0: not known"""
+    estimated_start: _builtins.float
+    """absent: no estimate"""
+    outcome: _builtins.str
+    """Being stopped: where it goes (TIMEOUT, CANCELLED, PENDING for a preemption, COMPLETED, FAILED); ended:
+    its final state; else empty.
+    """
+    now: _builtins.float
+    """the controller's clock, for the estimate"""
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """once granted (RUNNING): the command's environment"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        state: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        keepalive_s: _builtins.float = ...,
+        position: _builtins.int = ...,
+        estimated_start: _builtins.float | None = ...,
+        outcome: _builtins.str = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        environment: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        now: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_estimated_start", b"_estimated_start", "estimated_start", b"estimated_start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_estimated_start", b"_estimated_start", "environment", b"environment", "estimated_start", b"estimated_start", "job_id", b"job_id", "keepalive_s", b"keepalive_s", "nodes", b"nodes", "now", b"now", "outcome", b"outcome", "position", b"position", "reason", b"reason", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__estimated_start: _TypeAlias = _typing.Literal["estimated_start"]  # noqa: Y015
+    _WhichOneofArgType__estimated_start: _TypeAlias = _typing.Literal["_estimated_start", b"_estimated_start"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__estimated_start) -> _WhichOneofReturnType__estimated_start | None: ...
+
+Global___AllocationStatusReply: _TypeAlias = AllocationStatusReply  # noqa: Y015
+
+@_typing.final
+class ReleaseAllocationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    exit_code: _builtins.int
+    """the command's exit status (128+N for a signal N)"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        exit_code: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseAllocationRequest: _TypeAlias = ReleaseAllocationRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseAllocationReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASED_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    released: _builtins.bool
+    """false: it was not running (still starting, being stopped or ended)"""
+    state: _builtins.str
+    def __init__(
+        self,
+        *,
+        released: _builtins.bool = ...,
+        state: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["released", b"released", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseAllocationReply: _TypeAlias = ReleaseAllocationReply  # noqa: Y015
+
+@_typing.final
 class HelloRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -699,6 +851,7 @@ class AttemptInfo(_message.Message):
     END_TIME_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     state: _builtins.str
     start_time: _builtins.float
@@ -707,6 +860,10 @@ class AttemptInfo(_message.Message):
     reason: _builtins.str
     @_builtins.property
     def allocation(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeAllocation]: ...
+    @_builtins.property
+    def usage(self) -> Global___ContainmentUsage:
+        """unset: not measured (an unconfined node); while running, the latest figures"""
+
     def __init__(
         self,
         *,
@@ -717,16 +874,72 @@ class AttemptInfo(_message.Message):
         end_time: _builtins.float = ...,
         exit_code: _builtins.int | None = ...,
         reason: _builtins.str = ...,
+        usage: Global___ContainmentUsage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "allocation", b"allocation", "attempt", b"attempt", "end_time", b"end_time", "exit_code", b"exit_code", "reason", b"reason", "start_time", b"start_time", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "allocation", b"allocation", "attempt", b"attempt", "end_time", b"end_time", "exit_code", b"exit_code", "reason", b"reason", "start_time", b"start_time", "state", b"state", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
 
 Global___AttemptInfo: _TypeAlias = AttemptInfo  # noqa: Y015
+
+@_typing.final
+class ContainmentUsage(_message.Message):
+    """What an attempt used, from its cgroups (and NVML's per-process accounting where the driver offers it):
+    per node as an agent reports it, over every node of the attempt as the controller stores it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_RSS_BYTES_FIELD_NUMBER: _builtins.int
+    CPU_TIME_S_FIELD_NUMBER: _builtins.int
+    GPU_UTILIZATION_PCT_FIELD_NUMBER: _builtins.int
+    GPU_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    OOM_KILLS_FIELD_NUMBER: _builtins.int
+    max_rss_bytes: _builtins.int
+    """peak memory (memory.max_usage_in_bytes); the largest node's"""
+    cpu_time_s: _builtins.float
+    """CPU time (cpuacct.usage), summed over nodes"""
+    gpu_utilization_pct: _builtins.float
+    """mean GPU utilisation over the attempt's GPUs"""
+    gpu_memory_bytes: _builtins.int
+    """peak GPU memory of one GPU"""
+    oom_kills: _builtins.int
+    """processes the memory limit's OOM killer killed"""
+    def __init__(
+        self,
+        *,
+        max_rss_bytes: _builtins.int | None = ...,
+        cpu_time_s: _builtins.float | None = ...,
+        gpu_utilization_pct: _builtins.float | None = ...,
+        gpu_memory_bytes: _builtins.int | None = ...,
+        oom_kills: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_time_s", b"_cpu_time_s", "_gpu_memory_bytes", b"_gpu_memory_bytes", "_gpu_utilization_pct", b"_gpu_utilization_pct", "_max_rss_bytes", b"_max_rss_bytes", "cpu_time_s", b"cpu_time_s", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_utilization_pct", b"gpu_utilization_pct", "max_rss_bytes", b"max_rss_bytes"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_time_s", b"_cpu_time_s", "_gpu_memory_bytes", b"_gpu_memory_bytes", "_gpu_utilization_pct", b"_gpu_utilization_pct", "_max_rss_bytes", b"_max_rss_bytes", "cpu_time_s", b"cpu_time_s", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_utilization_pct", b"gpu_utilization_pct", "max_rss_bytes", b"max_rss_bytes", "oom_kills", b"oom_kills"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__cpu_time_s: _TypeAlias = _typing.Literal["cpu_time_s"]  # noqa: Y015
+    _WhichOneofArgType__cpu_time_s: _TypeAlias = _typing.Literal["_cpu_time_s", b"_cpu_time_s"]  # noqa: Y015
+    _WhichOneofReturnType__gpu_memory_bytes: _TypeAlias = _typing.Literal["gpu_memory_bytes"]  # noqa: Y015
+    _WhichOneofArgType__gpu_memory_bytes: _TypeAlias = _typing.Literal["_gpu_memory_bytes", b"_gpu_memory_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__gpu_utilization_pct: _TypeAlias = _typing.Literal["gpu_utilization_pct"]  # noqa: Y015
+    _WhichOneofArgType__gpu_utilization_pct: _TypeAlias = _typing.Literal["_gpu_utilization_pct", b"_gpu_utilization_pct"]  # noqa: Y015
+    _WhichOneofReturnType__max_rss_bytes: _TypeAlias = _typing.Literal["max_rss_bytes"]  # noqa: Y015
+    _WhichOneofArgType__max_rss_bytes: _TypeAlias = _typing.Literal["_max_rss_bytes", b"_max_rss_bytes"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_time_s) -> _WhichOneofReturnType__cpu_time_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_memory_bytes) -> _WhichOneofReturnType__gpu_memory_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_utilization_pct) -> _WhichOneofReturnType__gpu_utilization_pct | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_rss_bytes) -> _WhichOneofReturnType__max_rss_bytes | None: ...
+
+Global___ContainmentUsage: _TypeAlias = ContainmentUsage  # noqa: Y015
 
 @_typing.final
 class JobInfo(_message.Message):
@@ -1059,13 +1272,24 @@ class JobResult(_message.Message):
     RANKS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRED_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    OUT_OF_MEMORY_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     attempt: _builtins.int
     error: _builtins.str
     """set when the launch itself failed on this node"""
     finished_at: _builtins.float
+    lease_expired: _builtins.bool
+    """The node's lease ran out while the ranks ran: its supervisor stopped them (fencing, docs/operations.md)."""
+    out_of_memory: _builtins.bool
+    """the memory limit's OOM killer killed a process of the attempt here"""
     @_builtins.property
     def ranks(self) -> _containers.RepeatedCompositeFieldContainer[Global___RankResult]: ...
+    @_builtins.property
+    def usage(self) -> Global___ContainmentUsage:
+        """unset: the attempt ran unconfined here"""
+
     def __init__(
         self,
         *,
@@ -1074,10 +1298,13 @@ class JobResult(_message.Message):
         ranks: _abc.Iterable[Global___RankResult] | None = ...,
         error: _builtins.str = ...,
         finished_at: _builtins.float = ...,
+        lease_expired: _builtins.bool = ...,
+        usage: Global___ContainmentUsage | None = ...,
+        out_of_memory: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "finished_at", b"finished_at", "job_id", b"job_id", "ranks", b"ranks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "finished_at", b"finished_at", "job_id", b"job_id", "lease_expired", b"lease_expired", "out_of_memory", b"out_of_memory", "ranks", b"ranks", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1093,10 +1320,13 @@ class Register(_message.Message):
     FINISHED_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
+    LEASE_REQUEST_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     agent_version: _builtins.str
     address: _builtins.str
     """where other nodes reach this one (MASTER_ADDR when it hosts rank 0)"""
+    lease_request: _builtins.int
+    """asks for a node lease (NodeLeaseGrant.request echoes it); 0: none"""
     @_builtins.property
     def inventory(self) -> Global___NodeInventory: ...
     @_builtins.property
@@ -1112,10 +1342,11 @@ class Register(_message.Message):
         finished: _abc.Iterable[Global___JobResult] | None = ...,
         agent_version: _builtins.str = ...,
         address: _builtins.str = ...,
+        lease_request: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "finished", b"finished", "inventory", b"inventory", "node_name", b"node_name", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "finished", b"finished", "inventory", b"inventory", "lease_request", b"lease_request", "node_name", b"node_name", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1126,15 +1357,19 @@ class Heartbeat(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TIME_FIELD_NUMBER: _builtins.int
+    LEASE_REQUEST_FIELD_NUMBER: _builtins.int
     time: _builtins.float
+    lease_request: _builtins.int
+    """as Register.lease_request: every heartbeat asks for the lease anew"""
     def __init__(
         self,
         *,
         time: _builtins.float = ...,
+        lease_request: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_request", b"lease_request", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1198,6 +1433,10 @@ class AgentMessage(_message.Message):
     STARTED_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
     CHECKPOINTED_FIELD_NUMBER: _builtins.int
+    RUNNING_USAGE_FIELD_NUMBER: _builtins.int
+    STEP_OUTPUT_FIELD_NUMBER: _builtins.int
+    STEP_EXITS_FIELD_NUMBER: _builtins.int
+    STEP_RESULT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def register(self) -> Global___Register: ...
     @_builtins.property
@@ -1208,6 +1447,16 @@ class AgentMessage(_message.Message):
     def finished(self) -> Global___JobResult: ...
     @_builtins.property
     def checkpointed(self) -> Global___Checkpointed: ...
+    @_builtins.property
+    def running_usage(self) -> Global___ContainmentRunningUsage:
+        """what a running attempt has used so far (gjob, as sstat)"""
+
+    @_builtins.property
+    def step_output(self) -> Global___StepOutput: ...
+    @_builtins.property
+    def step_exits(self) -> Global___StepTaskExits: ...
+    @_builtins.property
+    def step_result(self) -> Global___StepNodeResult: ...
     def __init__(
         self,
         *,
@@ -1216,16 +1465,48 @@ class AgentMessage(_message.Message):
         started: Global___JobStarted | None = ...,
         finished: Global___JobResult | None = ...,
         checkpointed: Global___Checkpointed | None = ...,
+        running_usage: Global___ContainmentRunningUsage | None = ...,
+        step_output: Global___StepOutput | None = ...,
+        step_exits: Global___StepTaskExits | None = ...,
+        step_result: Global___StepNodeResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpointed", b"checkpointed", "finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "started", b"started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpointed", b"checkpointed", "finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "running_usage", b"running_usage", "started", b"started", "step_exits", b"step_exits", "step_output", b"step_output", "step_result", b"step_result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpointed", b"checkpointed", "finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpointed", b"checkpointed", "finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "running_usage", b"running_usage", "started", b"started", "step_exits", b"step_exits", "step_output", b"step_output", "step_result", b"step_result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["register", "heartbeat", "started", "finished", "checkpointed"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["register", "heartbeat", "started", "finished", "checkpointed", "running_usage", "step_output", "step_exits", "step_result"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___AgentMessage: _TypeAlias = AgentMessage  # noqa: Y015
+
+@_typing.final
+class ContainmentRunningUsage(_message.Message):
+    """An agent's periodic measure of a running attempt's cgroup on its node: peak memory and CPU time so far."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    attempt: _builtins.int
+    @_builtins.property
+    def usage(self) -> Global___ContainmentUsage: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+        usage: Global___ContainmentUsage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContainmentRunningUsage: _TypeAlias = ContainmentRunningUsage  # noqa: Y015
 
 @_typing.final
 class RegisterAck(_message.Message):
@@ -1274,6 +1555,7 @@ class LaunchJob(_message.Message):
     ARRAY_TASK_MAX_FIELD_NUMBER: _builtins.int
     ARRAY_TASK_STEP_FIELD_NUMBER: _builtins.int
     BATCH_SIGNAL_FIELD_NUMBER: _builtins.int
+    START_BARRIER_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     attempt: _builtins.int
     user: _builtins.str
@@ -1302,6 +1584,8 @@ class LaunchJob(_message.Message):
     array_task_step: _builtins.int
     batch_signal: _builtins.int
     """--signal=B:SIG: SIG reaches each rank's own process only, not its group"""
+    start_barrier: _builtins.bool
+    """A gang's start barrier: the ranks wait until GangRelease (every node of the gang has launched)."""
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -1335,10 +1619,11 @@ class LaunchJob(_message.Message):
         array_task_max: _builtins.int = ...,
         array_task_step: _builtins.int = ...,
         batch_signal: _builtins.int = ...,
+        start_barrier: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_task_id", b"_array_task_id", "array_job_id", b"array_job_id", "array_task_id", b"array_task_id", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_task_id", b"_array_task_id", "account", b"account", "allocation", b"allocation", "array_job_id", b"array_job_id", "array_task_count", b"array_task_count", "array_task_id", b"array_task_id", "array_task_max", b"array_task_max", "array_task_min", b"array_task_min", "array_task_step", b"array_task_step", "attempt", b"attempt", "batch_signal", b"batch_signal", "cluster_name", b"cluster_name", "gid", b"gid", "job_id", b"job_id", "kill_wait_s", b"kill_wait_s", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "partition", b"partition", "qos", b"qos", "restart_count", b"restart_count", "spec", b"spec", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_task_id", b"_array_task_id", "account", b"account", "allocation", b"allocation", "array_job_id", b"array_job_id", "array_task_count", b"array_task_count", "array_task_id", b"array_task_id", "array_task_max", b"array_task_max", "array_task_min", b"array_task_min", "array_task_step", b"array_task_step", "attempt", b"attempt", "batch_signal", b"batch_signal", "cluster_name", b"cluster_name", "gid", b"gid", "job_id", b"job_id", "kill_wait_s", b"kill_wait_s", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "partition", b"partition", "qos", b"qos", "restart_count", b"restart_count", "spec", b"spec", "start_barrier", b"start_barrier", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__array_job_id: _TypeAlias = _typing.Literal["array_job_id"]  # noqa: Y015
     _WhichOneofArgType__array_job_id: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id"]  # noqa: Y015
@@ -1350,6 +1635,57 @@ class LaunchJob(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__array_task_id) -> _WhichOneofReturnType__array_task_id | None: ...
 
 Global___LaunchJob: _TypeAlias = LaunchJob  # noqa: Y015
+
+@_typing.final
+class NodeLeaseGrant(_message.Message):
+    """The node's lease (fencing): the answer to the lease request numbered `request`. The agent's supervisors
+    keep their ranks running for `duration_s` from the moment the agent sent that request, and stop them
+    (SIGTERM, the kill wait, SIGKILL) when no later grant has extended it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_FIELD_NUMBER: _builtins.int
+    DURATION_S_FIELD_NUMBER: _builtins.int
+    request: _builtins.int
+    duration_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        request: _builtins.int = ...,
+        duration_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_s", b"duration_s", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeLeaseGrant: _TypeAlias = NodeLeaseGrant  # noqa: Y015
+
+@_typing.final
+class GangRelease(_message.Message):
+    """Every node of the gang has launched its part of the attempt: its ranks may start."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    attempt: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GangRelease: _TypeAlias = GangRelease  # noqa: Y015
 
 @_typing.final
 class SignalJob(_message.Message):
@@ -1430,6 +1766,12 @@ class ControllerMessage(_message.Message):
     LAUNCH_FIELD_NUMBER: _builtins.int
     SIGNAL_FIELD_NUMBER: _builtins.int
     ACK_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    LAUNCH_STEP_FIELD_NUMBER: _builtins.int
+    SIGNAL_STEP_FIELD_NUMBER: _builtins.int
+    STEP_INPUT_FIELD_NUMBER: _builtins.int
+    STEP_ACK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def registered(self) -> Global___RegisterAck: ...
     @_builtins.property
@@ -1438,6 +1780,18 @@ class ControllerMessage(_message.Message):
     def signal(self) -> Global___SignalJob: ...
     @_builtins.property
     def ack(self) -> Global___AckResult: ...
+    @_builtins.property
+    def lease(self) -> Global___NodeLeaseGrant: ...
+    @_builtins.property
+    def release(self) -> Global___GangRelease: ...
+    @_builtins.property
+    def launch_step(self) -> Global___StepLaunch: ...
+    @_builtins.property
+    def signal_step(self) -> Global___StepSignal: ...
+    @_builtins.property
+    def step_input(self) -> Global___StepInput: ...
+    @_builtins.property
+    def step_ack(self) -> Global___StepAck: ...
     def __init__(
         self,
         *,
@@ -1445,13 +1799,781 @@ class ControllerMessage(_message.Message):
         launch: Global___LaunchJob | None = ...,
         signal: Global___SignalJob | None = ...,
         ack: Global___AckResult | None = ...,
+        lease: Global___NodeLeaseGrant | None = ...,
+        release: Global___GangRelease | None = ...,
+        launch_step: Global___StepLaunch | None = ...,
+        signal_step: Global___StepSignal | None = ...,
+        step_input: Global___StepInput | None = ...,
+        step_ack: Global___StepAck | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "kind", b"kind", "launch", b"launch", "registered", b"registered", "signal", b"signal"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "kind", b"kind", "launch", b"launch", "launch_step", b"launch_step", "lease", b"lease", "registered", b"registered", "release", b"release", "signal", b"signal", "signal_step", b"signal_step", "step_ack", b"step_ack", "step_input", b"step_input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "kind", b"kind", "launch", b"launch", "registered", b"registered", "signal", b"signal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "kind", b"kind", "launch", b"launch", "launch_step", b"launch_step", "lease", b"lease", "registered", b"registered", "release", b"release", "signal", b"signal", "signal_step", b"signal_step", "step_ack", b"step_ack", "step_input", b"step_input"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["registered", "launch", "signal", "ack"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["registered", "launch", "signal", "ack", "lease", "release", "launch_step", "signal_step", "step_input", "step_ack"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___ControllerMessage: _TypeAlias = ControllerMessage  # noqa: Y015
+
+@_typing.final
+class StepSpec(_message.Message):
+    """---------------------------------------------------------------------------------------------------
+    Job steps (gsrun): the client's stream, the views, and what controller and agents say about a step.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ARGV_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    CWD_FIELD_NUMBER: _builtins.int
+    NTASKS_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    NTASKS_PER_NODE_FIELD_NUMBER: _builtins.int
+    GPUS_PER_TASK_FIELD_NUMBER: _builtins.int
+    CPUS_PER_TASK_FIELD_NUMBER: _builtins.int
+    NODELIST_FIELD_NUMBER: _builtins.int
+    GPU_BIND_FIELD_NUMBER: _builtins.int
+    GPU_BIND_ARG_FIELD_NUMBER: _builtins.int
+    CPU_BIND_FIELD_NUMBER: _builtins.int
+    CPU_BIND_ARG_FIELD_NUMBER: _builtins.int
+    LABEL_FIELD_NUMBER: _builtins.int
+    KILL_ON_BAD_EXIT_FIELD_NUMBER: _builtins.int
+    PTY_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    UMASK_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    cwd: _builtins.str
+    ntasks: _builtins.int
+    nodes: _builtins.int
+    ntasks_per_node: _builtins.int
+    gpus_per_task: _builtins.int
+    cpus_per_task: _builtins.int
+    gpu_bind: _builtins.str
+    """"", none, closest, single, map_gpu"""
+    cpu_bind: _builtins.str
+    """"", none, cores, map_cpu"""
+    label: _builtins.bool
+    kill_on_bad_exit: _builtins.bool
+    pty: _builtins.bool
+    name: _builtins.str
+    umask: _builtins.int
+    @_builtins.property
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """the tasks' environment as gsrun resolved --export"""
+
+    @_builtins.property
+    def nodelist(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def gpu_bind_arg(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def cpu_bind_arg(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        argv: _abc.Iterable[_builtins.str] | None = ...,
+        env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        cwd: _builtins.str = ...,
+        ntasks: _builtins.int | None = ...,
+        nodes: _builtins.int | None = ...,
+        ntasks_per_node: _builtins.int | None = ...,
+        gpus_per_task: _builtins.int | None = ...,
+        cpus_per_task: _builtins.int | None = ...,
+        nodelist: _abc.Iterable[_builtins.str] | None = ...,
+        gpu_bind: _builtins.str = ...,
+        gpu_bind_arg: _abc.Iterable[_builtins.int] | None = ...,
+        cpu_bind: _builtins.str = ...,
+        cpu_bind_arg: _abc.Iterable[_builtins.int] | None = ...,
+        label: _builtins.bool = ...,
+        kill_on_bad_exit: _builtins.bool = ...,
+        pty: _builtins.bool = ...,
+        name: _builtins.str = ...,
+        umask: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus_per_task", b"_gpus_per_task", "_nodes", b"_nodes", "_ntasks", b"_ntasks", "_ntasks_per_node", b"_ntasks_per_node", "_umask", b"_umask", "cpus_per_task", b"cpus_per_task", "gpus_per_task", b"gpus_per_task", "nodes", b"nodes", "ntasks", b"ntasks", "ntasks_per_node", b"ntasks_per_node", "umask", b"umask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus_per_task", b"_gpus_per_task", "_nodes", b"_nodes", "_ntasks", b"_ntasks", "_ntasks_per_node", b"_ntasks_per_node", "_umask", b"_umask", "argv", b"argv", "cpu_bind", b"cpu_bind", "cpu_bind_arg", b"cpu_bind_arg", "cpus_per_task", b"cpus_per_task", "cwd", b"cwd", "env", b"env", "gpu_bind", b"gpu_bind", "gpu_bind_arg", b"gpu_bind_arg", "gpus_per_task", b"gpus_per_task", "job_id", b"job_id", "kill_on_bad_exit", b"kill_on_bad_exit", "label", b"label", "name", b"name", "nodelist", b"nodelist", "nodes", b"nodes", "ntasks", b"ntasks", "ntasks_per_node", b"ntasks_per_node", "pty", b"pty", "umask", b"umask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__cpus_per_task: _TypeAlias = _typing.Literal["cpus_per_task"]  # noqa: Y015
+    _WhichOneofArgType__cpus_per_task: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task"]  # noqa: Y015
+    _WhichOneofReturnType__gpus_per_task: _TypeAlias = _typing.Literal["gpus_per_task"]  # noqa: Y015
+    _WhichOneofArgType__gpus_per_task: _TypeAlias = _typing.Literal["_gpus_per_task", b"_gpus_per_task"]  # noqa: Y015
+    _WhichOneofReturnType__nodes: _TypeAlias = _typing.Literal["nodes"]  # noqa: Y015
+    _WhichOneofArgType__nodes: _TypeAlias = _typing.Literal["_nodes", b"_nodes"]  # noqa: Y015
+    _WhichOneofReturnType__ntasks: _TypeAlias = _typing.Literal["ntasks"]  # noqa: Y015
+    _WhichOneofArgType__ntasks: _TypeAlias = _typing.Literal["_ntasks", b"_ntasks"]  # noqa: Y015
+    _WhichOneofReturnType__ntasks_per_node: _TypeAlias = _typing.Literal["ntasks_per_node"]  # noqa: Y015
+    _WhichOneofArgType__ntasks_per_node: _TypeAlias = _typing.Literal["_ntasks_per_node", b"_ntasks_per_node"]  # noqa: Y015
+    _WhichOneofReturnType__umask: _TypeAlias = _typing.Literal["umask"]  # noqa: Y015
+    _WhichOneofArgType__umask: _TypeAlias = _typing.Literal["_umask", b"_umask"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpus_per_task) -> _WhichOneofReturnType__cpus_per_task | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpus_per_task) -> _WhichOneofReturnType__gpus_per_task | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__nodes) -> _WhichOneofReturnType__nodes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ntasks) -> _WhichOneofReturnType__ntasks | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ntasks_per_node) -> _WhichOneofReturnType__ntasks_per_node | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__umask) -> _WhichOneofReturnType__umask | None: ...
+
+Global___StepSpec: _TypeAlias = StepSpec  # noqa: Y015
+
+@_typing.final
+class StepWindowSize(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    COLS_FIELD_NUMBER: _builtins.int
+    rows: _builtins.int
+    cols: _builtins.int
+    def __init__(
+        self,
+        *,
+        rows: _builtins.int = ...,
+        cols: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cols", b"cols", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepWindowSize: _TypeAlias = StepWindowSize  # noqa: Y015
+
+@_typing.final
+class StepClientMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    STDIN_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    stdin: _builtins.bytes
+    """--pty: bytes typed at gsrun's terminal"""
+    signal: _builtins.int
+    """a signal gsrun received, for the step's tasks"""
+    cancel: _builtins.bool
+    """Ctrl-C twice: cancel the step"""
+    @_builtins.property
+    def start(self) -> Global___StepSpec: ...
+    @_builtins.property
+    def window(self) -> Global___StepWindowSize:
+        """--pty: the terminal's new size"""
+
+    def __init__(
+        self,
+        *,
+        start: Global___StepSpec | None = ...,
+        stdin: _builtins.bytes = ...,
+        signal: _builtins.int = ...,
+        window: Global___StepWindowSize | None = ...,
+        cancel: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "kind", b"kind", "signal", b"signal", "start", b"start", "stdin", b"stdin", "window", b"window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "kind", b"kind", "signal", b"signal", "start", b"start", "stdin", b"stdin", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["start", "stdin", "signal", "window", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___StepClientMessage: _TypeAlias = StepClientMessage  # noqa: Y015
+
+@_typing.final
+class StepStartedInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    NTASKS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    step_id: _builtins.int
+    ntasks: _builtins.int
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        step_id: _builtins.int = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        ntasks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "nodes", b"nodes", "ntasks", b"ntasks", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepStartedInfo: _TypeAlias = StepStartedInfo  # noqa: Y015
+
+@_typing.final
+class StepOutputChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_FIELD_NUMBER: _builtins.int
+    STREAM_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    task: _builtins.int
+    stream: _builtins.int
+    """1 stdout, 2 stderr"""
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        task: _builtins.int = ...,
+        stream: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "stream", b"stream", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepOutputChunk: _TypeAlias = StepOutputChunk  # noqa: Y015
+
+@_typing.final
+class StepEndInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    TASK_EXIT_CODES_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    exit_code: _builtins.int
+    state: _builtins.str
+    reason: _builtins.str
+    @_builtins.property
+    def task_exit_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """in task order"""
+
+    def __init__(
+        self,
+        *,
+        exit_code: _builtins.int = ...,
+        state: _builtins.str = ...,
+        task_exit_codes: _abc.Iterable[_builtins.int] | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "reason", b"reason", "state", b"state", "task_exit_codes", b"task_exit_codes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepEndInfo: _TypeAlias = StepEndInfo  # noqa: Y015
+
+@_typing.final
+class StepServerMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTED_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    NOTICE_FIELD_NUMBER: _builtins.int
+    notice: _builtins.str
+    """one line gsrun prints on its stderr ("output dropped", "task 2 exited 1")"""
+    @_builtins.property
+    def started(self) -> Global___StepStartedInfo: ...
+    @_builtins.property
+    def output(self) -> Global___StepOutputChunk: ...
+    @_builtins.property
+    def ended(self) -> Global___StepEndInfo: ...
+    def __init__(
+        self,
+        *,
+        started: Global___StepStartedInfo | None = ...,
+        output: Global___StepOutputChunk | None = ...,
+        ended: Global___StepEndInfo | None = ...,
+        notice: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended", "kind", b"kind", "notice", b"notice", "output", b"output", "started", b"started"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended", "kind", b"kind", "notice", b"notice", "output", b"output", "started", b"started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["started", "output", "ended", "notice"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___StepServerMessage: _TypeAlias = StepServerMessage  # noqa: Y015
+
+@_typing.final
+class StepInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    NTASKS_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    step_id: _builtins.int
+    name: _builtins.str
+    user: _builtins.str
+    state: _builtins.str
+    start_time: _builtins.float
+    end_time: _builtins.float
+    """0: still running"""
+    exit_code: _builtins.int
+    ntasks: _builtins.int
+    gpus: _builtins.int
+    reason: _builtins.str
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        step_id: _builtins.int = ...,
+        name: _builtins.str = ...,
+        user: _builtins.str = ...,
+        state: _builtins.str = ...,
+        start_time: _builtins.float = ...,
+        end_time: _builtins.float = ...,
+        exit_code: _builtins.int | None = ...,
+        ntasks: _builtins.int = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        gpus: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "end_time", b"end_time", "exit_code", b"exit_code", "gpus", b"gpus", "job_id", b"job_id", "name", b"name", "nodes", b"nodes", "ntasks", b"ntasks", "reason", b"reason", "start_time", b"start_time", "state", b"state", "step_id", b"step_id", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+
+Global___StepInfo: _TypeAlias = StepInfo  # noqa: Y015
+
+@_typing.final
+class ListStepsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_IDS_FIELD_NUMBER: _builtins.int
+    USERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def users(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job_ids: _abc.Iterable[_builtins.str] | None = ...,
+        users: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids", "users", b"users"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStepsRequest: _TypeAlias = ListStepsRequest  # noqa: Y015
+
+@_typing.final
+class ListStepsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepInfo]: ...
+    def __init__(
+        self,
+        *,
+        steps: _abc.Iterable[Global___StepInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStepsResponse: _TypeAlias = ListStepsResponse  # noqa: Y015
+
+@_typing.final
+class CancelStepRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    step_id: _builtins.str
+    """JOBID.STEP"""
+    signal: _builtins.str
+    """gcancel -s: signal the step's tasks instead"""
+    def __init__(
+        self,
+        *,
+        step_id: _builtins.str = ...,
+        signal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["signal", b"signal", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelStepRequest: _TypeAlias = CancelStepRequest  # noqa: Y015
+
+@_typing.final
+class CancelStepResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelStepResponse: _TypeAlias = CancelStepResponse  # noqa: Y015
+
+@_typing.final
+class StepNodeTasks(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    TASK_GPUS_FIELD_NUMBER: _builtins.int
+    TASK_CPUS_FIELD_NUMBER: _builtins.int
+    HELD_GPUS_FIELD_NUMBER: _builtins.int
+    HELD_CPUS_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def task_gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___IntRow]: ...
+    @_builtins.property
+    def task_cpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___IntRow]: ...
+    @_builtins.property
+    def held_gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def held_cpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        tasks: _abc.Iterable[_builtins.int] | None = ...,
+        task_gpus: _abc.Iterable[Global___IntRow] | None = ...,
+        task_cpus: _abc.Iterable[Global___IntRow] | None = ...,
+        held_gpus: _abc.Iterable[_builtins.int] | None = ...,
+        held_cpus: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held_cpus", b"held_cpus", "held_gpus", b"held_gpus", "node", b"node", "task_cpus", b"task_cpus", "task_gpus", b"task_gpus", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepNodeTasks: _TypeAlias = StepNodeTasks  # noqa: Y015
+
+@_typing.final
+class StepLaunch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    UID_FIELD_NUMBER: _builtins.int
+    GID_FIELD_NUMBER: _builtins.int
+    ARGV_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    CWD_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    NODE_INDEX_FIELD_NUMBER: _builtins.int
+    MASTER_ADDR_FIELD_NUMBER: _builtins.int
+    MASTER_PORT_FIELD_NUMBER: _builtins.int
+    KILL_WAIT_S_FIELD_NUMBER: _builtins.int
+    PTY_FIELD_NUMBER: _builtins.int
+    UMASK_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    step_id: _builtins.int
+    user: _builtins.str
+    uid: _builtins.int
+    gid: _builtins.int
+    cwd: _builtins.str
+    node_index: _builtins.int
+    master_addr: _builtins.str
+    master_port: _builtins.int
+    kill_wait_s: _builtins.float
+    pty: _builtins.bool
+    umask: _builtins.int
+    @_builtins.property
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepNodeTasks]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        step_id: _builtins.int = ...,
+        user: _builtins.str = ...,
+        uid: _builtins.int = ...,
+        gid: _builtins.int = ...,
+        argv: _abc.Iterable[_builtins.str] | None = ...,
+        env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        cwd: _builtins.str = ...,
+        nodes: _abc.Iterable[Global___StepNodeTasks] | None = ...,
+        node_index: _builtins.int = ...,
+        master_addr: _builtins.str = ...,
+        master_port: _builtins.int = ...,
+        kill_wait_s: _builtins.float = ...,
+        pty: _builtins.bool = ...,
+        umask: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_umask", b"_umask", "umask", b"umask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_umask", b"_umask", "argv", b"argv", "cwd", b"cwd", "env", b"env", "gid", b"gid", "job_id", b"job_id", "kill_wait_s", b"kill_wait_s", "master_addr", b"master_addr", "master_port", b"master_port", "node_index", b"node_index", "nodes", b"nodes", "pty", b"pty", "step_id", b"step_id", "uid", b"uid", "umask", b"umask", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__umask: _TypeAlias = _typing.Literal["umask"]  # noqa: Y015
+    _WhichOneofArgType__umask: _TypeAlias = _typing.Literal["_umask", b"_umask"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__umask) -> _WhichOneofReturnType__umask | None: ...
+
+Global___StepLaunch: _TypeAlias = StepLaunch  # noqa: Y015
+
+@_typing.final
+class StepSignal(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    step_id: _builtins.int
+    action: Global___SignalJob.Action.ValueType
+    signal: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        step_id: _builtins.int = ...,
+        action: Global___SignalJob.Action.ValueType = ...,
+        signal: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "job_id", b"job_id", "signal", b"signal", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepSignal: _TypeAlias = StepSignal  # noqa: Y015
+
+@_typing.final
+class StepInput(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    step_id: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def window(self) -> Global___StepWindowSize: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        step_id: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        window: Global___StepWindowSize | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["window", b"window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "job_id", b"job_id", "step_id", b"step_id", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepInput: _TypeAlias = StepInput  # noqa: Y015
+
+@_typing.final
+class StepAck(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    step_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        step_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepAck: _TypeAlias = StepAck  # noqa: Y015
+
+@_typing.final
+class StepOutput(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    STREAM_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    step_id: _builtins.int
+    task: _builtins.int
+    stream: _builtins.int
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        step_id: _builtins.int = ...,
+        task: _builtins.int = ...,
+        stream: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "job_id", b"job_id", "step_id", b"step_id", "stream", b"stream", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepOutput: _TypeAlias = StepOutput  # noqa: Y015
+
+@_typing.final
+class StepTaskExit(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    task: _builtins.int
+    exit_code: _builtins.int
+    def __init__(
+        self,
+        *,
+        task: _builtins.int = ...,
+        exit_code: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepTaskExit: _TypeAlias = StepTaskExit  # noqa: Y015
+
+@_typing.final
+class StepTaskExits(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    EXITS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    step_id: _builtins.int
+    @_builtins.property
+    def exits(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepTaskExit]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        step_id: _builtins.int = ...,
+        exits: _abc.Iterable[Global___StepTaskExit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exits", b"exits", "job_id", b"job_id", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepTaskExits: _TypeAlias = StepTaskExits  # noqa: Y015
+
+@_typing.final
+class StepNodeResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    EXITS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    step_id: _builtins.int
+    error: _builtins.str
+    @_builtins.property
+    def exits(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepTaskExit]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        step_id: _builtins.int = ...,
+        exits: _abc.Iterable[Global___StepTaskExit] | None = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exits", b"exits", "job_id", b"job_id", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepNodeResult: _TypeAlias = StepNodeResult  # noqa: Y015

@@ -67,6 +67,31 @@ class ControllerStub:
                 request_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
+        self.KeepAllocation = channel.unary_unary(
+                '/garrison.v1.Controller/KeepAllocation',
+                request_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.KeepAllocationRequest.SerializeToString,
+                response_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.AllocationStatusReply.FromString,
+                _registered_method=True)
+        self.ReleaseAllocation = channel.unary_unary(
+                '/garrison.v1.Controller/ReleaseAllocation',
+                request_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ReleaseAllocationRequest.SerializeToString,
+                response_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ReleaseAllocationReply.FromString,
+                _registered_method=True)
+        self.RunStep = channel.stream_stream(
+                '/garrison.v1.Controller/RunStep',
+                request_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.StepClientMessage.SerializeToString,
+                response_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.StepServerMessage.FromString,
+                _registered_method=True)
+        self.ListSteps = channel.unary_unary(
+                '/garrison.v1.Controller/ListSteps',
+                request_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ListStepsRequest.SerializeToString,
+                response_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ListStepsResponse.FromString,
+                _registered_method=True)
+        self.CancelStep = channel.unary_unary(
+                '/garrison.v1.Controller/CancelStep',
+                request_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.CancelStepRequest.SerializeToString,
+                response_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.CancelStepResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -112,6 +137,42 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KeepAllocation(self, request, context):
+        """galloc (salloc): renew an allocation's keep-alive lease and get its status; release it when the
+        command has ended. See controller/allocations.py.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseAllocation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RunStep(self, request_iterator, context):
+        """gsrun: start a job step in a RUNNING job the caller owns, and stream its tasks' output (and for --pty
+        the terminal's bytes both ways) until it ends. The first client message is `start`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSteps(self, request, context):
+        """gqueue -s, gacct: the steps of the given jobs (or of every job the store still knows).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelStep(self, request, context):
+        """gcancel JOBID.STEP: cancel (or signal) one step only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +205,31 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.ListNodes,
                     request_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ListNodesRequest.FromString,
                     response_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'KeepAllocation': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeepAllocation,
+                    request_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.KeepAllocationRequest.FromString,
+                    response_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.AllocationStatusReply.SerializeToString,
+            ),
+            'ReleaseAllocation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseAllocation,
+                    request_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ReleaseAllocationRequest.FromString,
+                    response_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ReleaseAllocationReply.SerializeToString,
+            ),
+            'RunStep': grpc.stream_stream_rpc_method_handler(
+                    servicer.RunStep,
+                    request_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.StepClientMessage.FromString,
+                    response_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.StepServerMessage.SerializeToString,
+            ),
+            'ListSteps': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSteps,
+                    request_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ListStepsRequest.FromString,
+                    response_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.ListStepsResponse.SerializeToString,
+            ),
+            'CancelStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelStep,
+                    request_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.CancelStepRequest.FromString,
+                    response_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.CancelStepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +397,141 @@ class Controller:
             '/garrison.v1.Controller/ListNodes',
             garrison_dot_protos_dot_v1_dot_garrison__pb2.ListNodesRequest.SerializeToString,
             garrison_dot_protos_dot_v1_dot_garrison__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepAllocation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/garrison.v1.Controller/KeepAllocation',
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.KeepAllocationRequest.SerializeToString,
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.AllocationStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseAllocation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/garrison.v1.Controller/ReleaseAllocation',
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.ReleaseAllocationRequest.SerializeToString,
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.ReleaseAllocationReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunStep(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/garrison.v1.Controller/RunStep',
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.StepClientMessage.SerializeToString,
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.StepServerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSteps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/garrison.v1.Controller/ListSteps',
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.ListStepsRequest.SerializeToString,
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.ListStepsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/garrison.v1.Controller/CancelStep',
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.CancelStepRequest.SerializeToString,
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.CancelStepResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,19 @@ class ControllerStub:
     ListJobs: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.ListJobsRequest, _garrison_pb2.ListJobsResponse]
     GetJob: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.GetJobRequest, _garrison_pb2.JobInfo]
     ListNodes: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.ListNodesRequest, _garrison_pb2.ListNodesResponse]
+    KeepAllocation: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.KeepAllocationRequest, _garrison_pb2.AllocationStatusReply]
+    """galloc (salloc): renew an allocation's keep-alive lease and get its status; release it when the
+    command has ended. See controller/allocations.py.
+    """
+    ReleaseAllocation: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.ReleaseAllocationRequest, _garrison_pb2.ReleaseAllocationReply]
+    RunStep: _grpc.StreamStreamMultiCallable[_garrison_pb2.StepClientMessage, _garrison_pb2.StepServerMessage]
+    """gsrun: start a job step in a RUNNING job the caller owns, and stream its tasks' output (and for --pty
+    the terminal's bytes both ways) until it ends. The first client message is `start`.
+    """
+    ListSteps: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.ListStepsRequest, _garrison_pb2.ListStepsResponse]
+    """gqueue -s, gacct: the steps of the given jobs (or of every job the store still knows)."""
+    CancelStep: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.CancelStepRequest, _garrison_pb2.CancelStepResponse]
+    """gcancel JOBID.STEP: cancel (or signal) one step only."""
 
 @_typing.type_check_only
 class ControllerAsyncStub(ControllerStub):
@@ -63,6 +76,19 @@ class ControllerAsyncStub(ControllerStub):
     ListJobs: _aio.UnaryUnaryMultiCallable[_garrison_pb2.ListJobsRequest, _garrison_pb2.ListJobsResponse]  # type: ignore[assignment]
     GetJob: _aio.UnaryUnaryMultiCallable[_garrison_pb2.GetJobRequest, _garrison_pb2.JobInfo]  # type: ignore[assignment]
     ListNodes: _aio.UnaryUnaryMultiCallable[_garrison_pb2.ListNodesRequest, _garrison_pb2.ListNodesResponse]  # type: ignore[assignment]
+    KeepAllocation: _aio.UnaryUnaryMultiCallable[_garrison_pb2.KeepAllocationRequest, _garrison_pb2.AllocationStatusReply]  # type: ignore[assignment]
+    """galloc (salloc): renew an allocation's keep-alive lease and get its status; release it when the
+    command has ended. See controller/allocations.py.
+    """
+    ReleaseAllocation: _aio.UnaryUnaryMultiCallable[_garrison_pb2.ReleaseAllocationRequest, _garrison_pb2.ReleaseAllocationReply]  # type: ignore[assignment]
+    RunStep: _aio.StreamStreamMultiCallable[_garrison_pb2.StepClientMessage, _garrison_pb2.StepServerMessage]  # type: ignore[assignment]
+    """gsrun: start a job step in a RUNNING job the caller owns, and stream its tasks' output (and for --pty
+    the terminal's bytes both ways) until it ends. The first client message is `start`.
+    """
+    ListSteps: _aio.UnaryUnaryMultiCallable[_garrison_pb2.ListStepsRequest, _garrison_pb2.ListStepsResponse]  # type: ignore[assignment]
+    """gqueue -s, gacct: the steps of the given jobs (or of every job the store still knows)."""
+    CancelStep: _aio.UnaryUnaryMultiCallable[_garrison_pb2.CancelStepRequest, _garrison_pb2.CancelStepResponse]  # type: ignore[assignment]
+    """gcancel JOBID.STEP: cancel (or signal) one step only."""
 
 class ControllerServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------------------------------
@@ -111,6 +137,49 @@ class ControllerServicer(metaclass=_abc_1.ABCMeta):
         request: _garrison_pb2.ListNodesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_garrison_pb2.ListNodesResponse, _abc.Awaitable[_garrison_pb2.ListNodesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def KeepAllocation(
+        self,
+        request: _garrison_pb2.KeepAllocationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_garrison_pb2.AllocationStatusReply, _abc.Awaitable[_garrison_pb2.AllocationStatusReply]]:
+        """galloc (salloc): renew an allocation's keep-alive lease and get its status; release it when the
+        command has ended. See controller/allocations.py.
+        """
+
+    @_abc_1.abstractmethod
+    def ReleaseAllocation(
+        self,
+        request: _garrison_pb2.ReleaseAllocationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_garrison_pb2.ReleaseAllocationReply, _abc.Awaitable[_garrison_pb2.ReleaseAllocationReply]]: ...
+
+    @_abc_1.abstractmethod
+    def RunStep(
+        self,
+        request_iterator: _MaybeAsyncIterator[_garrison_pb2.StepClientMessage],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_garrison_pb2.StepServerMessage], _abc.AsyncIterator[_garrison_pb2.StepServerMessage]]:
+        """gsrun: start a job step in a RUNNING job the caller owns, and stream its tasks' output (and for --pty
+        the terminal's bytes both ways) until it ends. The first client message is `start`.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSteps(
+        self,
+        request: _garrison_pb2.ListStepsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_garrison_pb2.ListStepsResponse, _abc.Awaitable[_garrison_pb2.ListStepsResponse]]:
+        """gqueue -s, gacct: the steps of the given jobs (or of every job the store still knows)."""
+
+    @_abc_1.abstractmethod
+    def CancelStep(
+        self,
+        request: _garrison_pb2.CancelStepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_garrison_pb2.CancelStepResponse, _abc.Awaitable[_garrison_pb2.CancelStepResponse]]:
+        """gcancel JOBID.STEP: cancel (or signal) one step only."""
 
 def add_ControllerServicer_to_server(servicer: ControllerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

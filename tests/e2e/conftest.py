@@ -17,7 +17,7 @@ import pytest
 from helpers.polling import wait_until
 
 BIN = Path(sys.executable).parent
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
 @dataclass

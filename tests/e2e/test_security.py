@@ -38,7 +38,10 @@ from .conftest import BIN, Cluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slow
 
-USERS = ("gsec_alice", "gsec_bob")
+# Per pytest-xdist worker: two workers may each set up this module's fixtures at once, and one's teardown
+# (pkill -u, userdel) must not kill the other's jobs.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+ALICE, BOB = USERS = (f"gsec{_WORKER}_alice", f"gsec{_WORKER}_bob")
 SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
 
 
@@ -155,10 +158,10 @@ def test_a_user_cannot_cancel_another_users_job(users: Users, cluster: Cluster) 
     refused = run_as(users, users.bob, cluster, "gcancel", job)
     assert refused.returncode == 1
     assert refused.stderr.strip() == (
-        f"gcancel: error: permission denied: job {job} belongs to gsec_alice; only its owner may cancel it"
+        f"gcancel: error: permission denied: job {job} belongs to {ALICE}; only its owner may cancel it"
     )
     # Filters select only the caller's own jobs: bob asking for all of alice's cancels nothing.
-    run_as(users, users.bob, cluster, "gcancel", "-u", "gsec_alice")
+    run_as(users, users.bob, cluster, "gcancel", "-u", ALICE)
     assert cluster.job(job)["state"] in ("PENDING", "CONFIGURING", "RUNNING")
     assert "refused CancelJobs" in (cluster.state_dir / "controller.log").read_text()
     allowed = run_as(users, users.alice, cluster, "gcancel", job)
@@ -177,7 +180,7 @@ def test_a_job_runs_as_its_user_and_its_output_belongs_to_them(users: Users, clu
     text = out.read_text()
     assert f"uid={alice.uid} gid={alice.gid}" in text
     assert set(text.split("groups=")[1].split(" proc=")[0].split()) == {str(g) for g in alice.groups}
-    assert text.strip().endswith("proc=gsec_alice")
+    assert text.strip().endswith(f"proc={ALICE}")
 
 
 def test_a_job_cannot_write_where_its_user_cannot(users: Users, cluster: Cluster) -> None:
@@ -192,12 +195,12 @@ def test_a_job_cannot_write_where_its_user_cannot(users: Users, cluster: Cluster
 
 
 def test_a_non_admin_cannot_run_admin_commands(users: Users, cluster: Cluster) -> None:
-    refused = run_as(users, users.alice, cluster, "gadmin", "token", "issue", "--user", "gsec_alice")
+    refused = run_as(users, users.alice, cluster, "gadmin", "token", "issue", "--user", ALICE)
     assert refused.returncode == 1
     assert refused.stderr.strip() == (
-        "gadmin: error: permission denied: only admins may issue tokens (gsec_alice is not an admin)"
+        f"gadmin: error: permission denied: only admins may issue tokens ({ALICE} is not an admin)"
     )
-    refused = run_as(users, users.alice, cluster, "gadmin", "token", "revoke", "--user", "gsec_bob")
+    refused = run_as(users, users.alice, cluster, "gadmin", "token", "revoke", "--user", BOB)
     assert refused.returncode == 1 and "only admins may revoke the tokens of others" in refused.stderr
 
 
@@ -228,7 +231,7 @@ def test_token_installed_for_a_user_speaks_for_them_until_revoked(users: Users, 
     token_file.symlink_to(bait)
     os.lchown(token_file, bob.uid, bob.gid)
 
-    issued = _issue(cluster, "--user", "gsec_bob", "--lifetime", "1h", "--install")
+    issued = _issue(cluster, "--user", BOB, "--lifetime", "1h", "--install")
     assert issued.returncode == 0, issued.stderr
     assert bait.read_text() == "untouched\n"
     info = token_file.lstat()
@@ -236,16 +239,16 @@ def test_token_installed_for_a_user_speaks_for_them_until_revoked(users: Users, 
 
     as_token = {"GARRISON_TOKEN_FILE": str(token_file)}  # as from a login node: the token, not the kernel
     who = run_as(users, bob, cluster, "gadmin", "token", "whoami", env=as_token)
-    assert who.stdout.startswith(f"gsec_bob uid={bob.uid}") and "via token" in who.stdout, who.stderr
+    assert who.stdout.startswith(f"{BOB} uid={bob.uid}") and "via token" in who.stdout, who.stderr
     job = submit_as(users, bob, cluster, "-G", "1", "--wrap", "id -u", env=as_token)
-    assert cluster.job(job)["user"] == "gsec_bob"
+    assert cluster.job(job)["user"] == BOB
 
-    token_id = next(line.split()[0] for line in cluster.run("gadmin", "token", "list", "-u", "gsec_bob").stdout
+    token_id = next(line.split()[0] for line in cluster.run("gadmin", "token", "list", "-u", BOB).stdout
                     .splitlines()[1:] if "active" in line)
     cluster.run("gadmin", "token", "revoke", token_id)
     refused = run_as(users, bob, cluster, "gqueue", env=as_token)
     assert refused.returncode == 1
-    assert refused.stderr.strip() == f"gqueue: error: not authenticated: token {token_id} of gsec_bob was revoked"
+    assert refused.stderr.strip() == f"gqueue: error: not authenticated: token {token_id} of {BOB} was revoked"
     shutil.rmtree(bait.parent, ignore_errors=True)
 
 
@@ -253,13 +256,13 @@ def test_expired_and_forged_tokens_are_refused(users: Users, cluster: Cluster) -
     bob = users.bob
     # The token to forge lives an hour: forged from a short-lived one, it could expire before the check and
     # be refused for that instead (the CLI reads the expiry before anything else).
-    lasting = _issue(cluster, "--user", "gsec_bob", "--lifetime", "1h")
+    lasting = _issue(cluster, "--user", BOB, "--lifetime", "1h")
     assert lasting.returncode == 0, lasting.stderr
     genuine = lasting.stdout.strip()
     forged = genuine[:-4] + ("AAAA" if not genuine.endswith("AAAA") else "BBBB")
     refused = run_as(users, bob, cluster, "gqueue", env={"GARRISON_TOKEN": forged})
     assert refused.returncode == 1 and "signature does not match" in refused.stderr
-    issued = _issue(cluster, "--user", "gsec_bob", "--lifetime", "1s")
+    issued = _issue(cluster, "--user", BOB, "--lifetime", "1s")
     assert issued.returncode == 0, issued.stderr
     token = issued.stdout.strip()
     # Expiry is a matter of the clock: poll until the CLI reports it, which it does before any RPC. (A call
@@ -294,6 +297,7 @@ class TlsCluster:
             (self.root / "garrison.toml").read_text()
             + f'\n[agent]\ncontroller = "{self.env["AGENT_ADDRESS"]}"\nnode_name = "{node}"\naddress = "127.0.0.1"\n'
             f'state_dir = "{self.root / name}"\nfake_topology = "pcie4"\n'
+            f'cgroup_root = "garrison-test-{self.root.name}/{name}"\nallow_unconfined = true\n'
             f'tls_cert = "{cert}"\ntls_key = "{key}"\ntls_ca = "{self.root / "ca" / "ca.crt"}"\n'
         )
         with open(self.root / f"{name}.log", "wb") as log:
@@ -352,6 +356,11 @@ def tls_cluster() -> Iterator[TlsCluster]:
                     process.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     process.kill()
+        # Jobs outlive their agents: end them, and remove their cgroups and the agents' subtrees.
+        configs = [str(path) for path in root.glob("*.toml") if path.name != "garrison.toml"]
+        if configs:
+            subprocess.run([sys.executable, "-m", "garrison.nodeagent.leftovers", *configs], capture_output=True,
+                           timeout=120)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -740,3 +740,13 @@ def test_node_selection_options_from_sbatch_directives_and_the_command_line(work
                          (["--exclusive=everyone"], "--exclusive")):
         with pytest.raises(UsageError, match=re.escape(problem)):
             parse_submission([*bad, "--wrap", "x"], {}, str(workdir))
+
+
+def test_gsub_never_exports_garrisons_own_credentials(workdir: Path) -> None:
+    """A token in a job's environment would be on disk on its nodes and in the queue (issue 20)."""
+    environ = {"GARRISON_TOKEN": "v1.secret.signature", "GARRISON_TOKEN_FILE": "/home/a/.config/garrison/token",
+               "HOME": "/home/a"}
+    for export in ([], ["--export", "ALL"], ["--export", "ALL,GARRISON_TOKEN"], ["--export", "GARRISON_TOKEN=x"]):
+        env = parse_submission([*export, "--wrap", "true"], environ, str(workdir)).spec.env
+        assert "GARRISON_TOKEN" not in env, export
+    assert parse_submission(["--wrap", "true"], environ, str(workdir)).spec.env["HOME"] == "/home/a"

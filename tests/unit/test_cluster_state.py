@@ -14,6 +14,7 @@ from garrison.controller.state import AckResult, ClusterState, Launch, SignalAtt
 from garrison.controller.store import open_store
 from garrison.model.domain import (
     Allocation,
+    AttemptUsage,
     Gpu,
     Job,
     JobSpec,
@@ -171,9 +172,11 @@ def test_node_down_requeues_and_stale_ranks_are_killed_on_return(db: str) -> Non
     state.heartbeat("n1", now=20.0)
     out = state.expire_heartbeats(now=20.0)  # n2 silent since 0
     assert state.nodes["n2"].state == NodeState.DOWN
-    assert SignalAttempt("n1", 1, 0, "kill") in out
+    # The healthy node's ranks get SIGTERM and the kill wait, not an outright SIGKILL.
+    assert SignalAttempt("n1", 1, 0, "terminate") in out
+    assert SignalAttempt("n1", 1, 0, "kill") not in out
     job = state.jobs[1]
-    assert job.state == JobState.COMPLETING  # n1's ranks are still being killed
+    assert job.state == JobState.COMPLETING  # n1's ranks are still being stopped
     state.node_finished("n1", NodeResult(1, 0, (RankOutcome(0, 137), RankOutcome(1, 137))), now=21.0)
     job = state.jobs[1]
     assert job.state == JobState.PENDING and job.attempts[0].state == JobState.NODE_FAIL
@@ -287,3 +290,69 @@ def test_launch_failure_requeues_and_rank_failure_restarts_up_to_max(db: str) ->
     job = state.jobs[1]
     assert job.state == JobState.FAILED and job.exit_code == 1 and "rank 0 exited with 1: boom again" in job.reason
     assert [a.state for a in job.attempts] == [JobState.FAILED, JobState.FAILED, JobState.FAILED]
+
+
+def test_a_node_reporting_out_of_memory_stops_the_gang_and_the_usage_is_stored(db: str) -> None:
+    state = new_state(db)
+    connect(state, "n1", "n2")
+    submit(state, 1, nodes=2, gpus_per_node=2, requeue=True, max_restarts=3)
+    state.start_attempts([(1, two_node_alloc())], now=1.0)
+    state.node_started("n1", 1, 0)
+    state.node_started("n2", 1, 0)
+    state.running_usage("n1", 1, 0, AttemptUsage(max_rss_bytes=100, cpu_time_s=1.0))
+    assert state.running_usage_of(1, 0) == AttemptUsage(max_rss_bytes=100, cpu_time_s=1.0)
+    # The kernel killed a rank at its memory limit on n1 (exit 137), whatever the other rank there did.
+    oom = NodeResult(1, 0, (RankOutcome(0, 137), RankOutcome(1, 0)),
+                     usage=AttemptUsage(max_rss_bytes=2 << 30, cpu_time_s=10.0, oom_kills=1), out_of_memory=True)
+    out = state.node_finished("n1", oom, now=2.0)
+    assert SignalAttempt("n2", 1, 0, "terminate") in out
+    assert state.jobs[1].state == JobState.COMPLETING
+    state.node_finished("n2", NodeResult(1, 0, (RankOutcome(2, 143), RankOutcome(3, 143)),
+                                         usage=AttemptUsage(max_rss_bytes=1 << 30, cpu_time_s=5.0)), now=3.0)
+    job = state.jobs[1]
+    # As in Slurm: OUT_OF_MEMORY, not requeued nor restarted, with the reason where gjob shows it.
+    assert job.state == JobState.OUT_OF_MEMORY and job.state.is_terminal
+    assert job.reason == "out of memory: the memory limit (--mem) killed 1 process on n1"
+    expected = AttemptUsage(max_rss_bytes=2 << 30, cpu_time_s=15.0, oom_kills=1)
+    assert job.attempts[0].usage == expected and job.attempts[0].state == JobState.OUT_OF_MEMORY
+    again = new_state(db)  # stored, not only in memory
+    assert again.jobs[1].state == JobState.OUT_OF_MEMORY and again.jobs[1].attempts[0].usage == expected
+def test_a_node_declared_down_whose_stream_stays_open_is_asked_to_register_again(db: str) -> None:
+    """Issue 20: an agent stalled past the heartbeat timeout (a job's FIFO once blocked its event loop) kept
+    its stream open, and its heartbeats never brought the node back. They say it must register again (the
+    engine then ends the stream and the registration reconciles)."""
+    state = new_state(db)
+    connect(state, "n1")
+    assert state.heartbeat("n1", now=5.0) is False
+    state.expire_heartbeats(now=40.0)
+    assert state.nodes["n1"].state == NodeState.DOWN
+    assert state.heartbeat("n1", now=41.0) is True
+    connect(state, "n1", now=42.0)
+    assert state.nodes["n1"].state == NodeState.UP
+    assert state.heartbeat("n1", now=43.0) is False
+
+
+def test_failed_launches_back_off_and_end_failed_after_the_cap(db: str) -> None:
+    """Issue 20: a launch failing on a taken MASTER_PORT was retried at once, for ever. Each failure now
+    puts the next attempt off (1, 2, 4... s as a begin time), and the fifth in a row ends the job FAILED
+    with the reason; it survives a restart of the controller."""
+    from garrison.model.domain import LAUNCH_FAILED_PREFIX
+
+    state = new_state(db)
+    connect(state, "n1")
+    submit(state, 1, gpus=2)
+    now = 0.0
+    for attempt in range(5):
+        state.start_attempts([(1, Allocation((NodeAllocation("n1", (0, 1)),)))], now=now)
+        error = f"{LAUNCH_FAILED_PREFIX}: MASTER_PORT 2000{attempt} is in use on this node"
+        state.node_finished("n1", NodeResult(1, attempt, (), error), now=now)
+        job = state.jobs[1]
+        if attempt < 4:
+            assert job.state == JobState.PENDING
+            assert job.spec.begin_time == now + 2.0 ** attempt, (attempt, job.spec.begin_time)
+            now = job.spec.begin_time
+            state = new_state(db, now=now)  # durable: a restarted controller backs off the same
+            connect(state, "n1", now=now)
+    assert job.state == JobState.FAILED
+    assert job.reason == f"5 launches failed in a row, the last: {LAUNCH_FAILED_PREFIX}: MASTER_PORT 20004 is in use on this node"
+    assert len(job.attempts) == 5

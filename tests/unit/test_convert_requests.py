@@ -83,7 +83,7 @@ def test_a_submission_carries_its_array_limit_only_when_given() -> None:
 def test_a_bad_launch_mode_is_refused_as_before() -> None:
     request = pb.SubmitJobRequest(spec=pb.JobSpec(name="t", command=["true"], launch="bogus"))
     assert refusal(submit_command_from_pb, request) == (
-        INVALID, "unknown launch mode 'bogus' (expected rank, node or single)"
+        INVALID, "unknown launch mode 'bogus' (expected rank, node, single or allocation)"
     )
 
 
@@ -212,7 +212,7 @@ def refused_over_grpc(controller: ControllerProcess, stub_type: Any, method: str
     ("stub", "method", "request_message", "expected"),
     [
         (pb_grpc.ControllerStub, "SubmitJob", pb.SubmitJobRequest(spec=pb.JobSpec(name="t", command=["true"], launch="x")),
-         (INVALID, "unknown launch mode 'x' (expected rank, node or single)")),
+         (INVALID, "unknown launch mode 'x' (expected rank, node, single or allocation)")),
         (pb_grpc.ControllerStub, "CancelJobs", pb.CancelJobsRequest(job_ids=["1"], signal="NOPE", states=["bad"]),
          (INVALID, "signal: unknown signal 'NOPE'")),
         (pb_grpc.ControllerStub, "CancelJobs", pb.CancelJobsRequest(states=["bad"]),

@@ -34,7 +34,7 @@ from garrison.cli.accounting import (
 )
 from garrison.controller.rpc.convert_admin import job_record_to_pb, usage_to_pb
 from garrison.controller.store import UsageRow, open_store
-from garrison.model.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation
+from garrison.model.domain import Allocation, Attempt, AttemptUsage, Job, JobSpec, JobState, NodeAllocation
 
 BIN = Path(sys.executable).parent
 # 2024-03-01T12:00:00Z and around: long before any test runs, so far past finished_job_retention_s.
@@ -67,9 +67,14 @@ def test_parse_time() -> None:
 
 def attempt(job_id: int, number: int, node_gpus: tuple[tuple[str, tuple[int, ...]], ...], start: float,
             end: float | None, state: JobState, exit_code: int | None = None, cpus: tuple[int, ...] = (),
-            mem_mb: int = 0) -> Attempt:
+            mem_mb: int = 0, usage: AttemptUsage | None = None) -> Attempt:
     allocation = Allocation(tuple(NodeAllocation(node, gpus, cpus, mem_mb) for node, gpus in node_gpus))
-    return Attempt(job_id, number, allocation, start, end_time=end, state=state, exit_code=exit_code)
+    return Attempt(job_id, number, allocation, start, end_time=end, state=state, exit_code=exit_code, usage=usage)
+
+
+# Job 1's second attempt: 300 MiB at its peak, 2 CPU-hours on 16 CPUs in 1 hour (12.5%), GPUs 75% busy.
+MEASURED = AttemptUsage(max_rss_bytes=300 << 20, cpu_time_s=7200.0, gpu_utilization_pct=75.0,
+                        gpu_memory_bytes=40 << 30)
 
 
 def sample_jobs() -> list[Job]:
@@ -85,7 +90,7 @@ def sample_jobs() -> list[Job]:
             exit_code=0, restart_count=1, attempts=(
                 attempt(1, 0, (("n1", (0, 1)), ("n2", (0, 1))), T0, T0 + 3600, JobState.NODE_FAIL, -9),
                 attempt(1, 1, (("n3", (0, 1, 2, 3)),), T0 + 3600 * 2, T0 + 3600 * 3, JobState.COMPLETED, 0,
-                        cpus=tuple(range(16)), mem_mb=64_000))),
+                        cpus=tuple(range(16)), mem_mb=64_000, usage=MEASURED))),
         # bob: failed after half an hour on 2 GPUs
         job(2, "bob", "default", state=JobState.FAILED, start_time=T0, end_time=T0 + 1800, exit_code=3,
             attempts=(attempt(2, 0, (("n1", (2, 3)),), T0, T0 + 1800, JobState.FAILED, 3),)),
@@ -99,12 +104,14 @@ def test_record_rows_show_each_attempt() -> None:
     rows = record_rows(records, now=T0 + 10 * 3600, zone=UTC)
     assert [row[0] for row in rows] == ["1", "1.0", "1.1", "2", "2.0", "3"]
     job1, first, second = rows[0], rows[1], rows[2]
-    assert job1[5:] == ("COMPLETED", "2024-03-01T14:00:00", "2024-03-01T15:00:00", "1:00:00", "4", "16", "8.00", "n3",
+    assert job1[5:14] == ("COMPLETED", "2024-03-01T14:00:00", "2024-03-01T15:00:00", "1:00:00", "4", "16", "8.00", "n3",
                         "0")
-    assert first[5:] == ("NODE_FAIL", "2024-03-01T12:00:00", "2024-03-01T13:00:00", "1:00:00", "4", "0", "4.00",
+    assert first[5:14] == ("NODE_FAIL", "2024-03-01T12:00:00", "2024-03-01T13:00:00", "1:00:00", "4", "0", "4.00",
                          "n[1-2]", "-9")
     assert second[9:12] == ("4", "16", "4.00")
-    assert rows[5][5:] == ("CANCELLED", "-", "2024-03-01T12:01:00", "0:00", "4", "-", "0.00", "-", "-")
+    assert second[14:] == job1[14:] == ("300.00M", "02:00:00", "12.5%", "75.0%", "40.00G")  # sacct's job line: the last
+    assert first[14:] == ("-", "-", "-", "-", "-")  # not measured (an unconfined node, or before containment)
+    assert rows[5][5:14] == ("CANCELLED", "-", "2024-03-01T12:01:00", "0:00", "4", "-", "0.00", "-", "-")
     assert [row[0] for row in record_rows(records, T0, UTC, with_attempts=False)] == ["1", "2", "3"]
 
 
@@ -114,6 +121,9 @@ def test_format_chooses_orders_and_cuts_columns_as_sacct() -> None:
     headers, chosen = select_columns(rows, format_columns("State,JobID, jobname%5,ExitCode%1,AllocCPUS"))
     assert headers == ("STATE", "JOBID", "NAME", "+", "CPUS")
     assert chosen[0] == ("COMPLETED", "1", "trai+", "0", "16")  # train-1, cut to 5 with sacct's '+'
+    headers, chosen = select_columns(rows, format_columns("JobID,MaxRSS,TotalCPU,CPUEff,GPUUtil,GPUMem"))
+    assert headers == ("JOBID", "MAXRSS", "TOTALCPU", "CPUEFF", "GPUUTIL", "GPUMEM")
+    assert chosen[0] == ("1", "300.00M", "02:00:00", "12.5%", "75.0%", "40.00G")
     for bad, message in (("JobID,Nope", "unknown field 'Nope'"), ("State%x", "must be a number"),
                          ("State%0", "must be a number"), (" , ", "no fields")):
         with pytest.raises(FormatError, match=message):
@@ -129,9 +139,15 @@ def test_records_json_and_csv() -> None:
     assert job1["attempts"][0]["allocation"] == [{"node": "n1", "gpus": [0, 1], "cpus": [], "mem_mb": 0},
                                                  {"node": "n2", "gpus": [0, 1], "cpus": [], "mem_mb": 0}]
     assert job1["attempts"][1]["cpus"] == 16 and job1["attempts"][1]["allocation"][0]["mem_mb"] == 64_000
+    assert job1["attempts"][1]["usage"] == job1["usage"] == {
+        "max_rss_bytes": 300 << 20, "total_cpu_s": 7200.0, "cpu_efficiency_pct": 12.5, "gpu_utilization_pct": 75.0,
+        "gpu_memory_bytes": 40 << 30, "oom_kills": 0}
+    assert job1["attempts"][0]["usage"] is None
     assert document["jobs"][2]["start_time"] is None and document["jobs"][2]["attempts"] == []
 
     lines = list(csv.DictReader(io.StringIO(records_csv(records, T0, UTC))))
+    assert lines[2]["max_rss_bytes"] == str(300 << 20) and lines[2]["cpu_efficiency_pct"] == "12.5"
+    assert lines[1]["max_rss_bytes"] == ""
     assert [(line["job_id"], line["attempt"]) for line in lines] == [
         ("1", ""), ("1", "0"), ("1", "1"), ("2", ""), ("2", "0"), ("3", "")]
     assert lines[1]["nodes"] == "n1,n2" and lines[1]["gpu_hours"] == "4.000000"

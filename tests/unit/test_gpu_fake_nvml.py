@@ -312,3 +312,18 @@ def test_uninstall_removes_the_fake() -> None:
     assert pynvml.nvmlLib is None
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         pynvml.nvmlDeviceGetCount()
+
+
+def test_device_minors_and_gpu_accounting_through_nvml() -> None:
+    from garrison.nodeagent.gpu.accounting import attempt_gpu_usage
+    from garrison.nodeagent.gpu.minors import device_minors
+
+    install("dgx-a100")
+    assert device_minors(range(8)) == {i: i for i in range(8)}  # the fake's minors are its indices
+    # The fake library has no per-process accounting (nor has a driver with accounting mode off): no
+    # figures rather than invented ones; a real driver's are read through the same calls.
+    assert attempt_gpu_usage([0, 1], started_at=0.0) is None
+    assert attempt_gpu_usage([], started_at=0.0) is None
+    uninstall_fake_nvml()
+    install_missing_nvml()
+    assert device_minors([3]) == {3: 3}  # no NVML at all: the index stands

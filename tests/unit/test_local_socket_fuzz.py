@@ -25,7 +25,9 @@ OK, INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNIMPLEMENTED, UNAUTHENTICAT
 CLEAR = {INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNIMPLEMENTED, UNAUTHENTICATED, 8}  # 8: rate limit
 METHODS = sorted(REQUEST_TYPES)
 RESPONSE_TYPES = {"Hello": pb.HelloResponse, "SubmitJob": pb.SubmitJobResponse, "CancelJobs": pb.CancelJobsResponse,
-                  "ListJobs": pb.ListJobsResponse, "GetJob": pb.JobInfo, "ListNodes": pb.ListNodesResponse}
+                  "ListJobs": pb.ListJobsResponse, "GetJob": pb.JobInfo, "ListNodes": pb.ListNodesResponse,
+                  "KeepAllocation": pb.AllocationStatusReply, "ReleaseAllocation": pb.ReleaseAllocationReply,
+                  "ListSteps": pb.ListStepsResponse, "CancelStep": pb.CancelStepResponse}
 
 
 @pytest.fixture(scope="module")

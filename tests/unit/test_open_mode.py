@@ -9,7 +9,12 @@ from pathlib import Path
 
 from garrison.model.domain import Allocation, JobSpec, LaunchMode, NodeAllocation
 from garrison.model.launch import LaunchDescription
-from garrison.nodeagent.jobs import output_truncation, supervisor_spec, truncates_output
+from garrison.nodeagent.jobs import (
+    empty_outputs_before_start,
+    output_truncation,
+    supervisor_spec,
+    truncates_output,
+)
 from garrison.nodeagent.launch.env import RankPlan
 from garrison.nodeagent.supervisor import core
 from garrison.nodeagent.supervisor.spec import LaunchSpec
@@ -57,3 +62,18 @@ def test_the_supervisor_truncates_exactly_the_listed_paths(tmp_path: Path) -> No
     os.write(fd, b"attempt 1\n")
     os.close(fd)
     assert log.read_text() == "attempt 0 again\nattempt 1\n"
+
+
+def test_a_gang_empties_regular_outputs_before_its_start_and_leaves_devices_and_fifos_alone(tmp_path: Path) -> None:
+    log, missing, fifo = tmp_path / "slurm-5.out", tmp_path / "new.out", tmp_path / "pipe"
+    log.write_text("attempt 0\n")
+    os.mkfifo(fifo)
+    paths = (str(log), str(missing), "/dev/null", str(fifo))
+    planned = [RankPlan(rank=i, argv=("x",), env={}, cwd=str(tmp_path), stdout=p, stderr=p)
+               for i, p in enumerate(paths)]
+    spec = supervisor_spec(launch(0), planned, groups=[], cpus=None, notify_socket=None)
+    launched = replace(launch(0), uid=os.getuid(), gid=os.getgid())
+    emptied = empty_outputs_before_start(spec, launched)
+    assert log.read_text() == "" and missing.exists() and missing.stat().st_size == 0
+    assert all(rank.truncate == [] for rank in emptied.ranks)  # no rank empties a file after the others started
+    assert os.path.exists("/dev/null") and fifo.is_fifo()

@@ -60,3 +60,18 @@ def test_wait_status_line_says_state_reason_and_elapsed() -> None:
     running = pb.JobInfo(job_id=7, display_id="7", state="RUNNING", now=100.0, start_time=58.0, node_list=["node1"])
     assert status_line("7", [running]) == "job 7: RUNNING 0:42 on node1"
     assert status_line("7", [running, pending, pending]) == "job 7: 2 PENDING, 1 RUNNING"
+
+
+def test_ginfo_marks_a_node_whose_jobs_run_unconfined() -> None:
+    from garrison.cli.render import node_row
+    from garrison.model.domain import Node, NodeInventory
+    from garrison.wire.convert import node_to_pb
+
+    def row(containment: str, reason: str = "") -> tuple[str, ...]:
+        inventory = NodeInventory("n1", (), (), (), cpus=2, memory_mb=4096, containment=containment)
+        return node_row(node_to_pb(Node("n1", inventory, reason=reason), [], connected=True))
+
+    assert row("cgroup-v1: memory,cpuset,devices,pids,freezer")[-1] == ""
+    assert row("unconfined")[-1] == "unconfined (jobs not contained by cgroups)"
+    assert row("unconfined", "bad DIMM")[-1] == "bad DIMM; unconfined (jobs not contained by cgroups)"
+    assert row("")[-1] == ""  # an agent from before containment says nothing: nothing is claimed

@@ -9,12 +9,13 @@ from sched_helpers import NOW, busy, node, pending, running
 
 from garrison.config import PRESET_TIME_LIMIT_LONG_S, PRESET_TIME_LIMIT_SHORT_S
 from garrison.controller.sched.cycle import Reason, SchedulerConfig, schedule
+from garrison.controller.sched.dependencies import DependencyItem, DependencyKind, JobDependencies
 from garrison.controller.sched.fairshare import accrued, decay, fair_share_factors, normalised_shares
 from garrison.controller.sched.presets import policy_presets, preset
 from garrison.controller.sched.priority import PriorityContext, PriorityWeights, time_limit_factor
 from garrison.controller.sched.snapshot import NodeView, RunningJob, Snapshot, UsageView
 from garrison.model.accounts import Account, Accounting, Limits, PartitionDef, Qos, User
-from garrison.model.domain import Allocation, NodeAllocation
+from garrison.model.domain import Allocation, JobState, NodeAllocation
 
 GARRISON = preset("garrison")
 
@@ -397,8 +398,10 @@ def test_a_job_waiting_on_a_dependency_neither_starts_nor_holds_gpus() -> None:
     # The first two jobs come first in priority but wait on dependencies: the third starts on the one GPU,
     # and no reservation keeps it for them.
     jobs = [
-        replace(pending(1, gpus=1, submit=0.0), dependency_reason=Reason.DEPENDENCY),
-        replace(pending(2, gpus=1, submit=1.0), dependency_reason=Reason.DEPENDENCY_NEVER_SATISFIED),
+        replace(pending(1, gpus=1, submit=0.0), dependencies=JobDependencies(
+            (DependencyItem(DependencyKind.AFTEROK, ((JobState.RUNNING,),)),))),
+        replace(pending(2, gpus=1, submit=1.0), dependencies=JobDependencies(
+            (DependencyItem(DependencyKind.AFTEROK, ((JobState.FAILED,),)),))),
         pending(3, gpus=1, submit=2.0),
     ]
     plan = schedule(snap([node("a", gpus=1)], jobs), NOW, GARRISON)
@@ -429,14 +432,22 @@ def test_a_job_does_not_start_before_its_begin_time() -> None:
 
 def test_one_singleton_of_a_name_starts_per_cycle() -> None:
     jobs = [
-        replace(pending(1, gpus=1), singleton_key=("u", "chain")),
-        replace(pending(2, gpus=1), singleton_key=("u", "chain")),
-        replace(pending(3, gpus=1), singleton_key=("v", "chain")),  # another user's namesake
+        replace(pending(1, gpus=1), dependencies=SINGLETON_U),
+        replace(pending(2, gpus=1), dependencies=SINGLETON_U),
+        replace(pending(3, gpus=1), dependencies=replace(SINGLETON_U, singleton_key=("v", "chain"))),  # another user's
         pending(4, gpus=1),
     ]
     plan = schedule(snap([node("a", gpus=4)], jobs), NOW, GARRISON)
     assert sorted(s.job_id for s in plan.starts) == [1, 3, 4]
     assert plan.waiting[2] == Reason.DEPENDENCY
+    # A namesake that already runs holds back both of u's: the core decides from the snapshot's running names.
+    running_namesake = replace(snap([node("a", gpus=4)], jobs), running_names=frozenset({("u", "chain")}))
+    plan = schedule(running_namesake, NOW, GARRISON)
+    assert sorted(s.job_id for s in plan.starts) == [3, 4]
+    assert plan.waiting[1] == plan.waiting[2] == Reason.DEPENDENCY
+
+
+SINGLETON_U = JobDependencies((DependencyItem(DependencyKind.SINGLETON),), singleton_key=("u", "chain"))
 
 
 def test_every_pending_job_gets_a_reason_position_and_priority() -> None:

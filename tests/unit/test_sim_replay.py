@@ -70,9 +70,26 @@ def test_fifo_queue_on_one_node() -> None:
     # Idle while jobs waited: C's 4 GPUs from 130 to 150, when E (1 GPU) would have fitted but queued behind D.
     assert summary["idle_gpu_hours_waiting"] == pytest.approx(4 * 20 * U / 3600)
     assert summary["idle_gpu_hours_fitting"] == pytest.approx(4 * 20 * U / 3600)
-    # A cycle runs only where something could start: t=0 (A), 100 (B, C), 130 (C's GPUs free, nothing fits),
-    # 150 (D), 160 (E); the arrivals at 10-40 found the node full, and at 165 nothing was pending.
-    assert result.cycles == 5
+    # A cycle runs where something could start: t=0 (A), 100 (B, C), 130 (C's GPUs free, nothing fits),
+    # 150 (D), 160 (E), and at each arrival (10-40: the node full), as the daemon's cycle on a submission
+    # gives the job its first estimated start; at 165 nothing was pending.
+    assert result.cycles == 9
+
+
+def test_the_estimated_start_accuracy_is_reported_per_policy() -> None:
+    """The estimate from the cycle at each submission, and the last one an hour or more before the start,
+    against the real first start: B, C, D and E waited; garrison's reservations gave each an estimate."""
+    result = run("1x8", QUEUE, "garrison")
+    by_id = {j.job_id: j for j in result.jobs}
+    assert [(by_id[i].estimate_at_submit, by_id[i].first_start) for i in (2, 3, 4, 5)] == [
+        (100 * U, 115 * U), (100 * U, 115 * U), (100 * U, 105 * U), (100 * U, 100 * U)]
+    summary = summarize(result)
+    assert summary["estimate_submit_coverage"] == 1.0
+    assert summary["estimate_submit_p50_error_s"] == pytest.approx(10 * U)  # errors 0, 5, 15, 15 units
+    assert summary["estimate_submit_p90_error_s"] == pytest.approx(15 * U)
+    assert summary["estimate_hour_coverage"] == 1.0 and summary["estimate_hour_p90_error_s"] == 0.0
+    # Strict FIFO plans no reservation: no job that waited had an estimate.
+    assert summarize(run("1x8", QUEUE, "fifo"))["estimate_submit_coverage"] == 0.0
 
 
 def test_backfill_starts_a_short_job_that_ends_before_the_reservation() -> None:

@@ -29,14 +29,20 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from psycopg import sql
 from sqlalchemy import Engine, create_engine, event, inspect, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
 
 from garrison.controller.store import (
+    AttemptStop,
     JobQuery,
     LoadedState,
     SqlStore,
     Store,
+    StoreChanges,
+    StoreUnavailable,
     UnsupportedDatabaseURL,
     UsageRow,
+    create_store_engine,
     open_store,
     upgrade,
 )
@@ -63,6 +69,7 @@ from garrison.model.accounts import (
 from garrison.model.domain import (
     Allocation,
     Attempt,
+    AttemptUsage,
     Gpu,
     Job,
     JobSpec,
@@ -73,6 +80,8 @@ from garrison.model.domain import (
     NodeInventory,
     NodeState,
 )
+from garrison.model.steps import Step, StepLayout, StepNode, StepState
+from tests.helpers.ports import free_port
 
 POSTGRES_HOST, POSTGRES_PORT = "127.0.0.1", 5432
 POSTGRES_ADMIN_DSN = f"host={POSTGRES_HOST} port={POSTGRES_PORT} user=postgres dbname=test connect_timeout=3"
@@ -145,6 +154,8 @@ def full_job(job_id: int = 7) -> Job:
         state=JobState.NODE_FAIL,
         exit_code=-9,
         reason="node gpu-a stopped responding",
+        usage=AttemptUsage(max_rss_bytes=3 << 30, cpu_time_s=1234.5, gpu_utilization_pct=87.5,
+                           gpu_memory_bytes=40 << 30, oom_kills=1),
     )
     second = Attempt(
         job_id=job_id,
@@ -229,6 +240,7 @@ def sample_inventory(hostname: str = "gpu-a", gpu_count: int = 2) -> NodeInvento
         memory_mb=2_063_000,
         model="dgx-h100",
         features=("h100", "ib"),
+        containment="cgroup-v1: memory,cpuset,devices,pids,freezer",
     )
 
 
@@ -420,7 +432,9 @@ class StoreContract:
         for_batch = self.count_statements(store, lambda: store.save_jobs(batch))
 
         assert [word for word in for_one if word != "BEGIN"] == ["INSERT", "INSERT"]  # job, attempt: upserts
-        assert for_batch == for_one
+        # The batch's 1,000 new specs go in one more statement; a spec already stored is not sent again.
+        assert [word for word in for_batch if word != "BEGIN"] == ["INSERT", "INSERT", "INSERT"]
+        assert self.count_statements(store, lambda: store.save_jobs(batch)) == for_one
         assert store.load().jobs == one + batch
 
     def test_save_is_one_transaction(self, store: Store) -> None:
@@ -791,6 +805,64 @@ class StoreContract:
         store.delete_jobs([1])
         assert store.load_holds() == {}
 
+    # -- job steps (migration 0003_steps) ---------------------------------------------------------------------
+
+    def test_steps_round_trip_update_and_go_with_their_jobs(self, store: Store, store_url: str) -> None:
+        store.save_jobs([running_job(5), running_job(6)])
+        layout = StepLayout(nodes=(
+            StepNode("node-1", (0, 1), ((0,), (1,)), ((2, 3), (4, 5)), held_gpus=(0, 1), held_cpus=(2, 3, 4, 5)),
+            StepNode("node-2", (2,), ((0, 1),), ((),)),
+        ))
+        first = Step(job_id=5, step_id=0, name="python", user="ann", uid=1000, argv=("python", "-c", "é"),
+                     layout=layout, start_time=1_700_000_200.5)
+        store.save_step(first)
+        store.save_step(replace(first, step_id=1, name="hostname", argv=("hostname",)))
+        store.save_step(replace(first, job_id=6, user="bob"))
+        assert store.last_step_id(5) == 1 and store.last_step_id(6) == 0 and store.last_step_id(7) is None
+        ended = replace(first, state=StepState.FAILED, end_time=1_700_000_300.0, exit_code=143, reason="cancelled")
+        store.save_step(ended)
+        assert store.query_steps([5])[0] == ended
+        assert [(s.job_id, s.step_id) for s in store.query_steps()] == [(5, 0), (5, 1), (6, 0)]
+        assert [(s.job_id, s.step_id) for s in store.query_steps(users=["bob"])] == [(6, 0)]
+        assert [(s.job_id, s.step_id) for s in store.query_steps(limit=2)] == [(5, 0), (5, 1)]
+        reopened = open_store(store_url)
+        try:
+            assert reopened.query_steps([5, 6])[0] == ended
+            reopened.delete_jobs([5])
+            assert [(s.job_id, s.step_id) for s in reopened.query_steps()] == [(6, 0)]
+        finally:
+            reopened.close()
+    # -- one operation, one transaction (issue 19)
+
+    def test_write_stores_jobs_holds_nodes_and_stops_in_one_transaction(self, store: Store, store_url: str) -> None:
+        commits: list[object] = []
+        record = commits.append
+        engine = sql_engine(store)
+        event.listen(engine, "commit", record)
+        stopping = replace(running_job(1), state=JobState.COMPLETING, reason="stopping:PENDING")
+        stop = AttemptStop(1, 0, JobState.PENDING, JobState.PREEMPTED, "preempted", terminate_at=1234.5)
+        try:
+            store.write(StoreChanges(jobs=[stopping, pending_job(2)], holds={2: True}, nodes=[sample_node()],
+                                     stops=[stop, AttemptStop(2, 0, JobState.CANCELLED, JobState.CANCELLED, "x")]))
+        finally:
+            event.remove(engine, "commit", record)
+        assert len(commits) == 1
+        loaded = self.reopen(store_url)
+        assert [job.job_id for job in loaded.jobs] == [1, 2] and [n.name for n in loaded.nodes] == ["gpu-a"]
+        assert loaded.stops == (stop,)  # only those of jobs still being stopped
+        assert store.load_holds() == {2: True}
+        store.write(StoreChanges(holds={2: None}))
+        assert store.load_holds() == {}
+        store.delete_jobs([1])
+        assert self.reopen(store_url).stops == ()
+
+    def test_a_write_that_fails_writes_nothing(self, store: Store, store_url: str) -> None:
+        # The hold names a job that does not exist: the last statement fails, and the jobs before it with it.
+        with pytest.raises(IntegrityError):
+            store.write(StoreChanges(jobs=[pending_job(1)], nodes=[sample_node()], holds={99: False}))
+        loaded = self.reopen(store_url)
+        assert loaded.jobs == [] and loaded.nodes == []
+
 
 def sample_accounting() -> Accounting:
     """Accounting data with every kind of record, built through its validated changes."""
@@ -883,6 +955,18 @@ class TestPostgresStore(StoreContract):
         finally:
             engine.dispose()
         return postgres_database
+
+    def test_an_unreachable_server_is_store_unavailable(self, store: Store, store_url: str) -> None:
+        url = make_url(store_url).set(port=free_port())  # nothing listens there
+        unreachable = SqlStore(create_store_engine(url))
+        try:
+            with pytest.raises(StoreUnavailable) as refused:
+                unreachable.save_jobs([pending_job(1)])
+            assert str(refused.value) == StoreUnavailable.MESSAGE and "refused" in refused.value.cause.lower()
+            with pytest.raises(StoreUnavailable):
+                unreachable.load()
+        finally:
+            unreachable.close()
 
     def test_bare_postgresql_url_uses_psycopg(self, store_url: str) -> None:
         store = open_store(store_url.replace("postgresql+psycopg://", "postgresql://"))

@@ -138,6 +138,7 @@ def test_both_units_notify_and_restart_on_failure() -> None:
 def test_agent_unit_leaves_jobs_alone() -> None:
     settings = unit_settings("garrison-agent.service")["Service"]
     assert settings["KillMode"] == ["process"]  # stop/restart signals the agent only, never the job cgroup
+    assert settings["Delegate"] == ["yes"]  # the job cgroups below the unit's are the agent's to manage
     assert settings["OOMPolicy"] == ["continue"]  # a rank's OOM kill must not stop the unit
     assert settings["TasksMax"] == ["infinity"]
     assert "User" not in settings  # root: ranks start as their users
@@ -260,6 +261,8 @@ state_dir = "{base}/agent"
 credential_socket = "{base}/auth.sock"
 fake_topology = "pcie4"
 metrics_address = "127.0.0.1:{self.agent_metrics}"
+cgroup_root = "garrison-test-{base.name}"
+allow_unconfined = true
 """)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GARRISON_")}
         self.env.update(GARRISON_CONTROLLER=self.address, XDG_CACHE_HOME=str(base / "cache"),
@@ -284,18 +287,15 @@ metrics_address = "127.0.0.1:{self.agent_metrics}"
         return "\n".join(p.read_text(errors="replace")[-3000:] for p in self.base.glob("*.log"))
 
     def stop_all(self) -> None:
-        from garrison.nodeagent.supervisor import client as supervisor
+        from garrison.nodeagent.containment.cgroup_v1 import remove_subtree
+        from garrison.nodeagent.leftovers import kill_leftover_jobs
 
         for process in self.processes:
             if process.poll() is None:
                 process.kill()
                 process.wait(timeout=10)
-        jobs = self.base / "agent" / "jobs"
-        if jobs.is_dir():
-            for job_dir in jobs.iterdir():
-                if job_dir.is_dir():
-                    supervisor.kill_now(job_dir)
-                    supervisor.kill_orphans(job_dir)
+        kill_leftover_jobs(self.base / "agent")  # supervisors, ranks and their cgroups
+        remove_subtree(f"garrison-test-{self.base.name}")
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ def mem_needed(request: Request, gpus_on_node: int, node_memory_mb: int = 0) -> 
 
 class CpuMemoryFit:
     name = "CpuMemoryFit"
+    reads_node_name = False
+    about_node_state = False
 
     def check(self, request: Request, candidate: Candidate) -> Status:
         cpus = cpus_needed(request, request.shape.min_gpus_per_node)

@@ -7,6 +7,8 @@ from garrison.controller.sched.framework import OK, Candidate, Request, Status, 
 
 class NodeNotExcluded:
     name = "NodeNotExcluded"
+    reads_node_name = True
+    about_node_state = False
 
     def check(self, request: Request, candidate: Candidate) -> Status:
         if candidate.view.name in request.exclude:

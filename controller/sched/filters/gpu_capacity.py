@@ -7,6 +7,8 @@ from garrison.controller.sched.framework import OK, Candidate, Request, Status, 
 
 class GpuCapacity:
     name = "GpuCapacity"
+    reads_node_name = False
+    about_node_state = False
 
     def check(self, request: Request, candidate: Candidate) -> Status:
         if candidate.capable >= request.shape.min_gpus_per_node:

@@ -11,6 +11,8 @@ from garrison.controller.sched.framework import OK, Candidate, Request, Status, 
 
 class GpuFree:
     name = "GpuFree"
+    reads_node_name = False
+    about_node_state = False
 
     def check(self, request: Request, candidate: Candidate) -> Status:
         if len(candidate.usable) >= request.shape.min_gpus_per_node:

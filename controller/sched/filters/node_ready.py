@@ -7,6 +7,8 @@ from garrison.controller.sched.framework import OK, Candidate, Request, Status, 
 
 class NodeReady:
     name = "NodeReady"
+    reads_node_name = False
+    about_node_state = True
 
     def check(self, request: Request, candidate: Candidate) -> Status:
         view = candidate.view

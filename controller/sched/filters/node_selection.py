@@ -10,6 +10,8 @@ class NodeFeatures:
     """The node has the features the job's -C/--constraint expression asks for."""
 
     name = "NodeFeatures"
+    reads_node_name = False
+    about_node_state = False
 
     def check(self, request: Request, candidate: Candidate) -> Status:
         if satisfies(candidate.view.features, request.constraint):
@@ -27,6 +29,8 @@ class NodeListed:
     """The node is one the job named with -w/--nodelist, when those are all the nodes it gets."""
 
     name = "NodeListed"
+    reads_node_name = True
+    about_node_state = False
 
     def check(self, request: Request, candidate: Candidate) -> Status:
         if not restricted_to_list(request) or candidate.view.name in request.nodelist:
@@ -39,6 +43,8 @@ class NodeExclusive:
     node an --exclusive job holds, even one asking for no GPU, CPU or memory."""
 
     name = "NodeExclusive"
+    reads_node_name = False
+    about_node_state = False
 
     def check(self, request: Request, candidate: Candidate) -> Status:
         if not request.exclusive:

@@ -7,6 +7,8 @@ from garrison.controller.sched.framework import OK, Candidate, Request, Status, 
 
 class PartitionMember:
     name = "PartitionMember"
+    reads_node_name = False
+    about_node_state = False
 
     def check(self, request: Request, candidate: Candidate) -> Status:
         if request.partition in candidate.view.partitions:

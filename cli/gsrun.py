@@ -1,0 +1,435 @@
+"""gsrun: run a job step in an allocation (Slurm's srun), its tasks' output streamed back here.
+
+Inside a job (SLURM_JOB_ID or GARRISON_JOB_ID in the environment, or --jobid), ``gsrun [options] CMD ...``
+asks the controller for a step of that job; the nodes' agents start its tasks, and their stdout and
+stderr come back on the same RunStep stream, so gsrun works from any host that reaches the controller.
+The exit status is the step's: the highest exit code of its tasks (128+N for a task killed by signal N).
+
+Signals, as srun's: one Ctrl-C reports the step's state, a second within a second sends SIGINT to the
+tasks and cancels the step, a third leaves at once. SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT and
+SIGALRM are passed on to every task. With --pty, task 0 runs on a pseudo-terminal on its node: this
+terminal goes raw, every byte (Ctrl-C too) goes to it, and window size changes follow.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+
+from garrison.cli.argparser import Parser, UsageError
+from garrison.cli.client import EXIT_USAGE, HEADER, OK, Client, CliError, fail
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+PROG = "gsrun"
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT,
+             signal.SIGALRM)
+INTERRUPT_WINDOW_S = 1.0
+STREAM_END = 255  # controller/rpc/local.py's last frame of a stream
+RESOURCE_EXHAUSTED = 8  # grpc.StatusCode's: the local socket's limits refused us
+
+
+def _parser() -> Parser:
+    parser = Parser(prog=PROG, description="Run a job step (srun) in a running job of yours.")
+    add = parser.add_argument
+    add("-n", "--ntasks", type=int, help="Tasks to run (default: one per node, or SLURM_NTASKS).")
+    add("-N", "--nodes", type=int, help="Nodes of the job's allocation to use.")
+    add("--ntasks-per-node", type=int, help="Tasks on each node.")
+    add("--gpus-per-task", type=int, help="GPUs each task holds (out of the job's).")
+    add("-c", "--cpus-per-task", type=int, help="CPUs each task holds (out of the job's).")
+    add("-w", "--nodelist", default="", help="Nodes the step must use (comma list or host list).")
+    add("--gpu-bind", default="", help="none, closest, single:N, map_gpu:A,B,...")
+    add("--cpu-bind", default="", help="none, cores, map_cpu:A,B,...")
+    add("-l", "--label", action="store_true", help='Prefix each output line with its task number ("3: ").')
+    add("-K", "--kill-on-bad-exit", action="store_true", help="A task exiting non-zero stops the others.")
+    add("--export", default="ALL", help="ALL (default), NONE, or a comma list of NAME and NAME=VALUE (with ALL,...).")
+    add("--pty", action="store_true", help="Run task 0 on a pseudo-terminal, connected to this one.")
+    add("--jobid", default="", help="The job to run the step in (default: SLURM_JOB_ID / GARRISON_JOB_ID).")
+    add("-J", "--job-name", default="", help="The step's name (default: the command's).")
+    add("-D", "--chdir", default="", help="The tasks' working directory (default: this one).")
+    add("-o", "--output", default="", help="Write the tasks' stdout to this file instead of gsrun's stdout.")
+    add("-e", "--error", default="", help="Write the tasks' stderr to this file instead of gsrun's stderr.")
+    # Outside a job, gsrun first asks for an allocation (cli/gsrun_alloc.py); these shape it as sbatch's do.
+    add("-t", "--time", default="", help="Outside a job: the allocation's time limit.")
+    add("-p", "--partition", default="", help="Outside a job: the allocation's partition.")
+    add("-A", "--account", default="", help="Outside a job: the account to charge.")
+    add("-q", "--qos", default="", help="Outside a job: the allocation's QoS.")
+    add("-G", "--gpus", default="", help="Outside a job: GPUs for the allocation in all.")
+    add("--gpus-per-node", default="", help="Outside a job: GPUs on each node of the allocation.")
+    add("--mem", default="", help="Outside a job: memory on each node of the allocation.")
+    add("command", nargs="...", help="The program and its arguments.")
+    return parser
+
+
+def _positive(value: int | None, option: str) -> int | None:
+    if value is not None and value < 1:
+        raise UsageError(f"{option} must be at least 1")
+    return value
+
+
+def _binding(text: str, option: str, names: tuple[str, ...], mapped: str) -> tuple[str, list[int]]:
+    """--gpu-bind/--cpu-bind's value as (kind, numbers)."""
+    kind, _, arg = text.partition(":")
+    kind = kind.strip().lower()
+    if kind == mapped or kind == "single":
+        try:
+            numbers = [int(part) for part in arg.split(",") if part.strip()]
+        except ValueError:
+            raise UsageError(f"{option}={text}: expected numbers after {kind}:") from None
+        if not numbers or any(n < 0 for n in numbers) or (kind == "single" and (len(numbers) != 1 or numbers[0] < 1)):
+            raise UsageError(f"{option}={text}: expected {kind}:N{',N...' if kind == mapped else ''}")
+        return kind, numbers
+    if kind in names and not arg:
+        return kind, []
+    raise UsageError(f"{option}={text}: expected one of {', '.join(names)}, {mapped}:LIST"
+                     + (", single:N" if option == "--gpu-bind" else ""))
+
+
+def exported_environment(spec: str, environ: dict[str, str]) -> dict[str, str]:
+    """--export: ALL (this environment), NONE (only SLURM_* and GARRISON_* variables, as srun keeps its own),
+    or NAMES and NAME=VALUEs, with or without ALL."""
+    parts = [part for part in spec.split(",") if part]
+    if not parts:
+        raise UsageError("--export: expected ALL, NONE or a list of variables")
+    everything = parts[0].upper() == "ALL"
+    if parts[0].upper() in ("ALL", "NONE"):
+        parts = parts[1:]
+    env = dict(environ) if everything else {k: v for k, v in environ.items() if k.startswith(("SLURM_", "GARRISON_"))}
+    for part in parts:
+        name, equals, value = part.partition("=")
+        if not name or not (name[0].isalpha() or name[0] == "_") or not name.replace("_", "a").isalnum():
+            raise UsageError(f"--export: {name!r} is not a variable name")
+        if equals:
+            env[name] = value
+        elif name in environ:
+            env[name] = environ[name]
+    return env
+
+
+def _job_id(given: str) -> int | None:
+    """The job to run in, or None outside a job (gsrun then asks for an allocation first)."""
+    text = given or os.environ.get("SLURM_JOB_ID") or os.environ.get("GARRISON_JOB_ID") or ""
+    if not text:
+        return None
+    if not text.isdigit():
+        raise CliError(f"--jobid {text!r}: expected a job number", EXIT_USAGE)
+    return int(text)
+
+
+def _env_int(environ: dict[str, str], name: str) -> int | None:
+    value = environ.get(name, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, Any]:
+    """The StepSpec's fields from the options, with srun's defaults from the job's environment."""
+    if not args.command:
+        raise UsageError("no command to run (gsrun [options] COMMAND [ARGS...])")
+    ntasks = _positive(args.ntasks, "-n")
+    nodes = _positive(args.nodes, "-N")
+    per_node = _positive(args.ntasks_per_node, "--ntasks-per-node")
+    if ntasks is None and nodes is None and per_node is None and not args.pty:
+        # Inside a job srun takes the job's -n and --ntasks-per-node as its own defaults (SLURM_NTASKS).
+        ntasks, per_node = _env_int(environ, "SLURM_NTASKS"), _env_int(environ, "SLURM_NTASKS_PER_NODE")
+    if args.pty and ntasks not in (None, 1):
+        raise UsageError("--pty runs one task: leave out -n or give -n 1")
+    if args.pty:
+        ntasks, nodes, per_node = 1, 1, None
+    from garrison.model.hostlist import expand_hostlist
+
+    try:
+        nodelist = expand_hostlist(args.nodelist) if args.nodelist else []
+    except ValueError as exc:
+        raise UsageError(f"-w: {exc}") from None
+    gpu_bind, gpu_args = _binding(args.gpu_bind, "--gpu-bind", ("none", "closest"), "map_gpu") if args.gpu_bind \
+        else ("", [])
+    cpu_bind, cpu_args = _binding(args.cpu_bind, "--cpu-bind", ("none", "cores"), "map_cpu") if args.cpu_bind \
+        else ("", [])
+    cwd = os.path.abspath(args.chdir) if args.chdir else os.getcwd()
+    spec: dict[str, Any] = {
+        "argv": list(args.command), "env": exported_environment(args.export, environ), "cwd": cwd,
+        "nodelist": list(nodelist), "gpu_bind": gpu_bind, "gpu_bind_arg": gpu_args, "cpu_bind": cpu_bind,
+        "cpu_bind_arg": cpu_args, "label": args.label, "kill_on_bad_exit": args.kill_on_bad_exit, "pty": args.pty,
+        "name": args.job_name,
+    }
+    for name, value in (("ntasks", ntasks), ("nodes", nodes), ("ntasks_per_node", per_node),
+                        ("gpus_per_task", args.gpus_per_task), ("cpus_per_task", _positive(args.cpus_per_task, "-c"))):
+        if value is not None:
+            spec[name] = value
+    umask = os.umask(0)
+    os.umask(umask)
+    spec["umask"] = umask
+    return spec
+
+
+class OutputWriter:
+    """The tasks' bytes onto our stdout/stderr (or -o/-e files), each line prefixed "N: " with --label."""
+
+    def __init__(self, label: bool, output: str, error: str) -> None:
+        self.label = label
+        self.files = {1: open(output, "ab") if output else sys.stdout.buffer,  # noqa: SIM115 - closed at exit
+                      2: open(error, "ab") if error else sys.stderr.buffer}  # noqa: SIM115
+        self.at_line_start: dict[tuple[int, int], bool] = {}
+
+    def write(self, task: int, stream: int, data: bytes) -> None:
+        out = self.files.get(stream, self.files[1])
+        if self.label:
+            prefix = f"{task}: ".encode()
+            key = (task, stream)
+            pieces = []
+            start = self.at_line_start.get(key, True)
+            for line in data.splitlines(keepends=True):
+                pieces.append(prefix + line if start else line)
+                start = line.endswith(b"\n")
+            self.at_line_start[key] = start
+            data = b"".join(pieces)
+        out.write(data)
+        out.flush()
+
+    def close(self) -> None:
+        for stream, handle in self.files.items():
+            if handle not in (sys.stdout.buffer, sys.stderr.buffer):
+                handle.close()
+            elif stream == 1:
+                handle.flush()
+
+
+class StepSession:
+    """One RunStep stream: requests from a queue, answers read by a thread, signals handled here."""
+
+    def __init__(self, client: Client, start: Any, pb: Any) -> None:
+        self.pb = pb
+        self.start = pb.StepClientMessage(start=start)
+        self.requests: queue.Queue[Any] = queue.Queue()
+        self.answers: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.client = client
+        self.interrupts: list[float] = []
+        self.step_name = ""
+        self.done = False
+
+    def _outgoing(self) -> Any:
+        yield self.start
+        while True:
+            message = self.requests.get()
+            if message is None:
+                return
+            yield message
+
+    def _read(self, call: Any) -> None:
+        import grpc
+
+        try:
+            for answer in call:
+                self.answers.put(("message", answer))
+            self.answers.put(("end", None))
+        except grpc.RpcError as exc:
+            self.answers.put(("error", exc))
+
+    def _read_local(self, sock: socket.socket) -> None:
+        from garrison.cli.client import _error_for
+
+        def exactly(count: int) -> bytes:
+            data = b""
+            while len(data) < count:
+                chunk = sock.recv(count - len(data))
+                if not chunk:
+                    raise ConnectionResetError
+                data += chunk
+            return data
+
+        try:
+            while True:
+                (length,) = HEADER.unpack(exactly(HEADER.size))
+                frame = exactly(length)
+                status, body = frame[0], frame[1:]
+                if status == OK:
+                    self.answers.put(("message", self.pb.StepServerMessage.FromString(body)))
+                elif status == STREAM_END:
+                    self.answers.put(("end", None))
+                    return
+                else:
+                    error = _error_for(status, body.decode(errors="replace"), self.client.address)
+                    self.answers.put(("local-busy" if status == RESOURCE_EXHAUSTED else "refused", error))
+                    return
+        except OSError:
+            self.answers.put(("refused", CliError("the controller closed the step's stream before the step ended")))
+
+    def _over_grpc(self) -> None:
+        from garrison.protos.v1 import garrison_pb2_grpc
+
+        call = self.client.stream_call(garrison_pb2_grpc.ControllerStub, "RunStep", self._outgoing())
+        threading.Thread(target=self._read, args=(call,), daemon=True).start()
+
+    def _write_local(self, sock: socket.socket) -> None:
+        while True:
+            message = self.requests.get()
+            if message is None:
+                return
+            body = message.SerializeToString()
+            try:
+                sock.sendall(HEADER.pack(len(body)) + body)
+            except OSError:
+                return
+
+    def run(self, writer: OutputWriter, pty_mode: bool) -> int:
+        # On the controller's host the local socket (no grpc to import: a fast start); elsewhere gRPC.
+        local = self.client.open_local_stream("RunStep", self.start.SerializeToString())
+        if local is not None:
+            threading.Thread(target=self._read_local, args=(local,), daemon=True).start()
+            threading.Thread(target=self._write_local, args=(local,), daemon=True).start()
+        else:
+            self._over_grpc()
+        while True:
+            try:
+                kind, answer = self.answers.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if kind == "local-busy" and not self.step_name:
+                # The local socket's per-user limits (many gsruns at once): gRPC takes the step instead.
+                self._over_grpc()
+                continue
+            if kind == "local-busy":
+                raise answer
+            if kind == "error":
+                raise self.client.error_of(answer)
+            if kind == "refused":
+                raise answer
+            if kind == "end":
+                raise CliError("the controller ended the step's stream before the step ended")
+            which = answer.WhichOneof("kind")
+            if which == "started":
+                self.step_name = f"{answer.started.job_id}.{answer.started.step_id}"
+                if pty_mode:
+                    self._start_terminal()
+            elif which == "output":
+                writer.write(answer.output.task, answer.output.stream, answer.output.data)
+            elif which == "notice":
+                self._say(answer.notice)
+            elif which == "ended":
+                self.done = True
+                self.requests.put(None)
+                ended = answer.ended
+                if ended.state == "CANCELLED" or ended.reason:
+                    self._say(f"step {self.step_name} {ended.state.lower()}"
+                              + (f": {ended.reason}" if ended.reason else ""))
+                return int(ended.exit_code)
+
+    def _say(self, text: str) -> None:
+        sys.stderr.write(f"{PROG}: {text}\r\n" if self.raw else f"{PROG}: {text}\n")
+        sys.stderr.flush()
+
+    raw = False
+
+    # -- signals --------------------------------------------------------------------------------------
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            self.interrupts = [t for t in self.interrupts if now - t < INTERRUPT_WINDOW_S] + [now]
+            if len(self.interrupts) == 1:
+                self._say(f"interrupt (one more within 1 sec to abort): step {self.step_name or '?'} is running")
+            elif len(self.interrupts) == 2:
+                self._say(f"sending Ctrl-C to step {self.step_name or '?'} and cancelling it")
+                self.requests.put(self.pb.StepClientMessage(signal=int(signal.SIGINT)))
+                self.requests.put(self.pb.StepClientMessage(cancel=True))
+            else:
+                self._say("abort: not waiting for the step's tasks")
+                os._exit(128 + int(signal.SIGINT))
+            return
+        if signum == signal.SIGWINCH:
+            self._send_window()
+            return
+        self.requests.put(self.pb.StepClientMessage(signal=int(signum)))
+
+    # -- --pty ----------------------------------------------------------------------------------------
+
+    def _send_window(self) -> None:
+        try:
+            size = os.get_terminal_size(0)
+        except OSError:
+            return
+        self.requests.put(self.pb.StepClientMessage(window=self.pb.StepWindowSize(rows=size.lines, cols=size.columns)))
+
+    def _start_terminal(self) -> None:
+        import termios
+        import tty
+
+        if os.isatty(0):
+            self.saved = termios.tcgetattr(0)
+            tty.setraw(0, termios.TCSADRAIN)  # not TCSAFLUSH: keep what was typed ahead
+            self.raw = True
+            self._send_window()
+        threading.Thread(target=self._pump_stdin, daemon=True).start()
+
+    def _pump_stdin(self) -> None:
+        while not self.done:
+            try:
+                data = os.read(0, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            self.requests.put(self.pb.StepClientMessage(stdin=data))
+
+    def restore_terminal(self) -> None:
+        if self.raw:
+            import termios
+
+            termios.tcsetattr(0, termios.TCSADRAIN, self.saved)
+            self.raw = False
+
+
+def main(argv: list[str] | None = None) -> None:
+    args_list = sys.argv[1:] if argv is None else argv
+    try:
+        args = _parser().parse_args(args_list)
+        spec_fields = build_spec(args, dict(os.environ))
+        job_id = _job_id(args.jobid)
+    except UsageError as exc:
+        fail(PROG, CliError(str(exc), EXIT_USAGE))
+    except CliError as exc:
+        fail(PROG, exc)
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    writer = OutputWriter(args.label, args.output, args.error)
+    session: StepSession | None = None
+    allocation: int | None = None
+    code = 1
+    try:
+        with Client() as client:
+            if job_id is None:
+                from garrison.cli.gsrun_alloc import AllocationInterrupted, interruptible, request_allocation
+
+                interruptible()
+                try:
+                    allocation = job_id = request_allocation(client, args)
+                except AllocationInterrupted:
+                    raise CliError("interrupted while waiting for an allocation") from None
+            start = pb.StepSpec(job_id=job_id, **spec_fields)
+            session = StepSession(client, start, pb)
+            handlers = [signal.SIGINT, *FORWARDED] + ([signal.SIGWINCH] if args.pty else [])
+            for signum in handlers:
+                signal.signal(signum, session.on_signal)
+            code = session.run(writer, args.pty)
+    except CliError as exc:
+        if session is not None:
+            session.restore_terminal()
+        fail(PROG, exc)
+    finally:
+        if session is not None:
+            session.restore_terminal()
+        writer.close()
+        if allocation is not None:
+            from garrison.cli.gsrun_alloc import release_allocation
+
+            with Client() as releasing:
+                release_allocation(releasing, allocation)
+    sys.exit(code)

@@ -1,0 +1,82 @@
+"""What agents tell the controller about job steps, and what it tells them: domain values, no protobuf.
+
+The agent link's converters (controller/rpc/convert_requests.py) turn them into messages and back; the
+engine hands them to its StepManager (controller/steps.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from garrison.model.steps import StepLaunchDescription
+
+# --------------------------------------------------------------------------------------------------
+# Agent -> controller
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutputReceived:
+    job_id: int
+    step_id: int
+    task: int
+    stream: int  # 1 stdout, 2 stderr
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StepTasksExited:
+    """Some tasks of a step ended on a node (the others may still run): for --kill-on-bad-exit."""
+
+    job_id: int
+    step_id: int
+    exits: tuple[tuple[int, int], ...]  # (task, exit code)
+
+
+@dataclass(frozen=True, slots=True)
+class StepNodeFinished:
+    """Every task of the step on the node has ended; its output has all been sent before this."""
+
+    job_id: int
+    step_id: int
+    exits: tuple[tuple[int, int], ...]
+    error: str = ""  # the launch failed on that node
+
+
+StepEvent = StepOutputReceived | StepTasksExited | StepNodeFinished
+
+# --------------------------------------------------------------------------------------------------
+# Controller -> agent
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchStep:
+    description: StepLaunchDescription
+
+
+@dataclass(frozen=True, slots=True)
+class SignalStep:
+    job_id: int
+    step_id: int
+    action: str  # "signal" | "terminate" | "kill", as SignalAttempt's
+    signal: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepStdin:
+    """--pty: bytes typed at gsrun, or the terminal's new size (rows, cols), for task 0's terminal."""
+
+    job_id: int
+    step_id: int
+    data: bytes = b""
+    window: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AckStep:
+    """The node's result for the step is recorded: it may forget the step."""
+
+    job_id: int
+    step_id: int
+
+
+StepInstruction = LaunchStep | SignalStep | StepStdin | AckStep

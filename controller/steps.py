@@ -1,0 +1,352 @@
+"""Job steps in the controller: start a step in a running job, route its output to gsrun, end it.
+
+A step lives in memory while it runs (``StepManager.running``) and in the store (``steps`` table) from its
+start on, so ``gqueue -s`` and ``gacct`` show it. Its client (gsrun's stream, ``StepClient``) gets the
+tasks' output as the agents send it, through a bounded queue: when gsrun reads too slowly the controller
+drops output and tells gsrun how much (drop-with-notice), because it must never block the agents' links,
+which carry every job's events. The agents themselves keep the output on disk until they have sent it,
+so a slow link loses nothing.
+
+The step ends when every node has reported its tasks' exit codes; the step's exit code is the highest of
+them (128+N for a signal N), as srun's exit status. A step never outlives its job: ``check_jobs`` (from
+the engine's timer) stops the steps of a job that is no longer running.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from garrison.controller.step_commands import (
+    AckStep,
+    LaunchStep,
+    SignalStep,
+    StepEvent,
+    StepInstruction,
+    StepOutputReceived,
+    StepStdin,
+    StepTasksExited,
+)
+from garrison.model.domain import Job, JobState, Principal
+from garrison.model.steps import (
+    MAX_STEP_ARGV_BYTES,
+    MAX_STEP_ENV_BYTES,
+    RefusalKind,
+    Step,
+    StepLaunchDescription,
+    StepRefused,
+    StepRequest,
+    StepState,
+    place_step,
+    step_exit_code,
+)
+
+log = logging.getLogger("garrison.controller.steps")
+
+STEP_PORT_BASE = 40000  # job attempts rendezvous on 20000-39999 (engine.master_port); steps above
+
+
+def step_master_port(job_id: int, step_id: int) -> int:
+    return STEP_PORT_BASE + (job_id * 7919 + step_id * 104729 + 1) % 20000
+
+
+class StepClient(Protocol):
+    """gsrun's end of a step (controller/rpc/steps_service.py): every method returns at once."""
+
+    def output(self, task: int, stream: int, data: bytes) -> None: ...
+
+    def notice(self, text: str) -> None: ...
+
+    def ended(self, step: Step, task_codes: tuple[int, ...]) -> None: ...
+
+
+class StepPermissionDenied(Exception):
+    """The caller may not run or control steps of this job."""
+
+
+class StepNotFound(Exception):
+    """No such job or step (or the job is not running)."""
+
+
+@dataclass(eq=False)
+class RunningStep:
+    step: Step
+    request: StepRequest
+    client: StepClient | None
+    pending_nodes: set[str]
+    exits: dict[int, int] = field(default_factory=dict)  # task -> exit code
+    cancelled: bool = False
+    killing: bool = False  # --kill-on-bad-exit fired
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.step.job_id, self.step.step_id
+
+
+class StepStore(Protocol):
+    def save_step(self, step: Step) -> None: ...
+
+    def last_step_id(self, job_id: int) -> int | None: ...
+
+    def query_steps(self, job_ids: Sequence[int] = (), users: Sequence[str] = (), limit: int = 10000,
+                    running_only: bool = False) -> list[Step]: ...
+
+
+class StepManager:
+    def __init__(
+        self,
+        store: StepStore,
+        jobs: Callable[[], dict[int, Job]],
+        send: Callable[[str, StepInstruction], bool],
+        address_of: Callable[[str], str],
+        now: Callable[[], float],
+        kill_wait_s: float,
+        is_admin: Callable[[Principal], bool],
+    ) -> None:
+        self.store = store
+        self.jobs = jobs
+        self.send = send  # to a node's agent; False when it is not connected
+        self.address_of = address_of
+        self.now = now
+        self.kill_wait_s = kill_wait_s
+        self.is_admin = is_admin
+        self.running: dict[tuple[int, int], RunningStep] = {}
+        self._next_id: dict[int, int] = {}
+
+    def recover(self) -> None:
+        """After a controller restart: the steps the store says still run are waited for again, without a
+        client (their gsrun's stream ended with the old controller). Their agents send their results again
+        when they reconnect; a step whose job has ended is ended by ``check_jobs``."""
+        for step in self.store.query_steps(running_only=True, limit=1_000_000):
+            self.running[(step.job_id, step.step_id)] = RunningStep(
+                step=step, request=StepRequest(argv=step.argv), client=None,
+                pending_nodes=set(step.layout.node_names))
+
+    # ---------------------------------------------------------------------------------------------
+    # gsrun
+
+    def _running_job(self, principal: Principal, job_id: int) -> Job:
+        job = self.jobs().get(job_id)
+        if job is None:
+            raise StepNotFound(f"no such job {job_id}")
+        if principal.uid != job.uid and not self.is_admin(principal):
+            raise StepPermissionDenied(f"job {job.display_id} belongs to {job.user}; only its owner may run steps in it")
+        if job.state != JobState.RUNNING or job.allocation is None:
+            raise StepNotFound(f"job {job.display_id} is {job.state.value}, not RUNNING: steps run only in a running job")
+        return job
+
+    def busy(self, job_id: int) -> dict[str, tuple[frozenset[int], frozenset[int]]]:
+        held: dict[str, tuple[set[int], set[int]]] = {}
+        for running in self.running.values():
+            if running.step.job_id != job_id:
+                continue
+            for node in running.step.layout.nodes:
+                gpus, cpus = held.setdefault(node.node, (set(), set()))
+                gpus.update(node.held_gpus)
+                cpus.update(node.held_cpus)
+        return {node: (frozenset(g), frozenset(c)) for node, (g, c) in held.items()}
+
+    def _allocate_id(self, job_id: int) -> int:
+        if job_id not in self._next_id:
+            last = self.store.last_step_id(job_id)
+            self._next_id[job_id] = 0 if last is None else last + 1
+        step_id = self._next_id[job_id]
+        self._next_id[job_id] = step_id + 1
+        return step_id
+
+    def start(self, principal: Principal, job_id: int, request: StepRequest, client: StepClient,
+              umask: int | None = None) -> Step:
+        """Place and start a step; StepRefused, StepNotFound or StepPermissionDenied say why not."""
+        job = self._running_job(principal, job_id)
+        check_request(request)
+        assert job.allocation is not None
+        layout = place_step(job.allocation, self.busy(job_id), request, job.display_id)
+        step_id = self._allocate_id(job_id)
+        step = Step(
+            job_id=job_id, step_id=step_id, name=request.name or request.argv[0].rsplit("/", 1)[-1][:200],
+            user=job.user, uid=job.uid, argv=request.argv, layout=layout, start_time=self.now(),
+        )
+        self.store.save_step(step)  # store first: a step the controller forgets would never show
+        running = RunningStep(step=step, request=request, client=client, pending_nodes=set(layout.node_names))
+        self.running[running.key] = running
+        master = self.address_of(layout.nodes[0].node)
+        for index, node in enumerate(layout.nodes):
+            description = StepLaunchDescription(
+                job_id=job_id, step_id=step_id, user=job.user, uid=job.uid, gid=job.gid, argv=request.argv,
+                env=request.env, cwd=request.cwd, layout=layout, node_index=index, master_addr=master,
+                master_port=step_master_port(job_id, step_id), kill_wait_s=self.kill_wait_s,
+                pty=request.pty, umask=umask if umask is not None else job.spec.umask,
+            )
+            if not self.send(node.node, LaunchStep(description)):
+                running.errors.append(f"node {node.node} is not connected")
+                running.pending_nodes.discard(node.node)
+                for task in node.tasks:
+                    running.exits[task] = 1
+        log.info("step %s started: %d tasks on %s", step.display_id, layout.ntasks, ",".join(layout.node_names))
+        if not running.pending_nodes:
+            self._finish(running)
+        return step
+
+    def client_gone(self, job_id: int, step_id: int) -> None:
+        """gsrun's stream ended before the step did (gsrun killed, its host gone): as srun's death, the step
+        is stopped."""
+        running = self.running.get((job_id, step_id))
+        if running is None:
+            return
+        running.client = None
+        self._stop(running, "terminate", cancelled=True)
+
+    def cancel(self, principal: Principal, job_id: int, step_id: int, signal: int | None = None) -> None:
+        """gcancel JOBID.STEP (with -s: signal the step's tasks only)."""
+        job = self.jobs().get(job_id)
+        if job is None:
+            raise StepNotFound(f"no such job {job_id}")
+        if principal.uid != job.uid and not self.is_admin(principal):
+            raise StepPermissionDenied(f"job {job.display_id} belongs to {job.user}; only its owner may cancel its steps")
+        running = self.running.get((job_id, step_id))
+        if running is None:
+            raise StepNotFound(f"step {job_id}.{step_id} is not running")
+        if signal is not None:
+            self.signal(job_id, step_id, signal)
+            return
+        log.info("%s cancelled step %s", principal.user, running.step.display_id)
+        self._stop(running, "terminate", cancelled=True)
+
+    def signal(self, job_id: int, step_id: int, signum: int) -> None:
+        running = self.running.get((job_id, step_id))
+        if running is not None:
+            for node in running.pending_nodes:
+                self.send(node, SignalStep(job_id, step_id, "signal", signum))
+
+    def stdin(self, job_id: int, step_id: int, data: bytes = b"", window: tuple[int, int] | None = None) -> None:
+        running = self.running.get((job_id, step_id))
+        if running is not None and running.request.pty:
+            self.send(running.step.layout.nodes[0].node, StepStdin(job_id, step_id, data, window))
+
+    def _stop(self, running: RunningStep, action: str, *, cancelled: bool = False) -> None:
+        running.cancelled = running.cancelled or cancelled
+        for node in running.pending_nodes:
+            self.send(node, SignalStep(running.step.job_id, running.step.step_id, action))
+
+    # ---------------------------------------------------------------------------------------------
+    # Agents
+
+    def agent_event(self, node: str, event: StepEvent) -> None:
+        key = (event.job_id, event.step_id)
+        running = self.running.get(key)
+        if isinstance(event, StepOutputReceived):
+            if running is not None and running.client is not None:
+                running.client.output(event.task, event.stream, event.data)
+            return
+        if isinstance(event, StepTasksExited):
+            if running is not None:
+                self._tasks_exited(running, event.exits)
+            return
+        # StepNodeFinished: recorded, then acknowledged so the agent forgets it (also for a step already
+        # ended, e.g. by its job's end, whose node reports late).
+        if running is not None and node in running.pending_nodes:
+            self._tasks_exited(running, event.exits)
+            if event.error:
+                running.errors.append(f"{node}: {event.error}")
+                if running.client is not None:
+                    running.client.notice(f"step {running.step.display_id} on {node}: {event.error}")
+                for step_node in running.step.layout.nodes:
+                    if step_node.node == node:
+                        for task in step_node.tasks:
+                            running.exits.setdefault(task, 1)
+            running.pending_nodes.discard(node)
+            if not running.pending_nodes:
+                self._finish(running)
+        self.send(node, AckStep(event.job_id, event.step_id))
+
+    def _tasks_exited(self, running: RunningStep, exits: Iterable[tuple[int, int]]) -> None:
+        for task, code in exits:
+            running.exits[task] = code
+            if code != 0 and running.request.kill_on_bad_exit and not running.killing:
+                running.killing = True
+                if running.client is not None:
+                    running.client.notice(f"task {task} exited with exit code {code}: stopping the other tasks "
+                                          "(--kill-on-bad-exit)")
+                self._stop(running, "terminate")
+
+    def _finish(self, running: RunningStep) -> None:
+        self.running.pop(running.key, None)
+        step = running.step
+        job = self.jobs().get(step.job_id)
+        if not running.cancelled and (job is None or job.state != JobState.RUNNING):
+            # The job's end reached the step's tasks first (the attempt's stop signals its whole cgroup, the
+            # steps' included): the step was cancelled with its job, as scancel's are.
+            running.cancelled = True
+            running.errors.append("the job ended")
+            if running.client is not None:
+                running.client.notice(f"job {step.job_id} ended: stopping step {step.display_id}")
+        codes = tuple(running.exits.get(task, 1) for node in step.layout.nodes for task in node.tasks)
+        exit_code = step_exit_code(codes)
+        if running.cancelled:
+            state = StepState.CANCELLED
+        else:
+            state = StepState.COMPLETED if exit_code == 0 else StepState.FAILED
+        ended = replace(step, state=state, exit_code=exit_code, end_time=self.now(),
+                        reason="; ".join(running.errors)[:500])
+        self.store.save_step(ended)
+        log.info("step %s ended %s exit=%d", step.display_id, state.value, exit_code)
+        if running.client is not None:
+            running.client.ended(ended, codes)
+
+    # ---------------------------------------------------------------------------------------------
+    # The job's end
+
+    def check_jobs(self) -> None:
+        """Stop the steps of jobs that are no longer running (a step never outlives its job). Their nodes'
+        results still end them; a node that is gone for good never answers, so its tasks count as killed
+        once the job has ended."""
+        jobs = self.jobs()
+        for running in list(self.running.values()):
+            job = jobs.get(running.step.job_id)
+            if job is not None and job.state == JobState.RUNNING:
+                continue
+            if not running.cancelled:
+                if running.client is not None:
+                    running.client.notice(f"job {running.step.job_id} ended: stopping step {running.step.display_id}")
+                self._stop(running, "kill", cancelled=True)
+                running.errors.append("the job ended")
+            if job is None or job.state.is_terminal:
+                for node in list(running.pending_nodes):
+                    for step_node in running.step.layout.nodes:
+                        if step_node.node == node:
+                            for task in step_node.tasks:
+                                running.exits.setdefault(task, 128 + 9)
+                running.pending_nodes.clear()
+                self._finish(running)
+
+
+def check_request(request: StepRequest) -> None:
+    """What the controller checks of a step request before placing it (it never trusts gsrun)."""
+    if not request.argv or not request.argv[0]:
+        raise StepRefused(RefusalKind.INVALID, "no command to run")
+    if sum(len(a.encode(errors="replace")) + 1 for a in request.argv) > MAX_STEP_ARGV_BYTES:
+        raise StepRefused(RefusalKind.INVALID, f"the command line exceeds {MAX_STEP_ARGV_BYTES} bytes")
+    if any("\0" in a for a in request.argv):
+        raise StepRefused(RefusalKind.INVALID, "the command line holds a NUL byte")
+    env_bytes = sum(len(k.encode(errors="replace")) + len(v.encode(errors="replace")) + 2 for k, v in request.env.items())
+    if env_bytes > MAX_STEP_ENV_BYTES:
+        raise StepRefused(RefusalKind.INVALID, f"the environment exceeds {MAX_STEP_ENV_BYTES} bytes")
+    for key, value in request.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise StepRefused(RefusalKind.INVALID, f"invalid environment variable name {key[:60]!r}")
+    if not request.cwd.startswith("/") or "\0" in request.cwd:
+        raise StepRefused(RefusalKind.INVALID, f"the working directory must be an absolute path, not {request.cwd[:200]!r}")
+    if request.gpu_bind.value == "single" and (len(request.gpu_bind_arg) != 1 or request.gpu_bind_arg[0] < 1):
+        raise StepRefused(RefusalKind.INVALID, "--gpu-bind=single:N needs one number N of at least 1")
+    if request.gpu_bind.value == "map_gpu" and not request.gpu_bind_arg:
+        raise StepRefused(RefusalKind.INVALID, "--gpu-bind=map_gpu: needs a list of GPU ids")
+    if request.cpu_bind.value == "map_cpu" and not request.cpu_bind_arg:
+        raise StepRefused(RefusalKind.INVALID, "--cpu-bind=map_cpu: needs a list of CPU ids")
+    if len(request.nodelist) > MAX_STEP_NODES or len(request.name) > 200:
+        raise StepRefused(RefusalKind.INVALID, "too many -w nodes or too long a step name")
+
+
+MAX_STEP_NODES = 1024

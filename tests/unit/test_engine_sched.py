@@ -1,0 +1,102 @@
+"""The engine around the scheduling core (issue 21), driven by hand on a real SQLite store: a rejected start
+is logged and counted; a victim is preempted with the grace the core decided; wait reasons of cancelled and
+purged jobs are forgotten."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from garrison.config import ControllerConfig
+from garrison.controller import metrics
+from garrison.controller.clock import ManualClock
+from garrison.controller.commands import CancelCommand, JobFilter, Registration, SubmitCommand
+from garrison.controller.engine import Engine
+from garrison.controller.sched.cycle import Plan, Start
+from garrison.controller.state import ClusterState
+from garrison.controller.store import open_store
+from garrison.model.domain import Allocation, Gpu, JobSpec, NodeAllocation, NodeInventory, Principal
+
+ALICE = Principal("alice", 1000, 1000, (1000,))
+
+
+class KeptLink:
+    def __init__(self, node: str) -> None:
+        self.node, self.address, self.sent, self.closed = node, "10.0.0.1", [], False
+
+    def send(self, instruction: object) -> None:
+        self.sent.append(instruction)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    config = ControllerConfig(database=f"sqlite:///{tmp_path / 'c.db'}", state_dir=str(tmp_path))
+    clock = ManualClock(1000.0)
+    state = ClusterState(open_store(config.database), config.heartbeat_timeout_s)
+    state.load(clock.now(), config.finished_job_retention_s)
+    engine = Engine(config, state, clock)
+    gpus = tuple(Gpu(i, f"GPU-{i}", "A100", 40960, f"0000:{i:02x}:00.0", 0, "0-3") for i in range(2))
+    engine.agent_connected(KeptLink("n1"), Registration("n1", "10.0.0.1",  # type: ignore[arg-type]
+                                                        NodeInventory("n1", gpus, (), (), cpus=4, memory_mb=4096)))
+    yield engine
+    asyncio.run(engine.stop())
+
+
+def submit(engine: Engine, **spec: object) -> int:
+    command = SubmitCommand(JobSpec(name="t", command=("true",), workdir="/", **spec))  # type: ignore[arg-type]
+    return engine.submit(ALICE, command).job_id
+
+
+def rejections(reason: str) -> float:
+    return metrics.REGISTRY.get_sample_value("garrison_plan_rejections_total",
+                                             {"kind": "start", "reason": reason}) or 0.0
+
+
+def test_a_start_the_recheck_rejects_is_logged_and_counted(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    first, second = submit(engine, gpus=1, mem_mb=3000), submit(engine, gpus=1, mem_mb=3000)
+    before = rejections("MEMORY_SHORT")
+    plan = Plan(starts=(Start(first, Allocation((NodeAllocation("n1", (0,), (0,), 3000),))),
+                        Start(second, Allocation((NodeAllocation("n1", (1,), (1,), 3000),)))))
+    with caplog.at_level(logging.INFO, logger="garrison.controller"):
+        engine._apply_plan(plan)
+    assert rejections("MEMORY_SHORT") == before + 1
+    assert any(f"job={second} node=n1 start rejected: memory short" in r.getMessage() for r in caplog.records)
+    assert engine.state.jobs[first].state.value == "CONFIGURING"
+    assert engine.state.jobs[second].state.value == "PENDING"
+
+
+def test_a_victim_is_preempted_with_the_grace_the_core_decided(engine: Engine) -> None:
+    """Not its own 18-hour --signal lead time (the engine used to put that in place of the QoS grace)."""
+    job_id = submit(engine, gpus=1, signal="USR1@65535")
+    engine.execute(engine.state.start_attempts([(job_id, Allocation((NodeAllocation("n1", (0,)),)))], 1000.0))
+    instructions = engine.preempt(job_id, 60, 1000.0)
+    assert instructions and all(getattr(i, "signum", 10) == 10 for i in instructions)  # its --signal, SIGUSR1
+    live = engine.state.live[(job_id, 0)]
+    assert live.terminate_at == 1060.0
+
+
+def apply_with_reasons(engine: Engine, plan: Plan) -> None:
+    """What one scheduling cycle does with its plan: apply it, then record the wait reasons (paced)."""
+    engine._apply_plan(plan)
+    asyncio.run(engine._record_wait_reasons(plan.waiting))
+
+
+def test_wait_reasons_are_forgotten_for_cancelled_jobs_even_from_a_plan_made_before(engine: Engine) -> None:
+    waiting, cancelled_early = submit(engine, gpus=2), submit(engine, gpus=2)
+    apply_with_reasons(engine, Plan(waiting={waiting: "Resources", cancelled_early: "Priority"}))
+    assert engine.state.wait_reasons == {waiting: "Resources", cancelled_early: "Priority"}
+    engine.cancel(ALICE, CancelCommand(JobFilter(job_refs=(str(cancelled_early),))))
+    assert cancelled_early not in engine.state.wait_reasons
+    stale = Plan(waiting={waiting: "Resources", cancelled_early: "Priority"})  # computed before the cancel
+    apply_with_reasons(engine, stale)
+    assert engine.state.wait_reasons == {waiting: "Resources"}
+    engine.cancel(ALICE, CancelCommand(JobFilter(job_refs=(str(waiting),))))
+    engine.state.purge_finished(10**9, 0)
+    assert engine.state.wait_reasons == {}

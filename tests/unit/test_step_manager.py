@@ -1,0 +1,176 @@
+"""The controller's StepManager on a real SQLite store: who may start steps, what goes to which node, how a
+step ends (exit codes, --kill-on-bad-exit, cancellation, its client going away, its job ending), and
+recovery after a restart. The agents' side is what the manager sends them, recorded per node."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from garrison.controller.step_commands import (
+    AckStep,
+    LaunchStep,
+    SignalStep,
+    StepInstruction,
+    StepNodeFinished,
+    StepOutputReceived,
+    StepStdin,
+    StepTasksExited,
+)
+from garrison.controller.steps import StepManager, StepNotFound, StepPermissionDenied
+from garrison.controller.store import open_store
+from garrison.controller.store.interface import Store
+from garrison.model.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation, Principal
+from garrison.model.steps import RefusalKind, Step, StepRefused, StepRequest, StepState
+
+ANN = Principal("ann", 1000, 1000)
+BOB = Principal("bob", 1001, 1001)
+ROOT = Principal("root", 0, 0)
+
+
+def running(job_id: int = 7) -> Job:
+    allocation = Allocation(nodes=(NodeAllocation("n1", (0, 1)), NodeAllocation("n2", (0, 1))))
+    return Job(job_id=job_id, spec=JobSpec(name="j", command=("sleep", "9")), user="ann", uid=1000, gid=1000,
+               account="a", partition="p", time_limit_s=60, submit_time=1.0, state=JobState.RUNNING,
+               start_time=2.0, attempts=(Attempt(job_id, 0, allocation, 2.0, state=JobState.RUNNING),))
+
+
+class Client:
+    def __init__(self) -> None:
+        self.chunks: list[tuple[int, int, bytes]] = []
+        self.notices: list[str] = []
+        self.end: tuple[Step, tuple[int, ...]] | None = None
+
+    def output(self, task: int, stream: int, data: bytes) -> None:
+        self.chunks.append((task, stream, data))
+
+    def notice(self, text: str) -> None:
+        self.notices.append(text)
+
+    def ended(self, step: Step, task_codes: tuple[int, ...]) -> None:
+        self.end = (step, task_codes)
+
+
+class Harness:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.jobs = {7: running()}
+        self.sent: list[tuple[str, StepInstruction]] = []
+        self.connected = {"n1", "n2"}
+        self.manager = self.make()
+        store.save_jobs(list(self.jobs.values()))
+
+    def make(self) -> StepManager:
+        return StepManager(self.store, lambda: self.jobs, self.send, lambda node: f"addr-{node}", lambda: 100.0, 5.0,
+                           lambda principal: principal.uid == 0)
+
+    def send(self, node: str, instruction: StepInstruction) -> bool:
+        if node not in self.connected:
+            return False
+        self.sent.append((node, instruction))
+        return True
+
+    def taken(self) -> list[tuple[str, StepInstruction]]:
+        sent, self.sent = self.sent, []
+        return sent
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    store = open_store(f"sqlite:///{tmp_path / 'steps.db'}")
+    yield Harness(store)
+    store.close()
+
+
+def test_a_step_starts_on_its_nodes_and_ends_with_the_highest_exit_code(harness: Harness) -> None:
+    client = Client()
+    step = harness.manager.start(ANN, 7, StepRequest(argv=("python",), cwd="/w", ntasks=4), client)
+    assert step.display_id == "7.0" and harness.store.query_steps([7]) == [step]
+    launches = harness.taken()
+    assert [(node, type(i).__name__) for node, i in launches] == [("n1", "LaunchStep"), ("n2", "LaunchStep")]
+    first = launches[0][1]
+    assert isinstance(first, LaunchStep) and first.description.master_addr == "addr-n1"
+    assert first.description.layout.tasks_per_node() == (2, 2) and first.description.umask is None
+    harness.manager.agent_event("n2", StepOutputReceived(7, 0, 2, 1, b"hi\n"))
+    assert client.chunks == [(2, 1, b"hi\n")]
+    harness.manager.agent_event("n1", StepNodeFinished(7, 0, ((0, 0), (1, 0))))
+    assert client.end is None and harness.taken() == [("n1", AckStep(7, 0))]
+    harness.manager.agent_event("n2", StepNodeFinished(7, 0, ((2, 3), (3, 0))))
+    assert client.end is not None and client.end[1] == (0, 0, 3, 0)
+    (stored,) = harness.store.query_steps([7])
+    assert (stored.state, stored.exit_code, stored.end_time) == (StepState.FAILED, 3, 100.0)
+    assert harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), Client()).step_id == 1
+
+
+def test_who_may_start_steps_and_in_which_jobs(harness: Harness) -> None:
+    with pytest.raises(StepPermissionDenied):
+        harness.manager.start(BOB, 7, StepRequest(argv=("x",), cwd="/"), Client())
+    harness.manager.start(ROOT, 7, StepRequest(argv=("x",), cwd="/"), Client())  # an admin may
+    with pytest.raises(StepNotFound):
+        harness.manager.start(ANN, 8, StepRequest(argv=("x",), cwd="/"), Client())
+    harness.jobs[7] = replace(harness.jobs[7], state=JobState.PENDING)
+    with pytest.raises(StepNotFound, match="not RUNNING"):
+        harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), Client())
+
+
+def test_busy_gpus_are_refused_until_the_holding_step_ends(harness: Harness) -> None:
+    harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/", ntasks=2, nodes=1, gpus_per_task=1), Client())
+    with pytest.raises(StepRefused) as refused:
+        harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/", ntasks=1, nodes=1, gpus_per_task=1), Client())
+    assert refused.value.kind == RefusalKind.BUSY
+    harness.manager.agent_event("n1", StepNodeFinished(7, 0, ((0, 0), (1, 0))))
+    harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/", ntasks=1, nodes=1, gpus_per_task=1), Client())
+
+
+def test_kill_on_bad_exit_cancel_signals_input_and_client_loss(harness: Harness) -> None:
+    client = Client()
+    harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/", kill_on_bad_exit=True, pty=True), client)
+    harness.taken()
+    harness.manager.agent_event("n2", StepTasksExited(7, 0, ((1, 4),)))
+    assert sorted(harness.taken(), key=lambda s: s[0]) == [("n1", SignalStep(7, 0, "terminate")),
+                                                           ("n2", SignalStep(7, 0, "terminate"))]
+    assert "task 1 exited with exit code 4" in client.notices[0]
+    harness.manager.signal(7, 0, 10)
+    harness.manager.stdin(7, 0, b"ls\r", (24, 80))
+    assert ("n1", StepStdin(7, 0, b"ls\r", (24, 80))) in harness.taken()
+    with pytest.raises(StepPermissionDenied):
+        harness.manager.cancel(BOB, 7, 0)
+    harness.manager.cancel(ANN, 7, 0)
+    harness.manager.agent_event("n1", StepNodeFinished(7, 0, ((0, 143),)))
+    harness.manager.agent_event("n2", StepNodeFinished(7, 0, ((1, 4),)))
+    assert client.end is not None and client.end[0].state == StepState.CANCELLED and client.end[0].exit_code == 143
+    with pytest.raises(StepNotFound):
+        harness.manager.cancel(ANN, 7, 0)
+    second = harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), Client())
+    harness.taken()
+    harness.manager.client_gone(7, second.step_id)
+    assert {i for _, i in harness.taken()} == {SignalStep(7, 1, "terminate")}
+
+
+def test_a_step_never_outlives_its_job_and_a_restart_recovers_running_steps(harness: Harness) -> None:
+    client = Client()
+    harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), client)
+    harness.taken()
+    recovered = harness.make()
+    recovered.recover()
+    assert list(recovered.running) == [(7, 0)]
+    recovered.agent_event("n1", StepNodeFinished(7, 0, ((0, 0),)))
+    recovered.agent_event("n2", StepNodeFinished(7, 0, ((1, 0),)))
+    assert harness.store.query_steps([7])[0].state == StepState.COMPLETED
+    harness.taken()
+    harness.jobs[7] = replace(harness.jobs[7], state=JobState.CANCELLED, end_time=50.0)
+    harness.manager.check_jobs()  # the first manager still thinks 7.0 runs
+    assert {i for _, i in harness.taken()} == {SignalStep(7, 0, "kill")}
+    assert client.end is not None and client.end[0].state == StepState.CANCELLED
+    assert "job 7 ended" in client.notices[0]
+
+
+def test_a_node_that_is_not_connected_fails_its_part(harness: Harness) -> None:
+    harness.connected.discard("n2")
+    client = Client()
+    harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), client)
+    harness.manager.agent_event("n1", StepNodeFinished(7, 0, ((0, 0),)))
+    assert client.end is not None and client.end[1] == (0, 1) and "n2 is not connected" in client.end[0].reason

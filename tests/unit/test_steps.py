@@ -1,0 +1,221 @@
+"""Job steps' pure parts: placement within the allocation, srun's task environment, gsrun's options and
+output labels, and the wire round trip of a node's step launch."""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any
+
+import pytest
+
+from garrison.cli.argparser import UsageError
+from garrison.cli.gsrun import OutputWriter, _parser, build_spec, exported_environment
+from garrison.controller.steps import check_request, step_master_port
+from garrison.model.domain import Allocation, NodeAllocation
+from garrison.model.steps import (
+    CpuBind,
+    GpuBind,
+    RefusalKind,
+    StepLaunchDescription,
+    StepRefused,
+    StepRequest,
+    block_counts,
+    parse_step_ref,
+    place_step,
+    step_exit_code,
+)
+from garrison.nodeagent.launch.env import plan_step_tasks
+from garrison.wire.convert_steps import (
+    step_launch_from_pb,
+    step_launch_to_pb,
+    step_request_from_pb,
+    step_request_to_pb,
+)
+
+ALLOCATION = Allocation(nodes=(
+    NodeAllocation("n1", (0, 1, 2, 3), cpus=tuple(range(0, 8))),
+    NodeAllocation("n2", (4, 5, 6, 7), cpus=tuple(range(8, 16))),
+))
+NO_BUSY: dict[str, tuple[frozenset[int], frozenset[int]]] = {}
+
+
+def place(**options: Any) -> Any:
+    busy = options.pop("busy", NO_BUSY)
+    return place_step(ALLOCATION, busy, StepRequest(argv=("true",), **options), "12")
+
+
+def refusal(**options: Any) -> StepRefused:
+    with pytest.raises(StepRefused) as caught:
+        place(**options)
+    return caught.value
+
+
+def test_block_distribution_as_srun() -> None:
+    assert block_counts(4, 2, 2) == [2, 2]
+    assert block_counts(3, 2, 2) == [2, 1]
+    assert block_counts(5, 2, None) == [3, 2]
+    assert place(ntasks=4, ntasks_per_node=2).tasks_per_node() == (2, 2)
+    assert place().tasks_per_node() == (1, 1)  # one task per node of the allocation by default
+    assert place(ntasks=1).node_names == ("n1",)
+    assert place(ntasks=3).tasks_per_node() == (2, 1)
+    layout = place(ntasks=5)
+    assert [n.tasks for n in layout.nodes] == [(0, 1, 2), (3, 4)]  # consecutive task ids per node
+    assert place(nodelist=("n2",)).node_names == ("n2",)
+    assert place(nodes=2, nodelist=("n2",)).node_names == ("n1", "n2")
+
+
+def test_gpus_per_task_are_held_and_each_task_sees_its_own() -> None:
+    layout = place(ntasks=4, ntasks_per_node=2, gpus_per_task=2)
+    assert [n.task_gpus for n in layout.nodes] == [((0, 1), (2, 3)), ((4, 5), (6, 7))]
+    assert layout.nodes[0].held_gpus == (0, 1, 2, 3)
+    # Without --gpus-per-task every task sees the job's GPUs on its node and holds none.
+    free = place(ntasks=2)
+    assert free.nodes[0].task_gpus == ((0, 1, 2, 3),) and free.nodes[0].held_gpus == ()
+
+
+def test_gpu_bind_variants() -> None:
+    assert place(ntasks=2, nodes=1, gpus_per_task=2, gpu_bind=GpuBind.NONE).nodes[0].task_gpus == ((0, 1, 2, 3),) * 2
+    assert place(ntasks=4, nodes=1, gpu_bind=GpuBind.SINGLE, gpu_bind_arg=(2,)).nodes[0].task_gpus == (
+        (0,), (0,), (1,), (1,))
+    assert place(ntasks=3, nodes=1, gpu_bind=GpuBind.MAP_GPU, gpu_bind_arg=(3, 1)).nodes[0].task_gpus == (
+        (3,), (1,), (3,))
+    assert refusal(ntasks=1, gpu_bind=GpuBind.MAP_GPU, gpu_bind_arg=(5,)).kind == RefusalKind.EXCEEDS_ALLOCATION
+    assert "need 5 GPUs" in str(refusal(ntasks=5, nodes=1, gpu_bind=GpuBind.SINGLE, gpu_bind_arg=(1,)))
+
+
+def test_cpu_binding() -> None:
+    layout = place(ntasks=2, nodes=1, cpus_per_task=3)
+    assert layout.nodes[0].task_cpus == ((0, 1, 2), (3, 4, 5)) and layout.nodes[0].held_cpus == tuple(range(6))
+    assert place(ntasks=2, nodes=1, cpus_per_task=3, cpu_bind=CpuBind.NONE).nodes[0].task_cpus == ((), ())
+    assert place(ntasks=3, nodes=1, cpu_bind=CpuBind.MAP_CPU, cpu_bind_arg=(7, 6)).nodes[0].task_cpus == (
+        (7,), (6,), (7,))
+    assert refusal(ntasks=1, cpu_bind=CpuBind.MAP_CPU, cpu_bind_arg=(9,)).kind == RefusalKind.EXCEEDS_ALLOCATION
+
+
+def test_more_than_the_allocation_and_more_than_is_free_are_told_apart() -> None:
+    too_many = refusal(ntasks=1, gpus_per_task=5)
+    assert too_many.kind == RefusalKind.EXCEEDS_ALLOCATION and "need 5 GPUs; job 12 holds 4 there" in str(too_many)
+    assert refusal(nodes=3).kind == RefusalKind.EXCEEDS_ALLOCATION
+    assert refusal(nodelist=("n9",)).kind == RefusalKind.EXCEEDS_ALLOCATION
+    assert refusal(ntasks=2, nodes=1, cpus_per_task=5).kind == RefusalKind.EXCEEDS_ALLOCATION
+    busy = {"n1": (frozenset({0, 1, 2}), frozenset()), "n2": (frozenset({4, 5, 6, 7}), frozenset())}
+    assert place(ntasks=1, gpus_per_task=1, busy=busy).nodes[0].task_gpus == ((3,),)
+    taken = refusal(ntasks=2, gpus_per_task=1, busy=busy)
+    assert taken.kind == RefusalKind.BUSY and "other steps" in str(taken)
+    assert refusal(ntasks=1, nodes=2).kind == RefusalKind.INVALID
+    assert refusal(ntasks=5, nodes=2, ntasks_per_node=2).kind == RefusalKind.INVALID
+
+
+def test_request_checks_and_refs() -> None:
+    for bad in (StepRequest(argv=()), StepRequest(argv=("x\0",)), StepRequest(argv=("x",), cwd="relative"),
+                StepRequest(argv=("x",), env={"A=B": "c"}), StepRequest(argv=("x",), gpu_bind=GpuBind.SINGLE)):
+        with pytest.raises(StepRefused):
+            check_request(bad)
+    check_request(StepRequest(argv=("x",), env={"A": "b"}))
+    assert parse_step_ref("12.3") == (12, "3") and parse_step_ref("12.batch") == (12, "batch")
+    for bad_ref in ("12", "12.x", ".3", "a.1"):
+        with pytest.raises(ValueError):
+            parse_step_ref(bad_ref)
+    assert step_exit_code([0, 3, 143]) == 143 and step_exit_code([]) == 0
+    assert 40000 <= step_master_port(12, 3) < 60000 and step_master_port(12, 3) != step_master_port(12, 4)
+
+
+def launch(node_index: int, pty: bool = False) -> StepLaunchDescription:
+    layout = place(ntasks=3, gpus_per_task=1, cpus_per_task=2)
+    return StepLaunchDescription(
+        job_id=12, step_id=2, user="ann", uid=1000, gid=1000, argv=("python", "train.py"),
+        env={"HOME": "/home/ann", "TORCHELASTIC_RUN_ID": "x", "SLURM_JOB_NAME": "train"}, cwd="/work",
+        layout=layout, node_index=node_index, master_addr="10.0.0.1", master_port=45000, kill_wait_s=5.0, pty=pty,
+        umask=0o22,
+    )
+
+
+def test_task_environment_has_srun_and_torchrun_variables() -> None:
+    plans = plan_step_tasks(launch(1), "/state/steps/12.2/io")
+    (task,) = plans
+    env = task.env
+    assert task.rank == 2 and task.stdout == "/state/steps/12.2/io/out-2" and task.stderr.endswith("err-2")
+    expected = {
+        "SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_STEP_ID": "2",
+        "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_NTASKS": "3", "SLURMD_NODENAME": "n2",
+        "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "45000", "CUDA_VISIBLE_DEVICES": "4", "HOME": "/home/ann", "SLURM_JOB_NAME": "train",
+        "SLURM_JOB_ID": "12",
+    }
+    assert {k: env[k] for k in expected} == expected
+    assert "TORCHELASTIC_RUN_ID" not in env  # the step's tasks are srun's, not a torchrun agent's
+    first = plan_step_tasks(launch(0), "/io")
+    assert [(p.env["RANK"], p.env["LOCAL_RANK"], p.env["CUDA_VISIBLE_DEVICES"]) for p in first] == [
+        ("0", "0", "0"), ("1", "1", "1")]
+
+
+def test_step_launch_and_request_survive_the_wire() -> None:
+    description = launch(1, pty=True)
+    assert step_launch_from_pb(step_launch_to_pb(description)) == description
+    request = StepRequest(argv=("a", "b"), env={"X": "1"}, cwd="/w", ntasks=3, nodes=2, gpus_per_task=1,
+                          nodelist=("n1",), gpu_bind=GpuBind.MAP_GPU, gpu_bind_arg=(1, 0), cpu_bind=CpuBind.CORES,
+                          label=True, kill_on_bad_exit=True, name="s")
+    assert step_request_from_pb(step_request_to_pb(12, request)) == request
+
+
+def gsrun_spec(*argv: str, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    return build_spec(_parser().parse_args(list(argv)), environ or {})
+
+
+def test_gsrun_options() -> None:
+    spec = gsrun_spec("-n", "4", "--ntasks-per-node", "2", "-l", "-K", "--gpu-bind", "single:2", "python", "-c", "x")
+    assert spec["argv"] == ["python", "-c", "x"] and spec["ntasks"] == 4 and spec["ntasks_per_node"] == 2
+    assert spec["label"] and spec["kill_on_bad_exit"] and spec["gpu_bind"] == "single" and spec["gpu_bind_arg"] == [2]
+    # Options after the command are the command's.
+    assert gsrun_spec("hostname", "-n", "3")["argv"] == ["hostname", "-n", "3"]
+    assert gsrun_spec("-w", "n[1-2]", "--cpu-bind", "map_cpu:3,4", "true")["nodelist"] == ["n1", "n2"]
+    in_job = {"SLURM_NTASKS": "8"}
+    assert gsrun_spec("true", environ=in_job)["ntasks"] == 8  # the job's -n, as srun takes it inside a job
+    assert "ntasks" not in gsrun_spec("-N", "1", "true", environ=in_job)
+    assert gsrun_spec("--pty", "bash", environ=in_job)["ntasks"] == 1
+    for bad in (["--gpu-bind", "sideways", "x"], ["--cpu-bind", "map_cpu:", "x"], ["-n", "0", "x"], [],
+                ["--pty", "-n", "2", "bash"], ["--gpu-bind", "single:0", "x"]):
+        with pytest.raises(UsageError):
+            gsrun_spec(*bad)
+
+
+def test_export() -> None:
+    environ = {"HOME": "/h", "SLURM_JOB_ID": "3", "SECRET": "s", "GARRISON_CONTROLLER": "c"}
+    assert exported_environment("ALL", environ) == environ
+    assert exported_environment("NONE", environ) == {"SLURM_JOB_ID": "3", "GARRISON_CONTROLLER": "c"}
+    assert exported_environment("HOME,X=1", environ) == {"SLURM_JOB_ID": "3", "GARRISON_CONTROLLER": "c", "HOME": "/h",
+                                                         "X": "1"}
+    assert exported_environment("ALL,SECRET=", environ)["SECRET"] == ""
+    with pytest.raises(UsageError):
+        exported_environment("1BAD", environ)
+
+
+def test_label_prefixes_every_line_across_chunks(tmp_path: Any) -> None:
+    out = tmp_path / "out"
+    writer = OutputWriter(label=True, output=str(out), error=str(tmp_path / "err"))
+    writer.write(0, 1, b"hello\nwor")
+    writer.write(1, 1, b"other\n")
+    writer.write(0, 1, b"ld\n\n")
+    writer.close()
+    assert out.read_bytes() == b"0: hello\n0: wor1: other\nld\n0: \n"
+    plain = OutputWriter(label=False, output=str(out), error="")
+    plain.write(3, 1, b"x")
+    plain.close()
+    assert out.read_bytes().endswith(b"x")
+
+
+def test_the_agent_never_reads_step_output_through_a_link(tmp_path: Any) -> None:
+    from garrison.nodeagent.steps import _open_user_file
+
+    secret = tmp_path / "secret"
+    secret.write_text("root's")
+    (tmp_path / "out-0").symlink_to(secret)
+    os.mkfifo(tmp_path / "out-1")
+    (tmp_path / "out-2").write_bytes(b"task output")
+    for name in ("out-0", "out-1"):
+        with pytest.raises(OSError):
+            _open_user_file(tmp_path / name, stat.S_ISREG)
+    with _open_user_file(tmp_path / "out-2", stat.S_ISREG) as output:
+        assert output.read() == b"task output"
