@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	# Bytecode, as a wheel install writes it: where PYTHONDONTWRITEBYTECODE is set, every CLI call would
 	# otherwise compile the modules it imports again (~15 ms of a ~90 ms gsub).
 	$(PY) -m compileall -q garrison cli controller nodeagent protos > /dev/null
+	# Slurm's command names for `export PATH="$$(garrison slurm-path):$$PATH"` (garrison/slurmpath.py)
+	$(VENV)/bin/garrison slurm-path > /dev/null
 	touch $(STAMP)
 
 demo: venv

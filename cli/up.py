@@ -25,6 +25,7 @@ import click
 from garrison.cli.client import Client, CliError, fail
 from garrison.cli.hostsfile import node_address, update_hosts
 from garrison.config import ConfigError, load_config
+from garrison.slurmpath import ensure_slurm_path, slurm_path_dir
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -378,6 +379,18 @@ def down(state_dir: Path) -> None:
         cluster_down(state_dir)
     except CliError as exc:
         fail("garrison down", exc)
+
+
+@garrison.command("slurm-path")
+def slurm_path() -> None:
+    """Print the directory of Slurm's command names (sbatch, srun, squeue, ...) for a PATH:
+    export PATH="$(garrison slurm-path):$PATH"."""
+    directory = ensure_slurm_path()
+    if directory is None:
+        click.echo(f"garrison slurm-path: {slurm_path_dir()} does not exist and cannot be made by this user "
+                   "(an admin runs `garrison slurm-path` once after installing)", err=True)
+        sys.exit(1)
+    click.echo(str(directory))
 
 
 def main() -> None:

@@ -42,6 +42,7 @@ from garrison.nodeagent.supervisor.core import boottime
 from garrison.nodeagent.supervisor.forkserver import start_forkserver
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
+from garrison.slurmpath import ensure_slurm_path
 from garrison.tls import TlsError, agent_channel
 from garrison.wire import convert
 
@@ -105,8 +106,11 @@ class Agent:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.notify_path = str(self.state_dir / "notify.sock")
         self.lease = NodeLease(self.state_dir / LEASE_FILE)
+        # Slurm's command names (srun, scontrol, ...) first on every job's and step's PATH, as scripts expect.
+        slurm_path = ensure_slurm_path()
         self.jobs = JobManager(self.state_dir, self.notify_path, allow_root_jobs, lease_file=self.lease.path,
-                               containment=containment, pids_max=config.job_pids_max, gpu_minors=gpu_minors)
+                               containment=containment, pids_max=config.job_pids_max, gpu_minors=gpu_minors,
+                               slurm_path=str(slurm_path) if slurm_path else None)
         self._registered = False  # in the current session: the controller accepted the registration
         self.active: set[tuple[int, int]] = set()
         self.checkpoints: dict[tuple[int, int], float] = {}  # last reported checkpoint-mark time
@@ -119,7 +123,7 @@ class Agent:
         self._stop = asyncio.Event()
         # Job steps (gsrun): their own supervisors, output streamed from their files (nodeagent/steps.py).
         self.steps = StepRunner(self.state_dir, allow_root_jobs, self._send, self._outbox_size,
-                                lambda: self.jobs.forkserver, self.jobs.step_cgroup)
+                                lambda: self.jobs.forkserver, self.jobs.step_cgroup, self.jobs.slurm_path)
 
     def _outbox_size(self) -> int:
         return self.outbox.qsize() if self.outbox is not None else 1 << 30

@@ -86,8 +86,10 @@ class JobManager:
         pids_max: int = 10_000,
         gpu_minors: Mapping[int, int] | None = None,
         lease_file: Path | None = None,
+        slurm_path: str | None = None,
     ) -> None:
         self.jobs_dir = state_dir / JOBS_DIR
+        self.slurm_path = slurm_path  # Slurm's command names, first on every job's PATH (garrison.slurmpath)
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.jobs_dir, 0o711)
         self.notify_socket = notify_socket
@@ -154,7 +156,8 @@ class JobManager:
             checkpoint_mark=str(job_dir / USER_DIR / CHECKPOINT_MARK),
         )
         # Unbound ranks may use every CPU the agent may (SLURM_CPUS_ON_NODE).
-        ranks = plan_ranks(launch, paths, argv, cpus_on_node=len(os.sched_getaffinity(0)))
+        ranks = plan_ranks(launch, paths, argv, cpus_on_node=len(os.sched_getaffinity(0)),
+                           slurm_path=self.slurm_path)
         if not ranks:
             # No process runs here (yet): the attempt's cgroup is still made, with its limits, so that the job
             # steps started in it (gsrun) are contained as the attempt would be; acknowledge removes it.

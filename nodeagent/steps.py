@@ -68,7 +68,9 @@ class LocalStep:
 class StepRunner:
     def __init__(self, state_dir: Path, allow_root_jobs: bool, send: Callable[[pb.AgentMessage], None],
                  outbox_size: Callable[[], int], forkserver: Callable[[], Path | None],
-                 step_cgroup: Callable[[int, int], dict[str, str] | None] = lambda job_id, step_id: None) -> None:
+                 step_cgroup: Callable[[int, int], dict[str, str] | None] = lambda job_id, step_id: None,
+                 slurm_path: str | None = None) -> None:
+        self.slurm_path = slurm_path  # Slurm's command names, first on every task's PATH (garrison.slurmpath)
         self.steps_dir = state_dir / STEPS_DIR
         self.steps_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.steps_dir, 0o711)
@@ -129,7 +131,7 @@ class StepRunner:
         if os.getuid() == 0 and step.uid != 0:
             os.chown(io_dir, step.uid, step.gid)
         final_io = str(directory / IO_DIR)
-        plans = plan_step_tasks(step, final_io)
+        plans = plan_step_tasks(step, final_io, self.slurm_path)
         here = step.here
         ranks = []
         for local, plan in enumerate(plans):
