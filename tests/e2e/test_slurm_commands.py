@@ -181,3 +181,27 @@ def test_scontrol_requeue_from_inside_the_job_runs_it_again(cluster: Cluster) ->
     assert "first attempt" in out and "second attempt" in out, out
     attempts = slurm(cluster, "scontrol", "show", "job", job_id).stdout
     assert "JobState=COMPLETED" in attempts and "Restarts=1" in attempts, attempts
+
+
+def test_a_job_signal_reaches_an_srun_steps_tasks_once(cluster: Cluster) -> None:
+    """`scancel -s USR1 JOB` reaches the step's task from the agent; srun in the batch script, which gets the
+    job's signals too, must not forward it a second time. USR2 afterwards ends the task: by then a second
+    USR1 would have come before it."""
+    marks = cluster.work / "once-marks"
+    script = write(cluster.work / "once.sh", (
+        "#!/bin/bash\n"
+        "#SBATCH -G 1\n"
+        "#SBATCH -t 5:00\n"
+        "#SBATCH -o /dev/null\n"
+        "trap '' USR1 USR2\n"  # the batch shell lives on
+        f"srun bash -c 'trap \"echo usr1 >> {marks}\" USR1; trap \"echo usr2 >> {marks}; exit 0\" USR2; "
+        f"echo ready >> {marks}; while :; do sleep 0.1; done'\n"
+    ))
+    job_id = sbatch(cluster, str(script))
+    wait_until(lambda: marks.exists() and "ready" in marks.read_text(), 60, what="the step's task to start")
+    slurm(cluster, "scancel", "-s", "USR1", job_id)
+    wait_until(lambda: "usr1" in marks.read_text(), 30, what="the task to get USR1")
+    slurm(cluster, "scancel", "-s", "USR2", job_id)
+    job = cluster.wait_done(job_id)
+    assert marks.read_text().splitlines() == ["ready", "usr1", "usr2"], marks.read_text()
+    assert job["state"] == "COMPLETED", job
