@@ -205,3 +205,22 @@ def test_a_job_signal_reaches_an_srun_steps_tasks_once(cluster: Cluster) -> None
     job = cluster.wait_done(job_id)
     assert marks.read_text().splitlines() == ["ready", "usr1", "usr2"], marks.read_text()
     assert job["state"] == "COMPLETED", job
+
+
+def test_salloc_runs_its_command_with_srun_on_its_path(cluster: Cluster) -> None:
+    """salloc's command runs here, with Slurm's names first on PATH even when the caller's PATH lacks them:
+    its `srun` runs a step in the allocation."""
+    env = dict(cluster.env)
+    env["PATH"] = ":".join(entry for entry in env["PATH"].split(":") if "garrison-slurm" not in entry)
+    proc = subprocess.run(
+        [str(BIN / "garrison-salloc"), "-N", "2", "--gpus-per-node", "1", "-t", "2:00", "bash", "-c",
+         'echo "srun=$(basename "$(command -v srun)")"; srun --ntasks-per-node 1 bash -c "echo \\$SLURMD_NODENAME" | sort'],
+        capture_output=True, text=True, env=env, cwd=str(cluster.work), timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("salloc: Pending job allocation "), proc.stderr
+    assert lines[-1].startswith("salloc: Relinquishing job allocation "), proc.stderr
+    job = cluster.job(lines[0].rsplit(" ", 1)[1])
+    assert proc.stdout.splitlines() == ["srun=srun", *sorted(job["nodes"])], proc.stdout
+    assert job["state"] == "COMPLETED", job
