@@ -44,6 +44,7 @@ def test_scancel_command_line() -> None:
         "ann", ["a,b"], ["PENDING"], "USR1", True, 1)
     assert args.job_ids == ["12_3", "13.1", "14"]
     assert scancel.parser().parse_args(["--batch", "--signal=TERM", "5"]).batch
+    assert scancel.states(["pd,R", "running"]) == ["PENDING", "RUNNING", "RUNNING"]
     with pytest.raises(Exception, match="unrecognized arguments: --frob"):
         scancel.parser().parse_args(["--frob", "1"])
 
