@@ -118,7 +118,8 @@ def job_record(job: Any, oneliner: bool = False) -> str:
                                    array_job_id=array_job, array_task_id=array_task, user=job.user,
                                    job_name=job.name)
 
-    command = " ".join(spec.command) if spec.command else ("(null)" if spec.launch == "allocation" else job.name)
+    # Garrison keeps the script's text, not its path: Slurm's Command= (the script and its arguments) as far as known.
+    command = "(null)" if spec.launch == "allocation" else " ".join(["(script)", *spec.command])
     reason = job.reason or "None"
     lines: list[list[tuple[str, str]]] = [
         [("JobId", str(job.job_id)), ("JobName", job.name)],
