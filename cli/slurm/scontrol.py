@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from garrison.cli.client import EXIT_FAILURE, CliError
 from garrison.model.hostlist import HostListError, compress_hostlist, expand_hostlist
@@ -260,9 +260,18 @@ def _ids(words: Sequence[str]) -> list[str]:
     return [part for word in words for part in word.split(",") if part]
 
 
+def own_job_ids(environ: Mapping[str, str]) -> set[str]:
+    """The ids the job this process runs in goes by: ``12``, and for an array task also ``10_3`` (Lightning's
+    requeue names an array task so)."""
+    own = {environ.get("SLURM_JOB_ID", ""), environ.get("GARRISON_JOB_ID", "")}
+    array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID", ""), environ.get("SLURM_ARRAY_TASK_ID", "")
+    if array_job and array_task:
+        own.add(f"{array_job}_{array_task}")
+    return own - {""}
+
+
 def _requeue(ids: list[str], quiet: bool) -> None:
-    own = {os.environ.get("SLURM_JOB_ID"), os.environ.get("GARRISON_JOB_ID")} - {None, ""}
-    if own & set(ids):
+    if own_job_ids(os.environ) & set(ids):
         # Requeueing our own job stops every process of it, this one too: the SIGTERM may come before the
         # controller's answer. Ignore it for the moment of the call, so the caller (Lightning's SIGUSR1 handler)
         # sees exit 0; the SIGKILL after the job's kill wait still ends us should we linger.

@@ -126,6 +126,8 @@ def test_scancel_by_id_name_and_user(cluster: Cluster) -> None:
 def test_scontrol_hold_release_update_and_show_job(cluster: Cluster) -> None:
     job_id = sbatch(cluster, "-J", "ctl", "-t", "10:00", "-b", "now+1hour", "-o", "/dev/null", "--wrap", "true")
     slurm(cluster, "scontrol", "hold", job_id)
+    # The reason is the scheduler's: BeginTime until its next cycle looks at the held job.
+    wait_until(lambda: "Held" in cluster.job(job_id)["reason"], 30, what="the job's reason to say it is held")
     record = slurm(cluster, "scontrol", "show", "job", job_id).stdout
     assert record.startswith(f"JobId={job_id} JobName=ctl\n   UserId={getpass.getuser()}("), record
     assert "JobState=PENDING" in record and "TimeLimit=00:10:00" in record, record
@@ -147,7 +149,7 @@ SELF_REQUEUE = """#!{python}
 #SBATCH -J self-requeue
 #SBATCH -t 1:00
 #SBATCH --signal=SIGUSR1@55
-#SBATCH -o requeue-%j.out
+#SBATCH -o requeue-{tag}.out
 # PyTorch Lightning's SLURMEnvironment, as it does it: on SIGUSR1 run `scontrol requeue $SLURM_JOB_ID` and
 # check its exit status; SIGTERM (the requeue's) is only noted.
 import os, signal, subprocess, sys, time
@@ -159,7 +161,12 @@ open(marker, "w").close()
 signal.signal(signal.SIGTERM, lambda *_: None)
 
 def on_usr1(signum, frame):
-    code = subprocess.call(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]])
+    array_job_id = os.getenv("SLURM_ARRAY_JOB_ID")  # Lightning's way of naming the job
+    if array_job_id is not None:
+        job_id = f"{{array_job_id}}_{{os.environ['SLURM_ARRAY_TASK_ID']}}"
+    else:
+        job_id = os.environ["SLURM_JOB_ID"]
+    code = subprocess.call(["scontrol", "requeue", job_id])
     with open("requeue-{tag}.rc", "w") as rc:
         rc.write(str(code))
     print("requeue exit", code, flush=True)
@@ -171,12 +178,16 @@ while True:
 """
 
 
-def test_scontrol_requeue_from_inside_the_job_runs_it_again(cluster: Cluster) -> None:
-    script = write(cluster.work / "self-requeue.py", SELF_REQUEUE.format(python=sys.executable, tag="a"))
-    job_id = sbatch(cluster, str(script))
+@pytest.mark.parametrize("array", [False, True])
+def test_scontrol_requeue_from_inside_the_job_runs_it_again(cluster: Cluster, array: bool) -> None:
+    tag = "array" if array else "plain"
+    script = write(cluster.work / f"self-requeue-{tag}.py", SELF_REQUEUE.format(python=sys.executable, tag=tag))
+    job_id = sbatch(cluster, *(["-a", "4"] if array else []), str(script))
+    if array:
+        job_id = f"{job_id}_4"
     job = cluster.wait_done(job_id, timeout=90)
-    out = (cluster.work / f"requeue-{job_id}.out").read_text()
-    assert (cluster.work / "requeue-a.rc").read_text() == "0", out
+    out = (cluster.work / f"requeue-{tag}.out").read_text()
+    assert (cluster.work / f"requeue-{tag}.rc").read_text() == "0", out
     assert job["state"] == "COMPLETED" and job["restart_count"] >= 1, (job, out)
     assert "first attempt" in out and "second attempt" in out, out
     attempts = slurm(cluster, "scontrol", "show", "job", job_id).stdout
