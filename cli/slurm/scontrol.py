@@ -21,7 +21,6 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from garrison.cli.client import EXIT_FAILURE, CliError
 from garrison.model.hostlist import HostListError, compress_hostlist, expand_hostlist
 
 TYPE_CHECKING = False
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 PROG = "scontrol"
+EXIT_FAILURE = 1  # every error, as Slurm's scontrol (client.py's, not imported: show hostnames needs no socket)
 UPDATE_KEYS = ("timelimit", "priority", "qos", "nice")
 
 
@@ -287,13 +287,12 @@ def _update(words: Sequence[str], quiet: bool) -> None:
 
     ids, fields = parse_update(words)
     values: dict[str, Any] = {}
+    relative = 0  # TimeLimit=+T / -T: seconds added to each job's own limit
     try:
         if "timelimit" in fields:
             text = fields["timelimit"]
-            if text[:1] in "+-" and text[1:]:
-                current = _job(ids[0]).time_limit_s
-                delta = parse_time_limit(text[1:])
-                values["time_limit_s"] = current + delta if text[0] == "+" else current - delta
+            if text[:1] in ("+", "-") and text[1:]:
+                relative = parse_time_limit(text[1:]) * (1 if text[0] == "+" else -1)
             else:
                 values["time_limit_s"] = parse_time_limit(text)
         if "nice" in fields:
@@ -304,7 +303,11 @@ def _update(words: Sequence[str], quiet: bool) -> None:
             values["qos"] = fields["qos"]
     except (UsageError, ValueError) as exc:
         raise ScontrolError(f"update: {exc}") from None
-    _control("update", ids, quiet, **values)
+    if not relative:
+        _control("update", ids, quiet, **values)
+        return
+    for job_id in ids:
+        _control("update", [job_id], quiet, **values, time_limit_s=_job(job_id).time_limit_s + relative)
 
 
 def _job(job_id: str) -> Any:
@@ -424,7 +427,11 @@ def main(argv: list[str] | None = None) -> None:
     except (ScontrolError, HostListError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_FAILURE)
-    except CliError as exc:
+    except Exception as exc:
+        from garrison.cli.client import CliError  # imported by every command that reached the controller
+
+        if not isinstance(exc, CliError):
+            raise
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_FAILURE)
 

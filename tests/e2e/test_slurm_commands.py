@@ -139,6 +139,8 @@ def test_scontrol_hold_release_update_and_show_job(cluster: Cluster) -> None:
     slurm(cluster, "scontrol", "update", f"JobId={job_id}", "TimeLimit=5:00")
     oneline = slurm(cluster, "scontrol", "-o", "show", "job", job_id).stdout
     assert oneline.count("\n") == 1 and "TimeLimit=00:05:00" in oneline and f"JobId={job_id} " in oneline
+    slurm(cluster, "scontrol", "update", f"jobid={job_id}", "timelimit=-1:00")
+    assert cluster.job(job_id)["time_limit_s"] == 4 * 60
     refused = slurm(cluster, "scontrol", "update", f"JobId={job_id}", "Frobnicate=1", check=False)
     assert refused.returncode == 1 and "Frobnicate" in refused.stderr
     slurm(cluster, "scancel", job_id)
