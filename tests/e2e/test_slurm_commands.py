@@ -237,3 +237,15 @@ def test_salloc_runs_its_command_with_srun_on_its_path(cluster: Cluster) -> None
     job = cluster.job(lines[0].rsplit(" ", 1)[1])
     assert proc.stdout.splitlines() == ["srun=srun", *sorted(job["nodes"])], proc.stdout
     assert job["state"] == "COMPLETED", job
+
+
+def test_scontrol_show_node_and_partition(cluster: Cluster) -> None:
+    nodes = slurm(cluster, "scontrol", "show", "node").stdout
+    names = [line.split()[0].removeprefix("NodeName=") for line in nodes.splitlines() if line.startswith("NodeName=")]
+    assert len(names) == 2, nodes
+    one = slurm(cluster, "scontrol", "-o", "show", "node", names[0]).stdout
+    assert one.startswith(f"NodeName={names[0]} ") and one.count("\n") == 1 and " Gres=gpu:" in one, one
+    partitions = slurm(cluster, "scontrol", "-o", "show", "partition").stdout
+    assert partitions.startswith("PartitionName=") and "Default=YES" in partitions, partitions
+    missing = slurm(cluster, "scontrol", "show", "node", "nosuchnode", check=False)
+    assert missing.returncode == 1 and "nosuchnode not found" in missing.stderr
