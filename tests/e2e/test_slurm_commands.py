@@ -89,6 +89,8 @@ def test_parsable_wrap_and_array_outputs(cluster: Cluster) -> None:
     stdin_job = slurm(cluster, "sbatch", "--parsable", "-o", "/dev/null",
                       input="#!/bin/sh\n#SBATCH -t 1:00\ntrue\n").stdout.strip()
     assert cluster.job(stdin_job)["name"] == "sbatch"
+    quiet = slurm(cluster, "sbatch", "-Q", "--mail-type=END", "-o", "/dev/null", "--wrap", "true")
+    assert (quiet.stdout, quiet.stderr) == ("", "")  # sbatch -Q: only errors
 
 
 def test_unknown_options_are_refused_and_queue_nothing(cluster: Cluster) -> None:
