@@ -251,3 +251,12 @@ def test_scontrol_show_node_and_partition(cluster: Cluster) -> None:
     assert partitions.startswith("PartitionName=") and "Default=YES" in partitions, partitions
     missing = slurm(cluster, "scontrol", "show", "node", "nosuchnode", check=False)
     assert missing.returncode == 1 and "nosuchnode not found" in missing.stderr
+
+
+def test_srun_outside_a_job_gets_an_allocation_runs_and_gives_it_back(cluster: Cluster) -> None:
+    env = {name: value for name, value in cluster.env.items() if not name.startswith(("SLURM_", "GARRISON_JOB"))}
+    proc = subprocess.run(["srun", "-N", "2", "--gpus-per-node", "1", "-t", "1:00", "-l", "bash", "-c", "echo hi"],
+                          capture_output=True, text=True, env=env, cwd=str(cluster.work), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["0: hi", "1: hi"], proc.stdout
+    assert all(line.startswith("srun: ") for line in proc.stderr.splitlines()), proc.stderr
