@@ -259,14 +259,15 @@ class FieldList:
             lines.extend("|".join(row.get(name, "") for name in names) + tail for row in rows)
             return lines
         if header:
-            lines.append(" ".join(_cell(f.name, f.width) for f in self.fields) + " ")
+            lines.append(" ".join(fit(f.name, abs(f.width), f.width > 0) for f in self.fields) + " ")
             lines.append(" ".join("-" * abs(f.width) for f in self.fields) + " ")
         lines.extend(" ".join(_cell(row.get(f.name, ""), f.width) for f in self.fields) + " " for row in rows)
         return lines
 
 
 def _cell(text: str, width: int) -> str:
-    """sacct's print_fields: cut a longer value to the width with ``+`` as its last character, then pad."""
+    """sacct's print_fields: cut a longer value to the width with ``+`` as its last character, then pad (a
+    header is cut without the ``+``)."""
     size = abs(width)
     if len(text) > size:
         text = text[:size - 1] + "+"
