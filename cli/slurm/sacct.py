@@ -67,7 +67,7 @@ def parser() -> Parser:
     p.add_argument("-l", "--long", action="store_true")
     p.add_argument("-e", "--helpformat", action="store_true")
     p.add_argument("-L", "--allclusters", action="store_true")  # one cluster: nothing to widen
-    p.add_argument("-D", "--duplicates", action="store_true")  # a requeued job has one record either way
+    p.add_argument("-D", "--duplicates", action="store_true")
     p.add_argument("--array", dest="expand_arrays", action="store_true")
     return p
 
@@ -110,16 +110,23 @@ def _usage(attempt: Any | None) -> Any | None:
     return measured(attempt.usage) if attempt is not None and attempt.HasField("usage") else None
 
 
-def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool = False) -> list[dict[str, str]]:
-    """sacct's lines for one accounting record (apb.JobRecord) and its gsrun steps (pb.StepInfo)."""
+def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool = False,
+              duplicates: bool = False) -> list[dict[str, str]]:
+    """sacct's lines for one accounting record (apb.JobRecord) and its gsrun steps (pb.StepInfo): the job's
+    current (or last) run; with ``duplicates`` (-D) each earlier run of a requeued job first, its state
+    REQUEUED, NODE_FAIL or PREEMPTED as sacct -D shows them. A job pending again after a requeue shows as
+    pending, without the earlier run's nodes and steps."""
     from garrison.cli.usage_format import format_bytes, format_cpu_time
 
-    last = record.attempts[-1] if record.attempts else None
+    current = record.state != "PENDING"
+    last = record.attempts[-1] if record.attempts and current else None
+    earlier = list(record.attempts[:-1] if current else record.attempts)
     allocation = list(last.allocation) if last is not None else []
     nodes = [node.node for node in allocation]
     cpus, gpus = _cpus(allocation), (last.gpus if last is not None else record.requested_gpus)
     mem = sum(node.mem_mb for node in allocation)
-    elapsed = _elapsed(record.start_time, record.end_time, now)
+    start, end = (record.start_time, record.end_time) if current else (0.0, 0.0)
+    elapsed = _elapsed(start, end, now)
     usage = _usage(last)
     code = record.exit_code if record.HasField("exit_code") else None
     array_job, array_task = _array_ids(record.display_id, record.job_id)
@@ -131,7 +138,7 @@ def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool =
         "Partition": record.partition, "Account": record.account, "User": record.user, "UID": str(record.uid),
         "State": sacct_state(record.state, record.uid), "ExitCode": exit_code_text(code, record.state),
         "DerivedExitCode": exit_code_text(derived, record.state), "NodeList": _hostlist(nodes),
-        "Start": clock(record.start_time), "End": clock(record.end_time), "Submit": clock(record.submit_time),
+        "Start": clock(start), "End": clock(end), "Submit": clock(record.submit_time),
         "Eligible": clock(record.submit_time), "Elapsed": sacct_duration(elapsed), "ElapsedRaw": str(int(elapsed)),
         "AllocCPUS": str(cpus), "NCPUS": str(cpus), "ReqCPUS": str(cpus),
         "AllocTRES": _tres(cpus, gpus, mem, len(nodes)) if nodes else "",
@@ -146,8 +153,9 @@ def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool =
         "AllocGRES": f"gpu:{gpus}" if gpus and nodes else "", "ReqGRES": f"gpu:{gpus}" if gpus else "",
         "Cluster": "garrison", "QOS": "",
     }
-    lines = [job]
-    if allocations or not record.start_time or last is None:
+    lines = [_earlier_run(job, attempt, now) for attempt in earlier] if duplicates else []
+    lines.append(job)
+    if allocations or not start or last is None:
         return lines
     first = allocation[:1]
     batch_cpus = _cpus(first)
@@ -158,8 +166,8 @@ def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool =
         "AllocCPUS": str(batch_cpus), "NCPUS": str(batch_cpus), "ReqCPUS": str(batch_cpus),
         "AllocTRES": _tres(batch_cpus, len(first[0].gpus) if first else 0, first[0].mem_mb if first else 0, 1),
         "ReqTRES": "", "AllocNodes": "1", "NNodes": "1", "ReqNodes": "1", "NTasks": "1", "Timelimit": "",
-        "TimelimitRaw": "", "Reason": "", "DerivedExitCode": "", "Submit": clock(record.start_time),
-        "Eligible": clock(record.start_time),
+        "TimelimitRaw": "", "Reason": "", "DerivedExitCode": "", "Submit": clock(start),
+        "Eligible": clock(start),
         "MaxRSS": format_bytes(usage.max_rss_bytes) if usage and usage.HasField("max_rss_bytes") else "",
         "CPUTime": sacct_duration(elapsed * batch_cpus), "CPUTimeRAW": str(int(elapsed * batch_cpus)),
         "AllocGRES": "", "ReqGRES": "", "Restarts": "",
@@ -183,6 +191,27 @@ def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool =
         })
         lines.append(line)
     return lines
+
+
+def _earlier_run(job: dict[str, str], attempt: Any, now: float) -> dict[str, str]:
+    """sacct -D: the line of a run the job was requeued after."""
+    allocation = list(attempt.allocation)
+    nodes = [node.node for node in allocation]
+    cpus = _cpus(allocation)
+    elapsed = _elapsed(attempt.start_time, attempt.end_time, now)
+    state = attempt.state if attempt.state in ("NODE_FAIL", "PREEMPTED") else "REQUEUED"
+    code = attempt.exit_code if attempt.HasField("exit_code") else None
+    line = dict(job)
+    line.update({
+        "State": state, "ExitCode": exit_code_text(code, state), "DerivedExitCode": exit_code_text(code, state),
+        "NodeList": _hostlist(nodes), "Start": clock(attempt.start_time), "End": clock(attempt.end_time),
+        "Elapsed": sacct_duration(elapsed), "ElapsedRaw": str(int(elapsed)), "AllocCPUS": str(cpus),
+        "NCPUS": str(cpus), "AllocNodes": str(len(nodes)), "NNodes": str(max(len(nodes), 1)),
+        "AllocTRES": _tres(cpus, attempt.gpus, sum(n.mem_mb for n in allocation), len(nodes)) if nodes else "",
+        "Reason": attempt.reason or "None", "CPUTime": sacct_duration(elapsed * cpus),
+        "CPUTimeRAW": str(int(elapsed * cpus)), "TotalCPU": "", "MaxRSS": "",
+    })
+    return line
 
 
 def fold_pending_tasks(records: Sequence[Any]) -> list[Any]:
@@ -322,7 +351,8 @@ def sacct(argv: list[str]) -> None:
     lines: list[dict[str, str]] = []
     shown = records if args.expand_arrays else fold_pending_tasks(records)
     for record in shown:
-        record_lines = job_lines(record, by_job.get(int(record.job_id), []), controller_now, args.allocations)
+        record_lines = job_lines(record, by_job.get(int(record.job_id), []), controller_now, args.allocations,
+                                 args.duplicates)
         if step_refs and record.display_id not in whole:
             record_lines = [line for line in record_lines if wanted_line(line, step_refs)]
         lines += record_lines

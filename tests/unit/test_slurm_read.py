@@ -315,3 +315,19 @@ def test_sstat_picks_steps_and_shows_the_jobs_figures() -> None:
     assert [line["JobID"] for line in sstat.step_lines(job, steps, None, True)] == ["60.batch", "60.1"]
     assert [line["NTasks"] for line in sstat.step_lines(job, [], None, False)] == ["1"]  # the batch step
     assert sstat.step_lines(job, steps, "0", False) == []  # step 0 has ended
+
+
+def test_sacct_requeued_job_and_duplicates() -> None:
+    record = finished(70, "RUNNING")
+    first = apb.AttemptRecord(attempt=0, state="NODE_FAIL", start_time=NOW - 500, end_time=NOW - 400,
+                              allocation=[alloc("node3", 4, 0)], gpus=4)
+    record.attempts.insert(0, first)
+    record.end_time = 0
+    fields = FieldList("JobID,State,NodeList,Start", sacct.KNOWN_FIELDS)
+    assert fields.render(sacct.job_lines(record, [], NOW, allocations=True, duplicates=True), parsable="P",
+                         header=False) == [
+        f"70|NODE_FAIL|node3|{clock(NOW - 500)}", f"70|RUNNING|node[1-2]|{clock(NOW - 100)}"]
+    record.state = "PENDING"  # requeued again and waiting: no nodes, no batch line, its runs all earlier
+    assert fields.render(sacct.job_lines(record, [], NOW, duplicates=True), parsable="P", header=False) == [
+        f"70|NODE_FAIL|node3|{clock(NOW - 500)}", f"70|REQUEUED|node[1-2]|{clock(NOW - 100)}",
+        "70|PENDING|None assigned|Unknown"]
