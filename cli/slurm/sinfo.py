@@ -226,6 +226,10 @@ def sinfo(argv: list[str]) -> None:
     lines = sinfo_lines(response, layout, by_node=args.by_node, header=not args.noheader,
                         partitions=split_list(args.partitions), nodes=nodes, states=states,
                         summarize=args.summarize)
+    if args.long:
+        import time
+
+        print(time.strftime("%a %b %d %H:%M:%S %Y"))  # sinfo -l's first line
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
 

@@ -261,11 +261,13 @@ def squeue(argv: list[str]) -> None:
     except UsageError as exc:
         fail(PROG, CliError(str(exc), EXIT_USAGE))
     users = split_list(args.users) + ([getpass.getuser()] if args.me else [])
-    if interval is None:
-        _show(args, layout, users, states)
-        return
     import time
 
+    if interval is None:
+        if args.long:
+            print(time.strftime("%a %b %d %H:%M:%S %Y"))  # squeue -l's first line
+        _show(args, layout, users, states)
+        return
     try:
         while True:
             print(time.strftime("%a %b %d %H:%M:%S %Y"))

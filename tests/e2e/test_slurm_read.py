@@ -79,6 +79,10 @@ def test_squeue_default_columns_and_states(cluster: Cluster, jobs: Jobs) -> None
     assert by_id[jobs.held][4] == "PD" and by_id[jobs.held][7].startswith("(")
     assert by_id[f"{jobs.array}_[0-3]"][4] == "PD"  # the array's pending tasks on one line
     assert jobs.completed not in by_id  # squeue shows pending and running jobs by default
+    date, header, *_ = run(cluster, "squeue", "-l").stdout.splitlines()
+    assert re.fullmatch(r"\w{3} \w{3} \d\d \d\d:\d\d:\d\d \d{4}", date)
+    assert header.split() == ["JOBID", "PARTITION", "NAME", "USER", "STATE", "TIME", "TIME_LIMI", "NODES",
+                              "NODELIST(REASON)"]
     expanded = run(cluster, "squeue", "-r", "-h", "-j", jobs.array, "-o", "%i %t %K %F").stdout.splitlines()
     assert expanded == [f"{jobs.array}_{i} PD {i} {jobs.array}" for i in range(4)]
 
