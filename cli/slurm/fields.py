@@ -175,7 +175,7 @@ class PercentFormat:
     def fields(self) -> list[Field]:
         return [part for part in self.parts if isinstance(part, Field)]
 
-    def keys(self) -> set[str]:
+    def field_keys(self) -> set[str]:
         return {field.key for field in self.fields()}
 
     def line(self, value: Callable[[str], str]) -> str:

@@ -159,7 +159,7 @@ def sinfo_lines(response: Any, layout: PercentFormat, by_node: bool = False, hea
                 rows.append(_row(members, partition))
             continue
         groups: dict[tuple[str, ...], list[Any]] = {}
-        keys = sorted(layout.keys() - AGGREGATE_KEYS)
+        keys = sorted(layout.field_keys() - AGGREGATE_KEYS)
         for node in members:
             groups.setdefault(tuple(_node_value(node, partition, k) for k in keys), []).append(node)
         if not groups and not (nodes or wanted_states):

@@ -99,6 +99,9 @@ def test_squeue_formats_filters_and_steps(cluster: Cluster, jobs: Jobs) -> None:
     steps = rows(run(cluster, "squeue", "-s", "-j", jobs.stepped).stdout)
     assert steps[0] == ["STEPID", "NAME", "PARTITION", "USER", "TIME", "NODELIST"]
     assert [r[0] for r in steps[1:]] == [f"{jobs.stepped}.batch", f"{jobs.stepped}.1"]
+    start = rows(run(cluster, "squeue", "--start").stdout)
+    assert start[0][5] == "START_TIME" and {r[4] for r in start[1:]} == {"PD"}
+    assert {r[0] for r in start[1:]} == {jobs.held, f"{jobs.array}_[0-3]"}
     bad = run(cluster, "squeue", "--nonsense", check=False)
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "--nonsense" in bad.stderr
 

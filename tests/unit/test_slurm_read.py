@@ -146,6 +146,14 @@ def test_squeue_letters() -> None:
     assert line == "19_3 20 19 3 UNLIMITED N/A PD"
 
 
+def test_squeue_start_time_of_a_pending_job_is_its_estimate() -> None:
+    assert squeue.job_values(pending_task(), estimate=NOW + 3600)("S") == clock(NOW + 3600)
+    assert squeue.job_values(pending_task(), estimate=NOW - 5)("S") == clock(NOW)  # overdue: now
+    assert squeue.job_values(pending_task())("S") == "N/A"
+    assert PercentFormat(squeue.START_FORMAT, squeue.HEADERS).header().split() == [
+        "JOBID", "PARTITION", "NAME", "USER", "ST", "START_TIME", "NODES", "SCHEDNODES", "NODELIST(REASON)"]
+
+
 def test_squeue_sort_and_bad_options() -> None:
     jobs = [running(), pending_task(3)]
     assert [j.job_id for j in squeue.sort_jobs(jobs, "-i")] == [20, 12]
