@@ -63,6 +63,7 @@ def parser() -> Parser:
     p.add_argument("-r", "--partition", dest="partitions", action="append", default=[])
     p.add_argument("-s", "--state", dest="states", action="append", default=[])
     p.add_argument("--name", dest="names", action="append", default=[])
+    p.add_argument("-N", "--nodelist", dest="nodelist", action="append", default=[])
     p.add_argument("-b", "--brief", action="store_true")
     p.add_argument("-l", "--long", action="store_true")
     p.add_argument("-e", "--helpformat", action="store_true")
@@ -325,8 +326,8 @@ def sacct(argv: list[str]) -> None:
         job_ids, step_refs, whole = expand_job_refs(split_list(args.jobs))
         now = datetime.now().astimezone()
         try:
-            start = parse_time(args.start, now) if args.start else None
-            end = parse_time(args.end, now) if args.end else None
+            start = parse_time(slurm_time(args.start, now), now) if args.start else None
+            end = parse_time(slurm_time(args.end, now), now) if args.end else None
         except TimeSpecError as exc:
             raise UsageError(str(exc)) from None
     except UsageError as exc:
@@ -343,6 +344,11 @@ def sacct(argv: list[str]) -> None:
         fail(PROG, exc)
     wanted_names = set(split_list(args.names))
     partitions = set(split_list(args.partitions))
+    if args.nodelist:
+        from garrison.model.hostlist import expand_hostlist
+
+        on = {name for value in args.nodelist for name in expand_hostlist(value)}
+        records = [r for r in records if r.attempts and on & {n.node for n in r.attempts[-1].allocation}]
     records = [r for r in records if (not states or r.state in states) and (not wanted_names or r.name in wanted_names)
                and (not partitions or r.partition in partitions)]
     by_job: dict[int, list[Any]] = {}
@@ -359,6 +365,23 @@ def sacct(argv: list[str]) -> None:
     out = render(lines, fields, args)
     if out:
         sys.stdout.write("\n".join(out) + "\n")
+
+
+def slurm_time(text: str, now: datetime) -> str:
+    """sacct's own time forms as gacct's: ``HH:MM[:SS]`` (today), ``MMDD[YY]``, ``MM/DD[/YY]`` and
+    ``MM.DD[.YY]`` (with ``-HH:MM[:SS]`` after the date), into ``YYYY-MM-DD[THH:MM[:SS]]``; others unchanged."""
+    import re
+
+    value = text.strip()
+    if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", value):
+        return f"{now:%Y-%m-%d}T{value.zfill(len(value) + 1) if value.index(':') == 1 else value}"
+    date = re.fullmatch(r"(\d{2})(?:[/.]?)(\d{2})(?:[/.]?(\d{2}))?(?:-(\d{1,2}:\d{2}(?::\d{2})?))?", value)
+    if date:
+        month, day, year, clock_part = date.groups()
+        full_year = 2000 + int(year) if year else now.year
+        iso = f"{full_year:04d}-{month}-{day}"
+        return f"{iso}T{clock_part}" if clock_part else iso
+    return value
 
 
 def _fetch(job_ids: list[str], users: list[str], accounts: list[str], start: float | None, end: float | None,

@@ -339,3 +339,13 @@ def test_sacct_requeued_job_and_duplicates() -> None:
     assert fields.render(sacct.job_lines(record, [], NOW, duplicates=True), parsable="P", header=False) == [
         f"70|NODE_FAIL|node3|{clock(NOW - 500)}", f"70|REQUEUED|node[1-2]|{clock(NOW - 100)}",
         "70|PENDING|None assigned|Unknown"]
+
+
+def test_sacct_time_forms() -> None:
+    from datetime import datetime
+
+    now = datetime(2026, 12, 6, 10, 0).astimezone()
+    assert [sacct.slurm_time(t, now) for t in ("14:05", "9:05:30", "1201", "120125", "12/01/25", "12.01",
+                                                "1205-08:00", "2026-12-01T10:00", "now-1days")] == [
+        "2026-12-06T14:05", "2026-12-06T09:05:30", "2026-12-01", "2025-12-01", "2025-12-01", "2026-12-01",
+        "2026-12-05T08:00", "2026-12-01T10:00", "now-1days"]
