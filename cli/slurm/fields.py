@@ -70,9 +70,14 @@ def exit_code_text(code: int | None, state: str = "") -> str:
 
 
 def sacct_state(state: str, uid: int | None = None) -> str:
-    """A state as sacct writes it: the same words, ``CANCELLED by UID`` for a cancelled job."""
+    """A state as sacct writes it: the same words, ``CANCELLED by UID`` for a cancelled job, and RUNNING for
+    a job still starting or stopping (CONFIGURING and COMPLETING are flags on a running job in Slurm; sacct
+    shows the base state). submitit counts any state it does not list as unfinished, CONFIGURING among
+    them, as finished."""
     if state == "CANCELLED" and uid is not None:
         return f"CANCELLED by {uid}"
+    if state in ("CONFIGURING", "COMPLETING"):
+        return "RUNNING"
     return state
 
 

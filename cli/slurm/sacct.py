@@ -163,7 +163,7 @@ def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool =
     batch = dict(job)
     batch.update({
         "JobID": f"{record.display_id}.batch", "JobIDRaw": f"{record.job_id}.batch", "JobName": "batch",
-        "Partition": "", "User": "", "State": record.state, "NodeList": _hostlist([n.node for n in first]),
+        "Partition": "", "User": "", "State": sacct_state(record.state), "NodeList": _hostlist([n.node for n in first]),
         "AllocCPUS": str(batch_cpus), "NCPUS": str(batch_cpus), "ReqCPUS": str(batch_cpus),
         "AllocTRES": _tres(batch_cpus, len(first[0].gpus) if first else 0, first[0].mem_mb if first else 0, 1),
         "ReqTRES": "", "AllocNodes": "1", "NNodes": "1", "ReqNodes": "1", "NTasks": "1", "Timelimit": "",
@@ -323,6 +323,8 @@ def sacct(argv: list[str]) -> None:
             return
         fields = _field_list(args)
         states = {s for s in state_names(split_list(args.states)) if s != "ALL"}
+        if "RUNNING" in states:
+            states |= {"CONFIGURING", "COMPLETING"}  # RUNNING to sacct (fields.sacct_state)
         job_ids, step_refs, whole = expand_job_refs(split_list(args.jobs))
         now = datetime.now().astimezone()
         try:

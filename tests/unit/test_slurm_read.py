@@ -58,6 +58,8 @@ def test_states_short_long_and_sacct_words() -> None:
         state_names(["sleeping"])
     assert sacct_state("CANCELLED", 1000) == "CANCELLED by 1000"
     assert sacct_state("FAILED", 1000) == "FAILED"
+    # Starting and stopping are RUNNING to sacct (and to submitit, which takes CONFIGURING for finished).
+    assert sacct_state("CONFIGURING", 1000) == sacct_state("COMPLETING") == "RUNNING"
 
 
 def test_exit_codes_as_code_colon_signal() -> None:
