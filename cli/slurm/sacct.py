@@ -46,8 +46,9 @@ LONG_FIELDS = ("JobID,JobIDRaw,JobName,Partition,MaxRSS,AllocCPUS,TotalCPU,NTask
 
 
 def parser() -> Parser:
-    p = Parser(prog=PROG, add_help=False, description="Accounting records of jobs and steps, as Slurm's sacct.")
-    p.add_argument("--help", action="help", help="Show this message and exit.")
+    p = Parser(prog=PROG, add_help=False,
+               description="Accounting records of jobs and steps, as Slurm's sacct (options: docs/reference.md, garrison-sacct).")
+    p.add_argument("-h", "--help", action="help", help="Show this message and exit.")  # as sacct -h, sstat -h
     p.add_argument("-j", "--jobs", dest="jobs", action="append", default=[])
     p.add_argument("-o", "--format", dest="format", action="append", default=[])
     p.add_argument("-p", "--parsable", action="store_true")

@@ -34,7 +34,8 @@ COMPACT = {"idle": "idle", "mixed": "mix", "allocated": "alloc", "drained": "dra
 
 
 def parser() -> Parser:
-    p = Parser(prog=PROG, add_help=False, description="Partitions and nodes, as Slurm's sinfo shows them.")
+    p = Parser(prog=PROG, add_help=False,
+               description="Partitions and nodes, as Slurm's sinfo shows them (options: docs/reference.md, garrison-sinfo).")
     p.add_argument("--help", action="help", help="Show this message and exit.")
     p.add_argument("-N", "--Node", dest="by_node", action="store_true")
     p.add_argument("-l", "--long", action="store_true")

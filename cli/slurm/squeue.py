@@ -62,7 +62,8 @@ STEP_HEADERS = {"i": "STEPID", "j": "NAME", "P": "PARTITION", "u": "USER", "M": 
 
 
 def parser() -> Parser:
-    p = Parser(prog=PROG, add_help=False, description="Pending and running jobs, as Slurm's squeue shows them.")
+    p = Parser(prog=PROG, add_help=False,
+               description="Pending and running jobs, as Slurm's squeue shows them (options: docs/reference.md, garrison-squeue).")
     p.add_argument("--help", action="help", help="Show this message and exit.")
     p.add_argument("-u", "--user", dest="users", action="append", default=[])
     p.add_argument("--me", action="store_true")
