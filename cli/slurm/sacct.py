@@ -327,6 +327,12 @@ def sacct(argv: list[str]) -> None:
         if "RUNNING" in states:
             states |= {"CONFIGURING", "COMPLETING"}  # RUNNING to sacct (fields.sacct_state)
         job_ids, step_refs, whole = expand_job_refs(split_list(args.jobs))
+        from garrison.model.hostlist import HostListError, expand_hostlist
+
+        try:
+            on = {name for value in args.nodelist for name in expand_hostlist(value)}
+        except HostListError as exc:
+            raise UsageError(str(exc)) from None
         now = datetime.now().astimezone()
         try:
             start = parse_time(slurm_time(args.start, now), now) if args.start else None
@@ -347,10 +353,7 @@ def sacct(argv: list[str]) -> None:
         fail(PROG, exc)
     wanted_names = set(split_list(args.names))
     partitions = set(split_list(args.partitions))
-    if args.nodelist:
-        from garrison.model.hostlist import expand_hostlist
-
-        on = {name for value in args.nodelist for name in expand_hostlist(value)}
+    if on:
         records = [r for r in records if r.attempts and on & {n.node for n in r.attempts[-1].allocation}]
     records = [r for r in records if (not states or r.state in states) and (not wanted_names or r.name in wanted_names)
                and (not partitions or r.partition in partitions)]

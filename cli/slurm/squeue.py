@@ -269,7 +269,8 @@ def squeue(argv: list[str]) -> None:
             from garrison.cli.parsing import parse_count
 
             interval = parse_count(args.iterate, minimum=1)
-    except UsageError as exc:
+        _node_filter(args.nodelist)  # a bad host list is a usage error before any call
+    except (UsageError, ValueError) as exc:
         fail(PROG, CliError(str(exc), EXIT_USAGE))
     users = split_list(args.users) + ([getpass.getuser()] if args.me else [])
     import time
