@@ -218,3 +218,19 @@ def test_sstat_running_steps(cluster: Cluster, jobs: Jobs) -> None:
 def test_console_scripts_exist() -> None:
     for name in ("squeue", "sinfo", "sacct", "sstat"):
         assert (BIN / f"garrison-{name}").exists()
+
+
+def test_sacct_requeued_job_and_duplicates(cluster: Cluster, jobs: Jobs) -> None:
+    job = cluster.submit("-J", "again", "--wrap", "sleep 600")
+    cluster.wait_state(job, {"RUNNING"})
+    cluster.run("gcontrol", "requeue", job)
+
+    def runs() -> list[str] | None:
+        out = sacct(cluster, "-j", job, "-D", "-X", "-n", "-P", "-o", "JobID,State").stdout.splitlines()
+        return out if len(out) == 2 else None
+
+    earlier, current = wait_until(runs, 60, what=f"job {job}'s second run in sacct -D")
+    assert earlier == f"{job}|REQUEUED"
+    assert current in (f"{job}|PENDING", f"{job}|RUNNING")
+    assert sacct(cluster, "-j", job, "-X", "-n", "-P", "-o", "JobID").stdout.split() == [job]  # -D alone shows both
+    cluster.run("gcancel", job)
