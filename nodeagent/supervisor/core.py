@@ -422,8 +422,9 @@ def _wait_for_signal(timeout: float | None) -> int | None:
 # own. So a warning signal goes to its workers, never to it.
 _TORCHRUN_PROGRAMS = frozenset({"torchrun"})
 _TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
-# gsrun under its names: its own, its console script's and Slurm's (the slurm-path link).
-_STEP_CLIENT_PROGRAMS = frozenset({"gsrun", "garrison-srun", "srun"})
+# A step's client in the batch script (gsrun, srun): the agent signals the step's tasks itself, so the client
+# forwarding a job signal it got too would deliver it twice. Spared as torchrun agents are.
+_STEP_CLIENT_PROGRAMS = frozenset({"gsrun", "srun", "garrison-srun"})
 # Shells, by the program they run (/proc/PID/exe: a script's comm is the script's name). One that does not trap
 # a warning signal is spared it: Slurm sends --signal without B: to the steps, never to the batch shell, and a
 # bash killed by SIGUSR1 would end the job FAILED (138) while its program checkpoints and requeues it.
@@ -481,19 +482,13 @@ def _command_head(pid: int) -> list[str] | None:
 
 
 def is_torchrun_agent(pid: int) -> bool:
+    """A torchrun agent, or a step client (gsrun/srun): a process a job signal must not reach itself."""
     head = _command_head(pid)  # torchrun ..., python [-u] .../torchrun ..., python -m torch.distributed.run ...
     if head is None:
         return False
-    if any(os.path.basename(word) in _TORCHRUN_PROGRAMS for word in head):
+    if any(os.path.basename(word) in _TORCHRUN_PROGRAMS | _STEP_CLIENT_PROGRAMS for word in head):
         return True
     return any(word == "-m" and following in _TORCHRUN_MODULES for word, following in zip(head, head[1:], strict=False))
-
-
-def is_step_client(pid: int) -> bool:
-    """A gsrun (srun) of the job: its step's tasks get the job's signals from their own supervisor, so one
-    forwarded by gsrun as well would reach them twice (Lightning would save and requeue twice)."""
-    head = _command_head(pid)  # gsrun ..., python .../gsrun ..., python .../garrison-slurm/srun ...
-    return head is not None and any(os.path.basename(word) in _STEP_CLIENT_PROGRAMS for word in head[:2])
 
 
 def _signal_bits(pid: int) -> int | None:
@@ -528,9 +523,9 @@ def is_unready_shell(pid: int, signal_number: int) -> bool:
 
 def spared_from_warning(pid: int, signal_number: int) -> bool:
     """Whether a job-wide warning signal (--signal without B:, a preemption warning, gcancel -s) leaves this
-    process out: a torchrun agent, a gsrun client or a shell that would die of it. Slurm never sends such a
-    signal to the batch shell nor to srun, only to the steps' tasks."""
-    return is_torchrun_agent(pid) or is_step_client(pid) or is_unready_shell(pid, signal_number)
+    process out: a torchrun agent or a gsrun client (is_torchrun_agent), or a shell that would die of it.
+    Slurm never sends such a signal to the batch shell nor to srun, only to the steps' tasks."""
+    return is_torchrun_agent(pid) or is_unready_shell(pid, signal_number)
 
 
 class Supervisor:
