@@ -16,6 +16,14 @@ from garrison.cli.client import EXIT_FAILURE, CliError, fail
 from garrison.cli.gcancel import cancel_jobs
 
 PROG = "scancel"
+# squeue's short state names, which scancel -t takes too (scancel -t PD).
+SHORT_STATES = {"PD": "PENDING", "R": "RUNNING", "CF": "CONFIGURING", "CG": "COMPLETING"}
+
+
+def states(values: list[str]) -> list[str]:
+    """-t's values, each a comma list, in Garrison's long upper-case names."""
+    names = [name.strip().upper() for value in values for name in value.split(",") if name.strip()]
+    return [SHORT_STATES.get(name, name) for name in names]
 
 
 def parser() -> Parser:
@@ -50,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
             fail(PROG, CliError("--me and -u name different users", EXIT_FAILURE))
         user = getpass.getuser()
     # --batch alone cancels the job (its batch step ends it), with --signal it signals the job's processes.
-    cancel_jobs(PROG, args.job_ids, user=user, states=args.states, names=args.names, partitions=args.partitions,
+    cancel_jobs(PROG, args.job_ids, user=user, states=states(args.states), names=args.names, partitions=args.partitions,
                 accounts=args.accounts, signal_name=args.signal, quiet=args.quiet, usage_exit=EXIT_FAILURE,
                 verbose=bool(args.verbose))
 

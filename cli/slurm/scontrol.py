@@ -19,9 +19,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from garrison.cli.client import EXIT_FAILURE, CliError
 from garrison.model.hostlist import HostListError, compress_hostlist, expand_hostlist
 
 TYPE_CHECKING = False
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 PROG = "scontrol"
+EXIT_FAILURE = 1  # every error, as Slurm's scontrol (client.py's, not imported: show hostnames needs no socket)
 UPDATE_KEYS = ("timelimit", "priority", "qos", "nice")
 
 
@@ -118,7 +118,8 @@ def job_record(job: Any, oneliner: bool = False) -> str:
                                    array_job_id=array_job, array_task_id=array_task, user=job.user,
                                    job_name=job.name)
 
-    command = " ".join(spec.command) if spec.command else ("(null)" if spec.launch == "allocation" else job.name)
+    # Garrison keeps the script's text, not its path: Slurm's Command= (the script and its arguments) as far as known.
+    command = "(null)" if spec.launch == "allocation" else " ".join(["(script)", *spec.command])
     reason = job.reason or "None"
     lines: list[list[tuple[str, str]]] = [
         [("JobId", str(job.job_id)), ("JobName", job.name)],
@@ -259,9 +260,18 @@ def _ids(words: Sequence[str]) -> list[str]:
     return [part for word in words for part in word.split(",") if part]
 
 
+def own_job_ids(environ: Mapping[str, str]) -> set[str]:
+    """The ids the job this process runs in goes by: ``12``, and for an array task also ``10_3`` (Lightning's
+    requeue names an array task so)."""
+    own = {environ.get("SLURM_JOB_ID", ""), environ.get("GARRISON_JOB_ID", "")}
+    array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID", ""), environ.get("SLURM_ARRAY_TASK_ID", "")
+    if array_job and array_task:
+        own.add(f"{array_job}_{array_task}")
+    return own - {""}
+
+
 def _requeue(ids: list[str], quiet: bool) -> None:
-    own = {os.environ.get("SLURM_JOB_ID"), os.environ.get("GARRISON_JOB_ID")} - {None, ""}
-    if own & set(ids):
+    if own_job_ids(os.environ) & set(ids):
         # Requeueing our own job stops every process of it, this one too: the SIGTERM may come before the
         # controller's answer. Ignore it for the moment of the call, so the caller (Lightning's SIGUSR1 handler)
         # sees exit 0; the SIGKILL after the job's kill wait still ends us should we linger.
@@ -277,13 +287,12 @@ def _update(words: Sequence[str], quiet: bool) -> None:
 
     ids, fields = parse_update(words)
     values: dict[str, Any] = {}
+    relative = 0  # TimeLimit=+T / -T: seconds added to each job's own limit
     try:
         if "timelimit" in fields:
             text = fields["timelimit"]
-            if text[:1] in "+-" and text[1:]:
-                current = _job(ids[0]).time_limit_s
-                delta = parse_time_limit(text[1:])
-                values["time_limit_s"] = current + delta if text[0] == "+" else current - delta
+            if text[:1] in ("+", "-") and text[1:]:
+                relative = parse_time_limit(text[1:]) * (1 if text[0] == "+" else -1)
             else:
                 values["time_limit_s"] = parse_time_limit(text)
         if "nice" in fields:
@@ -294,7 +303,11 @@ def _update(words: Sequence[str], quiet: bool) -> None:
             values["qos"] = fields["qos"]
     except (UsageError, ValueError) as exc:
         raise ScontrolError(f"update: {exc}") from None
-    _control("update", ids, quiet, **values)
+    if not relative:
+        _control("update", ids, quiet, **values)
+        return
+    for job_id in ids:
+        _control("update", [job_id], quiet, **values, time_limit_s=_job(job_id).time_limit_s + relative)
 
 
 def _job(job_id: str) -> Any:
@@ -414,7 +427,11 @@ def main(argv: list[str] | None = None) -> None:
     except (ScontrolError, HostListError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_FAILURE)
-    except CliError as exc:
+    except Exception as exc:
+        from garrison.cli.client import CliError  # imported by every command that reached the controller
+
+        if not isinstance(exc, CliError):
+            raise
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_FAILURE)
 

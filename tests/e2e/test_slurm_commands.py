@@ -89,6 +89,8 @@ def test_parsable_wrap_and_array_outputs(cluster: Cluster) -> None:
     stdin_job = slurm(cluster, "sbatch", "--parsable", "-o", "/dev/null",
                       input="#!/bin/sh\n#SBATCH -t 1:00\ntrue\n").stdout.strip()
     assert cluster.job(stdin_job)["name"] == "sbatch"
+    quiet = slurm(cluster, "sbatch", "-Q", "--mail-type=END", "-o", "/dev/null", "--wrap", "true")
+    assert (quiet.stdout, quiet.stderr) == ("", "")  # sbatch -Q: only errors
 
 
 def test_unknown_options_are_refused_and_queue_nothing(cluster: Cluster) -> None:
@@ -126,6 +128,8 @@ def test_scancel_by_id_name_and_user(cluster: Cluster) -> None:
 def test_scontrol_hold_release_update_and_show_job(cluster: Cluster) -> None:
     job_id = sbatch(cluster, "-J", "ctl", "-t", "10:00", "-b", "now+1hour", "-o", "/dev/null", "--wrap", "true")
     slurm(cluster, "scontrol", "hold", job_id)
+    # The reason is the scheduler's: BeginTime until its next cycle looks at the held job.
+    wait_until(lambda: "Held" in cluster.job(job_id)["reason"], 30, what="the job's reason to say it is held")
     record = slurm(cluster, "scontrol", "show", "job", job_id).stdout
     assert record.startswith(f"JobId={job_id} JobName=ctl\n   UserId={getpass.getuser()}("), record
     assert "JobState=PENDING" in record and "TimeLimit=00:10:00" in record, record
@@ -137,6 +141,8 @@ def test_scontrol_hold_release_update_and_show_job(cluster: Cluster) -> None:
     slurm(cluster, "scontrol", "update", f"JobId={job_id}", "TimeLimit=5:00")
     oneline = slurm(cluster, "scontrol", "-o", "show", "job", job_id).stdout
     assert oneline.count("\n") == 1 and "TimeLimit=00:05:00" in oneline and f"JobId={job_id} " in oneline
+    slurm(cluster, "scontrol", "update", f"jobid={job_id}", "timelimit=-1:00")
+    assert cluster.job(job_id)["time_limit_s"] == 4 * 60
     refused = slurm(cluster, "scontrol", "update", f"JobId={job_id}", "Frobnicate=1", check=False)
     assert refused.returncode == 1 and "Frobnicate" in refused.stderr
     slurm(cluster, "scancel", job_id)
@@ -147,7 +153,7 @@ SELF_REQUEUE = """#!{python}
 #SBATCH -J self-requeue
 #SBATCH -t 1:00
 #SBATCH --signal=SIGUSR1@55
-#SBATCH -o requeue-%j.out
+#SBATCH -o requeue-{tag}.out
 # PyTorch Lightning's SLURMEnvironment, as it does it: on SIGUSR1 run `scontrol requeue $SLURM_JOB_ID` and
 # check its exit status; SIGTERM (the requeue's) is only noted.
 import os, signal, subprocess, sys, time
@@ -159,7 +165,12 @@ open(marker, "w").close()
 signal.signal(signal.SIGTERM, lambda *_: None)
 
 def on_usr1(signum, frame):
-    code = subprocess.call(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]])
+    array_job_id = os.getenv("SLURM_ARRAY_JOB_ID")  # Lightning's way of naming the job
+    if array_job_id is not None:
+        job_id = f"{{array_job_id}}_{{os.environ['SLURM_ARRAY_TASK_ID']}}"
+    else:
+        job_id = os.environ["SLURM_JOB_ID"]
+    code = subprocess.call(["scontrol", "requeue", job_id])
     with open("requeue-{tag}.rc", "w") as rc:
         rc.write(str(code))
     print("requeue exit", code, flush=True)
@@ -171,13 +182,81 @@ while True:
 """
 
 
-def test_scontrol_requeue_from_inside_the_job_runs_it_again(cluster: Cluster) -> None:
-    script = write(cluster.work / "self-requeue.py", SELF_REQUEUE.format(python=sys.executable, tag="a"))
-    job_id = sbatch(cluster, str(script))
+@pytest.mark.parametrize("array", [False, True])
+def test_scontrol_requeue_from_inside_the_job_runs_it_again(cluster: Cluster, array: bool) -> None:
+    tag = "array" if array else "plain"
+    script = write(cluster.work / f"self-requeue-{tag}.py", SELF_REQUEUE.format(python=sys.executable, tag=tag))
+    job_id = sbatch(cluster, *(["-a", "4"] if array else []), str(script))
+    if array:
+        job_id = f"{job_id}_4"
     job = cluster.wait_done(job_id, timeout=90)
-    out = (cluster.work / f"requeue-{job_id}.out").read_text()
-    assert (cluster.work / "requeue-a.rc").read_text() == "0", out
+    out = (cluster.work / f"requeue-{tag}.out").read_text()
+    assert (cluster.work / f"requeue-{tag}.rc").read_text() == "0", out
     assert job["state"] == "COMPLETED" and job["restart_count"] >= 1, (job, out)
     assert "first attempt" in out and "second attempt" in out, out
     attempts = slurm(cluster, "scontrol", "show", "job", job_id).stdout
     assert "JobState=COMPLETED" in attempts and "Restarts=1" in attempts, attempts
+
+
+def test_a_job_signal_reaches_an_srun_steps_tasks_once(cluster: Cluster) -> None:
+    """`scancel -s USR1 JOB` reaches the step's task from the agent; srun in the batch script, which gets the
+    job's signals too, must not forward it a second time. USR2 afterwards ends the task: by then a second
+    USR1 would have come before it."""
+    marks = cluster.work / "once-marks"
+    script = write(cluster.work / "once.sh", (
+        "#!/bin/bash\n"
+        "#SBATCH -G 1\n"
+        "#SBATCH -t 5:00\n"
+        "#SBATCH -o /dev/null\n"
+        "trap '' USR1 USR2\n"  # the batch shell lives on
+        f"srun bash -c 'trap \"echo usr1 >> {marks}\" USR1; trap \"echo usr2 >> {marks}; exit 0\" USR2; "
+        f"echo ready >> {marks}; while :; do sleep 0.1; done'\n"
+    ))
+    job_id = sbatch(cluster, str(script))
+    wait_until(lambda: marks.exists() and "ready" in marks.read_text(), 60, what="the step's task to start")
+    slurm(cluster, "scancel", "-s", "USR1", job_id)
+    wait_until(lambda: "usr1" in marks.read_text(), 30, what="the task to get USR1")
+    slurm(cluster, "scancel", "-s", "USR2", job_id)
+    job = cluster.wait_done(job_id)
+    assert marks.read_text().splitlines() == ["ready", "usr1", "usr2"], marks.read_text()
+    assert job["state"] == "COMPLETED", job
+
+
+def test_salloc_runs_its_command_with_srun_on_its_path(cluster: Cluster) -> None:
+    """salloc's command runs here, with Slurm's names first on PATH even when the caller's PATH lacks them:
+    its `srun` runs a step in the allocation."""
+    env = dict(cluster.env)
+    env["PATH"] = ":".join(entry for entry in env["PATH"].split(":") if "garrison-slurm" not in entry)
+    proc = subprocess.run(
+        [str(BIN / "garrison-salloc"), "-N", "2", "--gpus-per-node", "1", "-t", "2:00", "bash", "-c",
+         'echo "srun=$(basename "$(command -v srun)")"; srun --ntasks-per-node 1 bash -c "echo \\$SLURMD_NODENAME" | sort'],
+        capture_output=True, text=True, env=env, cwd=str(cluster.work), timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("salloc: Pending job allocation "), proc.stderr
+    assert lines[-1].startswith("salloc: Relinquishing job allocation "), proc.stderr
+    job = cluster.job(lines[0].rsplit(" ", 1)[1])
+    assert proc.stdout.splitlines() == ["srun=srun", *sorted(job["nodes"])], proc.stdout
+    assert job["state"] == "COMPLETED", job
+
+
+def test_scontrol_show_node_and_partition(cluster: Cluster) -> None:
+    nodes = slurm(cluster, "scontrol", "show", "node").stdout
+    names = [line.split()[0].removeprefix("NodeName=") for line in nodes.splitlines() if line.startswith("NodeName=")]
+    assert len(names) == 2, nodes
+    one = slurm(cluster, "scontrol", "-o", "show", "node", names[0]).stdout
+    assert one.startswith(f"NodeName={names[0]} ") and one.count("\n") == 1 and " Gres=gpu:" in one, one
+    partitions = slurm(cluster, "scontrol", "-o", "show", "partition").stdout
+    assert partitions.startswith("PartitionName=") and "Default=YES" in partitions, partitions
+    missing = slurm(cluster, "scontrol", "show", "node", "nosuchnode", check=False)
+    assert missing.returncode == 1 and "nosuchnode not found" in missing.stderr
+
+
+def test_srun_outside_a_job_gets_an_allocation_runs_and_gives_it_back(cluster: Cluster) -> None:
+    env = {name: value for name, value in cluster.env.items() if not name.startswith(("SLURM_", "GARRISON_JOB"))}
+    proc = subprocess.run(["srun", "-N", "2", "--gpus-per-node", "1", "-t", "1:00", "-l", "bash", "-c", "echo hi"],
+                          capture_output=True, text=True, env=env, cwd=str(cluster.work), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["0: hi", "1: hi"], proc.stdout
+    assert all(line.startswith("srun: ") for line in proc.stderr.splitlines()), proc.stderr

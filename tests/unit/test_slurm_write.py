@@ -44,6 +44,7 @@ def test_scancel_command_line() -> None:
         "ann", ["a,b"], ["PENDING"], "USR1", True, 1)
     assert args.job_ids == ["12_3", "13.1", "14"]
     assert scancel.parser().parse_args(["--batch", "--signal=TERM", "5"]).batch
+    assert scancel.states(["pd,R", "running"]) == ["PENDING", "RUNNING", "RUNNING"]
     with pytest.raises(Exception, match="unrecognized arguments: --frob"):
         scancel.parser().parse_args(["--frob", "1"])
 
@@ -160,3 +161,10 @@ def test_the_supervisor_spares_srun_from_a_job_signal(tmp_path: Path) -> None:
             assert is_torchrun_agent(process.pid) is spared, name
         finally:
             process.communicate(b"", timeout=10)
+
+
+def test_own_job_ids_name_an_array_task_both_ways() -> None:
+    assert scontrol.own_job_ids({"SLURM_JOB_ID": "12"}) == {"12"}
+    assert scontrol.own_job_ids({"SLURM_JOB_ID": "13", "GARRISON_JOB_ID": "13", "SLURM_ARRAY_JOB_ID": "10",
+                                 "SLURM_ARRAY_TASK_ID": "3"}) == {"13", "10_3"}
+    assert scontrol.own_job_ids({}) == set()
