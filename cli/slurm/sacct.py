@@ -46,8 +46,9 @@ LONG_FIELDS = ("JobID,JobIDRaw,JobName,Partition,MaxRSS,AllocCPUS,TotalCPU,NTask
 
 
 def parser() -> Parser:
-    p = Parser(prog=PROG, add_help=False, description="Accounting records of jobs and steps, as Slurm's sacct.")
-    p.add_argument("--help", action="help", help="Show this message and exit.")
+    p = Parser(prog=PROG, add_help=False,
+               description="Accounting records of jobs and steps, as Slurm's sacct (options: docs/reference.md, garrison-sacct).")
+    p.add_argument("-h", "--help", action="help", help="Show this message and exit.")  # as sacct -h, sstat -h
     p.add_argument("-j", "--jobs", dest="jobs", action="append", default=[])
     p.add_argument("-o", "--format", dest="format", action="append", default=[])
     p.add_argument("-p", "--parsable", action="store_true")
@@ -63,11 +64,12 @@ def parser() -> Parser:
     p.add_argument("-r", "--partition", dest="partitions", action="append", default=[])
     p.add_argument("-s", "--state", dest="states", action="append", default=[])
     p.add_argument("--name", dest="names", action="append", default=[])
+    p.add_argument("-N", "--nodelist", dest="nodelist", action="append", default=[])
     p.add_argument("-b", "--brief", action="store_true")
     p.add_argument("-l", "--long", action="store_true")
     p.add_argument("-e", "--helpformat", action="store_true")
     p.add_argument("-L", "--allclusters", action="store_true")  # one cluster: nothing to widen
-    p.add_argument("-D", "--duplicates", action="store_true")  # a requeued job has one record either way
+    p.add_argument("-D", "--duplicates", action="store_true")
     p.add_argument("--array", dest="expand_arrays", action="store_true")
     return p
 
@@ -110,16 +112,23 @@ def _usage(attempt: Any | None) -> Any | None:
     return measured(attempt.usage) if attempt is not None and attempt.HasField("usage") else None
 
 
-def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool = False) -> list[dict[str, str]]:
-    """sacct's lines for one accounting record (apb.JobRecord) and its gsrun steps (pb.StepInfo)."""
+def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool = False,
+              duplicates: bool = False) -> list[dict[str, str]]:
+    """sacct's lines for one accounting record (apb.JobRecord) and its gsrun steps (pb.StepInfo): the job's
+    current (or last) run; with ``duplicates`` (-D) each earlier run of a requeued job first, its state
+    REQUEUED, NODE_FAIL or PREEMPTED as sacct -D shows them. A job pending again after a requeue shows as
+    pending, without the earlier run's nodes and steps."""
     from garrison.cli.usage_format import format_bytes, format_cpu_time
 
-    last = record.attempts[-1] if record.attempts else None
+    current = record.state != "PENDING"
+    last = record.attempts[-1] if record.attempts and current else None
+    earlier = list(record.attempts[:-1] if current else record.attempts)
     allocation = list(last.allocation) if last is not None else []
     nodes = [node.node for node in allocation]
     cpus, gpus = _cpus(allocation), (last.gpus if last is not None else record.requested_gpus)
     mem = sum(node.mem_mb for node in allocation)
-    elapsed = _elapsed(record.start_time, record.end_time, now)
+    start, end = (record.start_time, record.end_time) if current else (0.0, 0.0)
+    elapsed = _elapsed(start, end, now)
     usage = _usage(last)
     code = record.exit_code if record.HasField("exit_code") else None
     array_job, array_task = _array_ids(record.display_id, record.job_id)
@@ -131,7 +140,7 @@ def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool =
         "Partition": record.partition, "Account": record.account, "User": record.user, "UID": str(record.uid),
         "State": sacct_state(record.state, record.uid), "ExitCode": exit_code_text(code, record.state),
         "DerivedExitCode": exit_code_text(derived, record.state), "NodeList": _hostlist(nodes),
-        "Start": clock(record.start_time), "End": clock(record.end_time), "Submit": clock(record.submit_time),
+        "Start": clock(start), "End": clock(end), "Submit": clock(record.submit_time),
         "Eligible": clock(record.submit_time), "Elapsed": sacct_duration(elapsed), "ElapsedRaw": str(int(elapsed)),
         "AllocCPUS": str(cpus), "NCPUS": str(cpus), "ReqCPUS": str(cpus),
         "AllocTRES": _tres(cpus, gpus, mem, len(nodes)) if nodes else "",
@@ -146,20 +155,21 @@ def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool =
         "AllocGRES": f"gpu:{gpus}" if gpus and nodes else "", "ReqGRES": f"gpu:{gpus}" if gpus else "",
         "Cluster": "garrison", "QOS": "",
     }
-    lines = [job]
-    if allocations or not record.start_time or last is None:
+    lines = [_earlier_run(job, attempt, now) for attempt in earlier] if duplicates else []
+    lines.append(job)
+    if allocations or not start or last is None:
         return lines
     first = allocation[:1]
     batch_cpus = _cpus(first)
     batch = dict(job)
     batch.update({
         "JobID": f"{record.display_id}.batch", "JobIDRaw": f"{record.job_id}.batch", "JobName": "batch",
-        "Partition": "", "User": "", "State": record.state, "NodeList": _hostlist([n.node for n in first]),
+        "Partition": "", "User": "", "State": sacct_state(record.state), "NodeList": _hostlist([n.node for n in first]),
         "AllocCPUS": str(batch_cpus), "NCPUS": str(batch_cpus), "ReqCPUS": str(batch_cpus),
         "AllocTRES": _tres(batch_cpus, len(first[0].gpus) if first else 0, first[0].mem_mb if first else 0, 1),
         "ReqTRES": "", "AllocNodes": "1", "NNodes": "1", "ReqNodes": "1", "NTasks": "1", "Timelimit": "",
-        "TimelimitRaw": "", "Reason": "", "DerivedExitCode": "", "Submit": clock(record.start_time),
-        "Eligible": clock(record.start_time),
+        "TimelimitRaw": "", "Reason": "", "DerivedExitCode": "", "Submit": clock(start),
+        "Eligible": clock(start),
         "MaxRSS": format_bytes(usage.max_rss_bytes) if usage and usage.HasField("max_rss_bytes") else "",
         "CPUTime": sacct_duration(elapsed * batch_cpus), "CPUTimeRAW": str(int(elapsed * batch_cpus)),
         "AllocGRES": "", "ReqGRES": "", "Restarts": "",
@@ -183,6 +193,27 @@ def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool =
         })
         lines.append(line)
     return lines
+
+
+def _earlier_run(job: dict[str, str], attempt: Any, now: float) -> dict[str, str]:
+    """sacct -D: the line of a run the job was requeued after."""
+    allocation = list(attempt.allocation)
+    nodes = [node.node for node in allocation]
+    cpus = _cpus(allocation)
+    elapsed = _elapsed(attempt.start_time, attempt.end_time, now)
+    state = attempt.state if attempt.state in ("NODE_FAIL", "PREEMPTED") else "REQUEUED"
+    code = attempt.exit_code if attempt.HasField("exit_code") else None
+    line = dict(job)
+    line.update({
+        "State": state, "ExitCode": exit_code_text(code, state), "DerivedExitCode": exit_code_text(code, state),
+        "NodeList": _hostlist(nodes), "Start": clock(attempt.start_time), "End": clock(attempt.end_time),
+        "Elapsed": sacct_duration(elapsed), "ElapsedRaw": str(int(elapsed)), "AllocCPUS": str(cpus),
+        "NCPUS": str(cpus), "AllocNodes": str(len(nodes)), "NNodes": str(max(len(nodes), 1)),
+        "AllocTRES": _tres(cpus, attempt.gpus, sum(n.mem_mb for n in allocation), len(nodes)) if nodes else "",
+        "Reason": attempt.reason or "None", "CPUTime": sacct_duration(elapsed * cpus),
+        "CPUTimeRAW": str(int(elapsed * cpus)), "TotalCPU": "", "MaxRSS": "",
+    })
+    return line
 
 
 def fold_pending_tasks(records: Sequence[Any]) -> list[Any]:
@@ -293,11 +324,19 @@ def sacct(argv: list[str]) -> None:
             return
         fields = _field_list(args)
         states = {s for s in state_names(split_list(args.states)) if s != "ALL"}
+        if "RUNNING" in states:
+            states |= {"CONFIGURING", "COMPLETING"}  # RUNNING to sacct (fields.sacct_state)
         job_ids, step_refs, whole = expand_job_refs(split_list(args.jobs))
+        from garrison.model.hostlist import HostListError, expand_hostlist
+
+        try:
+            on = {name for value in args.nodelist for name in expand_hostlist(value)}
+        except HostListError as exc:
+            raise UsageError(str(exc)) from None
         now = datetime.now().astimezone()
         try:
-            start = parse_time(args.start, now) if args.start else None
-            end = parse_time(args.end, now) if args.end else None
+            start = parse_time(slurm_time(args.start, now), now) if args.start else None
+            end = parse_time(slurm_time(args.end, now), now) if args.end else None
         except TimeSpecError as exc:
             raise UsageError(str(exc)) from None
     except UsageError as exc:
@@ -314,6 +353,8 @@ def sacct(argv: list[str]) -> None:
         fail(PROG, exc)
     wanted_names = set(split_list(args.names))
     partitions = set(split_list(args.partitions))
+    if on:
+        records = [r for r in records if r.attempts and on & {n.node for n in r.attempts[-1].allocation}]
     records = [r for r in records if (not states or r.state in states) and (not wanted_names or r.name in wanted_names)
                and (not partitions or r.partition in partitions)]
     by_job: dict[int, list[Any]] = {}
@@ -322,13 +363,31 @@ def sacct(argv: list[str]) -> None:
     lines: list[dict[str, str]] = []
     shown = records if args.expand_arrays else fold_pending_tasks(records)
     for record in shown:
-        record_lines = job_lines(record, by_job.get(int(record.job_id), []), controller_now, args.allocations)
+        record_lines = job_lines(record, by_job.get(int(record.job_id), []), controller_now, args.allocations,
+                                 args.duplicates)
         if step_refs and record.display_id not in whole:
             record_lines = [line for line in record_lines if wanted_line(line, step_refs)]
         lines += record_lines
     out = render(lines, fields, args)
     if out:
         sys.stdout.write("\n".join(out) + "\n")
+
+
+def slurm_time(text: str, now: datetime) -> str:
+    """sacct's own time forms as gacct's: ``HH:MM[:SS]`` (today), ``MMDD[YY]``, ``MM/DD[/YY]`` and
+    ``MM.DD[.YY]`` (with ``-HH:MM[:SS]`` after the date), into ``YYYY-MM-DD[THH:MM[:SS]]``; others unchanged."""
+    import re
+
+    value = text.strip()
+    if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", value):
+        return f"{now:%Y-%m-%d}T{value.zfill(len(value) + 1) if value.index(':') == 1 else value}"
+    date = re.fullmatch(r"(\d{2})(?:[/.]?)(\d{2})(?:[/.]?(\d{2}))?(?:-(\d{1,2}:\d{2}(?::\d{2})?))?", value)
+    if date:
+        month, day, year, clock_part = date.groups()
+        full_year = 2000 + int(year) if year else now.year
+        iso = f"{full_year:04d}-{month}-{day}"
+        return f"{iso}T{clock_part}" if clock_part else iso
+    return value
 
 
 def _fetch(job_ids: list[str], users: list[str], accounts: list[str], start: float | None, end: float | None,

@@ -34,7 +34,8 @@ COMPACT = {"idle": "idle", "mixed": "mix", "allocated": "alloc", "drained": "dra
 
 
 def parser() -> Parser:
-    p = Parser(prog=PROG, add_help=False, description="Partitions and nodes, as Slurm's sinfo shows them.")
+    p = Parser(prog=PROG, add_help=False,
+               description="Partitions and nodes, as Slurm's sinfo shows them (options: docs/reference.md, garrison-sinfo).")
     p.add_argument("--help", action="help", help="Show this message and exit.")
     p.add_argument("-N", "--Node", dest="by_node", action="store_true")
     p.add_argument("-l", "--long", action="store_true")
@@ -159,7 +160,7 @@ def sinfo_lines(response: Any, layout: PercentFormat, by_node: bool = False, hea
                 rows.append(_row(members, partition))
             continue
         groups: dict[tuple[str, ...], list[Any]] = {}
-        keys = sorted(layout.keys() - AGGREGATE_KEYS)
+        keys = sorted(layout.field_keys() - AGGREGATE_KEYS)
         for node in members:
             groups.setdefault(tuple(_node_value(node, partition, k) for k in keys), []).append(node)
         if not groups and not (nodes or wanted_states):
@@ -226,6 +227,10 @@ def sinfo(argv: list[str]) -> None:
     lines = sinfo_lines(response, layout, by_node=args.by_node, header=not args.noheader,
                         partitions=split_list(args.partitions), nodes=nodes, states=states,
                         summarize=args.summarize)
+    if args.long:
+        import time
+
+        print(time.strftime("%a %b %d %H:%M:%S %Y"))  # sinfo -l's first line
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
 

@@ -27,8 +27,9 @@ LIVE_STATES = ("CONFIGURING", "RUNNING", "COMPLETING")
 
 
 def parser() -> Parser:
-    p = Parser(prog=PROG, add_help=False, description="What running job steps use, as Slurm's sstat.")
-    p.add_argument("--help", action="help", help="Show this message and exit.")
+    p = Parser(prog=PROG, add_help=False,
+               description="What running job steps use, as Slurm's sstat (options: docs/reference.md, garrison-sstat).")
+    p.add_argument("-h", "--help", action="help", help="Show this message and exit.")  # as sacct -h, sstat -h
     p.add_argument("-j", "--jobs", dest="jobs", action="append", default=[])
     p.add_argument("-o", "--format", "--fields", dest="format", action="append", default=[])
     p.add_argument("-p", "--parsable", action="store_true")
