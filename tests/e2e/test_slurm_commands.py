@@ -182,16 +182,23 @@ while True:
 """
 
 
-@pytest.mark.parametrize("array", [False, True])
-def test_scontrol_requeue_from_inside_the_job_runs_it_again(cluster: Cluster, array: bool) -> None:
-    tag = "array" if array else "plain"
+@pytest.mark.parametrize("how", ["plain", "array", "srun"])
+def test_scontrol_requeue_from_inside_the_job_runs_it_again(cluster: Cluster, how: str) -> None:
+    """As the batch script itself (plain, and an array task), and as Lightning's recipe has it: the batch
+    script runs `srun python train.py`, and the step's task gets the signal and requeues the job."""
+    tag, array = how, how == "array"
     script = write(cluster.work / f"self-requeue-{tag}.py", SELF_REQUEUE.format(python=sys.executable, tag=tag))
+    if how == "srun":
+        script = write(cluster.work / "self-requeue-srun.sh", (
+            "#!/bin/bash\n#SBATCH -J self-requeue\n#SBATCH -t 1:00\n#SBATCH --signal=SIGUSR1@55\n"
+            f"#SBATCH -o requeue-{tag}.out\nsrun {script}\n"))
     job_id = sbatch(cluster, *(["-a", "4"] if array else []), str(script))
     if array:
         job_id = f"{job_id}_4"
     job = cluster.wait_done(job_id, timeout=90)
     out = (cluster.work / f"requeue-{tag}.out").read_text()
-    assert (cluster.work / f"requeue-{tag}.rc").read_text() == "0", out
+    rc = cluster.work / f"requeue-{tag}.rc"
+    assert rc.exists() and rc.read_text() == "0", (job, out)
     assert job["state"] == "COMPLETED" and job["restart_count"] >= 1, (job, out)
     assert "first attempt" in out and "second attempt" in out, out
     attempts = slurm(cluster, "scontrol", "show", "job", job_id).stdout
