@@ -97,9 +97,11 @@ def test_lightning_requeues_itself_at_the_time_limit_and_resumes_its_global_step
     for run in range(1, len(attempts)):
         assert started[run] == saved[run - 1] > started[run - 1], log
 
-    # sacct, as Slurm users read it: the job COMPLETED.
+    # sacct, as Slurm users read it: the job COMPLETED; with -D, each earlier run REQUEUED.
     lines = slurm(c, "sacct", "-j", job_id, "-o", "JobID,State", "--parsable2").splitlines()
     assert f"{job_id}|COMPLETED" in lines, lines
+    runs = slurm(c, "sacct", "-j", job_id, "-D", "-X", "-n", "-P", "-o", "JobID,State").splitlines()
+    assert runs == [f"{job_id}|REQUEUED"] * (len(attempts) - 1) + [f"{job_id}|COMPLETED"], runs
 
 
 def _where(value: int) -> tuple[int, str, str, str, str]:
