@@ -55,8 +55,12 @@ def _parser() -> Parser:
     add("--jobid", default="", help="The job to run the step in (default: SLURM_JOB_ID / GARRISON_JOB_ID).")
     add("-J", "--job-name", default="", help="The step's name (default: the command's).")
     add("-D", "--chdir", default="", help="The tasks' working directory (default: this one).")
-    add("-o", "--output", default="", help="Write the tasks' stdout to this file instead of gsrun's stdout.")
-    add("-e", "--error", default="", help="Write the tasks' stderr to this file instead of gsrun's stderr.")
+    add("-o", "--output", default="", help="Write the tasks' stdout to this file instead of gsrun's stdout "
+        "(%%t: a file per task; %%j %%J %%s %%n %%N %%u %%x %%A %%a %%%% expand as srun's).")
+    add("-e", "--error", default="", help="Write the tasks' stderr to this file instead of gsrun's stderr "
+        "(the same patterns).")
+    add("-u", "--unbuffered", action="store_true",
+        help="Accepted, as srun's: the tasks' output is written out as it arrives.")
     # Outside a job, gsrun first asks for an allocation (cli/gsrun_alloc.py); these shape it as sbatch's do.
     add("-t", "--time", default="", help="Outside a job: the allocation's time limit.")
     add("-p", "--partition", default="", help="Outside a job: the allocation's partition.")
@@ -171,16 +175,71 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
 
 
 class OutputWriter:
-    """The tasks' bytes onto our stdout/stderr (or -o/-e files), each line prefixed "N: " with --label."""
+    """The tasks' bytes onto our stdout/stderr (or -o/-e files), each line prefixed "N: " with --label.
+
+    A -o/-e name with srun's patterns (``%j_%t_log.out``, as submitit gives it) is expanded once the step has
+    started and its id is known; with %t (or %n, %N) each task gets a file of its own, all of them made then,
+    as srun makes them. A plain name is opened at once, so a bad one fails before the step is asked for."""
 
     def __init__(self, label: bool, output: str, error: str) -> None:
         self.label = label
-        self.files = {1: open(output, "ab") if output else sys.stdout.buffer,  # noqa: SIM115 - closed at exit
-                      2: open(error, "ab") if error else sys.stderr.buffer}  # noqa: SIM115
+        self.patterns = {1: output, 2: error}
+        self.files: dict[int, Any] = {
+            1: sys.stdout.buffer if not output else None if "%" in output else open(output, "ab"),  # noqa: SIM115
+            2: sys.stderr.buffer if not error else None if "%" in error else open(error, "ab"),  # noqa: SIM115
+        }
+        self.task_files: dict[tuple[int, int], Any] = {}  # (task, stream) -> file, for per-task patterns
+        self.opened: list[Any] = []  # the files begin() opened, each once
         self.at_line_start: dict[tuple[int, int], bool] = {}
 
+    def begin(self, job_id: int, step_id: int, nodes: list[str], ntasks: int, per_node: int | None) -> None:
+        """The step has started: expand the patterns and open their files (appending, as gsrun's plain -o)."""
+        import pwd
+
+        from garrison.model.outputpath import expand_output_pattern
+        from garrison.model.steps import block_counts
+
+        counts = block_counts(ntasks, max(len(nodes), 1), per_node)
+        node_of = [index for index, count in enumerate(counts) for _ in range(count)]
+        try:
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:
+            user = str(os.getuid())
+        array_job, array_task = os.environ.get("SLURM_ARRAY_JOB_ID", ""), os.environ.get("SLURM_ARRAY_TASK_ID", "")
+        opened: dict[str, Any] = {}
+
+        def open_once(path: str) -> Any:
+            if path not in opened:
+                try:
+                    opened[path] = open(path, "ab")  # noqa: SIM115 - closed by close()
+                except OSError as exc:
+                    raise CliError(f"cannot open {path}: {exc.strerror}") from None
+                self.opened.append(opened[path])
+            return opened[path]
+
+        for stream, pattern in self.patterns.items():
+            if self.files[stream] is not None:
+                continue
+            paths = []
+            for task in range(ntasks if ntasks > 0 else 1):
+                node = node_of[task] if task < len(node_of) else 0
+                paths.append(expand_output_pattern(
+                    pattern, job_id=job_id, rank=task, node_rank=node,
+                    array_job_id=int(array_job) if array_job.isdigit() else None,
+                    array_task_id=int(array_task) if array_task.isdigit() else None,
+                    user=user, job_name=os.environ.get("SLURM_JOB_NAME", ""), step_id=step_id,
+                    node_name=nodes[node] if node < len(nodes) else "",
+                ))
+            if len(set(paths)) == 1:
+                self.files[stream] = open_once(paths[0])
+                continue
+            for task, path in enumerate(paths):
+                self.task_files[(task, stream)] = open_once(path)
+
     def write(self, task: int, stream: int, data: bytes) -> None:
-        out = self.files.get(stream, self.files[1])
+        out = self.task_files.get((task, stream)) or self.files.get(stream) or self.files[1]
+        if out is None:  # output before the step's start (never sent): keep it rather than lose it
+            out = sys.stdout.buffer if stream == 1 else sys.stderr.buffer
         if self.label:
             prefix = f"{task}: ".encode()
             key = (task, stream)
@@ -195,7 +254,11 @@ class OutputWriter:
         out.flush()
 
     def close(self) -> None:
+        for handle in self.opened:
+            handle.close()
         for stream, handle in self.files.items():
+            if handle is None or handle in self.opened:
+                continue
             if handle not in (sys.stdout.buffer, sys.stderr.buffer):
                 handle.close()
             elif stream == 1:
@@ -307,6 +370,9 @@ class StepSession:
             which = answer.WhichOneof("kind")
             if which == "started":
                 self.step_name = f"{answer.started.job_id}.{answer.started.step_id}"
+                started = answer.started
+                writer.begin(started.job_id, started.step_id, list(started.nodes), started.ntasks,
+                             self.start.start.ntasks_per_node or None)
                 if pty_mode:
                     self._start_terminal()
             elif which == "output":

@@ -439,7 +439,7 @@ class JobLifecycle:
 
     @atomic
     def requeue(self, job_ids: Iterable[int], now: float) -> tuple[list[int], list[Instruction]]:
-        """Stop running jobs and put them back in the queue (their attempt ends CANCELLED)."""
+        """Stop running jobs and put them back in the queue (their attempt ends REQUEUED)."""
         requeued: list[int] = []
         instructions: list[Instruction] = []
         for job_id in job_ids:
@@ -449,7 +449,7 @@ class JobLifecycle:
             if live is None or live.stale or live.outcome is not None:
                 continue
             self._live_changing(live)
-            live.requeue_as = JobState.CANCELLED
+            live.requeue_as = JobState.REQUEUED
             instructions += self._stop(live, JobState.PENDING, "requeued by request", now)
             requeued.append(job_id)
         return requeued, instructions

@@ -29,6 +29,9 @@ class JobState(enum.StrEnum):
     OUT_OF_MEMORY = "OUT_OF_MEMORY"  # killed by its memory limit (--mem) on some node, as in Slurm
     # Only ever the state of an *attempt* (never of a job): stopped to make room, and the job requeued.
     PREEMPTED = "PREEMPTED"
+    # Only ever an attempt's: stopped by a requeue request (gcontrol/scontrol requeue, Lightning's auto-requeue),
+    # and the job queued again; sacct -D shows Slurm's such runs as REQUEUED.
+    REQUEUED = "REQUEUED"
 
     @property
     def is_terminal(self) -> bool:
@@ -90,6 +93,7 @@ TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
     JobState.NODE_FAIL: frozenset(),
     JobState.OUT_OF_MEMORY: frozenset(),
     JobState.PREEMPTED: frozenset(),
+    JobState.REQUEUED: frozenset(),
 }
 
 

@@ -20,9 +20,12 @@ def expand_output_pattern(
     array_task_id: int | None,
     user: str,
     job_name: str,
+    step_id: int | None = None,
+    node_name: str | None = None,
 ) -> str:
     """Expand sbatch's filename specifiers: %j job id, %t rank, %n node rank, %A array job id,
-    %a array task id, %u user, %x job name, %% a literal percent.
+    %a array task id, %u user, %x job name, %% a literal percent; and srun's for a step's files: %s step id,
+    %J job id.step id, %N the task's node name (given ``step_id`` and ``node_name``).
 
     A width between % and a numeric specifier zero-pads it ("%4a" -> "0007"), as in Slurm. A job outside
     any array counts as an array of one: %A is its own id and %a is 0, so one pattern fits both kinds.
@@ -36,6 +39,11 @@ def expand_output_pattern(
         "a": array_task_id if array_task_id is not None else 0,
     }
     words = {"u": user, "x": job_name}
+    if step_id is not None:
+        numbers["s"] = step_id
+        words["J"] = f"{job_id}.{step_id}"
+    if node_name is not None:
+        words["N"] = node_name
 
     def substitute(match: re.Match[str]) -> str:
         if match.group(1) == "%":

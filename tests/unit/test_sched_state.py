@@ -62,7 +62,9 @@ def test_requeue_stops_a_running_job_and_queues_it_again(db: str) -> None:
 
     state.node_finished("n1", ok(1, ranks=1), 3.0)
     job = state.jobs[1]
-    assert job.state == JobState.PENDING and job.attempts[0].state == JobState.CANCELLED
+    # The attempt is REQUEUED, as sacct -D shows Slurm's requeued runs (it was CANCELLED, which it was not).
+    assert job.state == JobState.PENDING and job.attempts[0].state == JobState.REQUEUED
+    assert job.attempts[0].reason == "requeued by request"
     assert [p.job_id for p in state.snapshot().pending] == [1]
 
 

@@ -206,6 +206,35 @@ def test_label_prefixes_every_line_across_chunks(tmp_path: Any) -> None:
     assert out.read_bytes().endswith(b"x")
 
 
+def test_srun_output_patterns_give_each_task_its_file(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # submitit's step: srun --unbuffered --output FOLDER/%j_%t_log.out --error FOLDER/%j_%t_log.err ...
+    args = _parser().parse_args(["--unbuffered", "-o", f"{tmp_path}/%j_%t_log.out", "-e", f"{tmp_path}/%j_%t_log.err",
+                                 "python", "-u", "-m", "submitit.core._submit", str(tmp_path)])
+    assert args.unbuffered and args.command[:2] == ["python", "-u"]
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    writer = OutputWriter(label=False, output=args.output, error=args.error)
+    writer.begin(12, 3, ["node1", "node2"], 2, None)
+    writer.write(0, 1, b"task 0 out\n")
+    writer.write(1, 2, b"task 1 err\n")
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["12_0_log.err", "12_0_log.out", "12_1_log.err", "12_1_log.out"]
+    assert (tmp_path / "12_0_log.out").read_bytes() == b"task 0 out\n"
+    assert (tmp_path / "12_1_log.err").read_bytes() == b"task 1 err\n"
+    # One name for every task: one file, opened once (appending, as a plain -o); srun's other specifiers.
+    shared = OutputWriter(label=True, output=f"{tmp_path}/%x-%J.%%.out", error="")
+    shared.begin(12, 3, ["node1", "node2"], 4, None)
+    shared.write(0, 1, b"a\n")
+    shared.write(3, 1, b"b\n")
+    shared.close()
+    assert (tmp_path / "train-12.3.%.out").read_bytes() == b"0: a\n3: b\n"
+    per_node = OutputWriter(label=False, output=f"{tmp_path}/%N-%n.out", error="")
+    per_node.begin(12, 4, ["node1", "node2"], 4, None)  # block-wise: tasks 0-1 on node1, 2-3 on node2
+    per_node.write(1, 1, b"one ")
+    per_node.write(2, 1, b"two ")
+    per_node.close()
+    assert (tmp_path / "node1-0.out").read_bytes() == b"one " and (tmp_path / "node2-1.out").read_bytes() == b"two "
+
+
 def test_the_agent_never_reads_step_output_through_a_link(tmp_path: Any) -> None:
     from garrison.nodeagent.steps import _open_user_file
 

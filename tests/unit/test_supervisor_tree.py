@@ -122,3 +122,69 @@ def test_terminate_reaches_workers_in_their_own_sessions(jobs: Jobs) -> None:
     status = jobs.wait_finished(job_dir)
     assert all(process_is_gone(pid) for pid in workers)
     assert status.ranks[0].exit_code != 0 and status.terminated_by == "SIGTERM"
+
+
+# A batch script as Lightning's users write it: a shell with no trap, whose program handles the warning. The
+# shell must not die of it (bash: exit 138, the job FAILED) while the program checkpoints.
+PROGRAM = """\
+import os, signal, sys, time
+root = os.path.dirname(os.path.abspath(__file__))
+def checkpoint(signum, frame):
+    with open(os.path.join(root, "got"), "a") as got:
+        got.write(f"{signum}\\n")
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, checkpoint)
+open(os.path.join(root, "ready"), "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_warning_spares_a_shell_without_a_trap_and_reaches_its_program(jobs: Jobs) -> None:
+    program = jobs.root / "program.py"
+    program.write_text(PROGRAM)
+    # Not the shell's last command, so the shell waits for it rather than exec'ing it.
+    job_dir = jobs.launch(jobs.rank(0, f"{sys.executable} {program}; echo shell went on; exit 7"))
+    wait_until((jobs.root / "ready").exists, DEADLINE_S, what="the program to install its handler")
+    leader = jobs.wait_running(job_dir).ranks[0].pid
+    assert leader is not None and core.is_unready_shell(leader, signal.SIGUSR1)
+    assert not core.is_unready_shell(leader, signal.SIGTERM)  # only warnings are held back
+    assert client.send(job_dir, signal.SIGUSR1)
+    status = jobs.wait_finished(job_dir)
+    assert (jobs.root / "got").read_text() == "10\n"
+    assert status.ranks[0].exit_code == 7 and "shell went on" in (jobs.root / "rank0.out").read_text()
+
+
+# A stand-in gsrun: it records the signals it gets, and ends on SIGTERM.
+GSRUN = """\
+import signal, sys
+def record(signum, frame):
+    with open("gsrun-got", "a") as got:
+        got.write(f"{signum}\\n")
+    if signum == signal.SIGTERM:
+        sys.exit(0)
+signal.signal(signal.SIGUSR1, record)
+signal.signal(signal.SIGTERM, record)
+open("gsrun-ready", "w").close()
+while True:
+    signal.pause()
+"""
+
+
+def test_a_warning_spares_gsrun_whose_tasks_get_it_from_their_step(jobs: Jobs) -> None:
+    bin_dir = jobs.root / "bin"
+    bin_dir.mkdir()
+    gsrun = bin_dir / "gsrun"
+    gsrun.write_text(f"#!{sys.executable}\n{GSRUN}")
+    gsrun.chmod(0o755)
+    program = jobs.root / "program.py"
+    program.write_text(PROGRAM)
+    job_dir = jobs.launch(jobs.rank(0, f"{gsrun} & {sys.executable} {program}; wait"))
+    wait_until(lambda: (jobs.root / "ready").exists() and (jobs.root / "gsrun-ready").exists(), DEADLINE_S,
+               what="the program and the stand-in gsrun to start")
+    assert client.send(job_dir, signal.SIGUSR1)
+    wait_until((jobs.root / "got").exists, DEADLINE_S, what="the program to get the warning")
+    # The supervisor handles its signals in order: had the warning reached gsrun, it would come before TERM.
+    assert client.terminate(job_dir)
+    jobs.wait_finished(job_dir)
+    assert (jobs.root / "gsrun-got").read_text() == "15\n"
