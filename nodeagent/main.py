@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             containment = probe.choose(cfg.cgroup_root, cfg.allow_unconfined)
         except probe.NothingEnforceable as exc:
             raise ConfigError(str(exc)) from None
+        if cfg.fake_topology and cfg.fake_cpus:
+            inventory = replace(inventory, cpus=cfg.fake_cpus)
         inventory = replace(inventory, model=model, features=cfg.features,
                             containment=containment.capabilities.summary())
         log.info("node %s: %d GPUs (%s)", node_name, len(inventory.gpus), model or "NVML")
