@@ -219,3 +219,16 @@ def test_the_agent_never_reads_step_output_through_a_link(tmp_path: Any) -> None
             _open_user_file(tmp_path / name, stat.S_ISREG)
     with _open_user_file(tmp_path / "out-2", stat.S_ISREG) as output:
         assert output.read() == b"task output"
+
+
+def test_gsrun_takes_the_srun_options_real_scripts_carry() -> None:
+    # --kill-on-bad-exit=1 as srun's scripts write it, -K alone meaning 1 and =0 meaning not; --wait=60 and -u
+    # accepted (nothing to do); the command after them stays the command.
+    spec = gsrun_spec("--wait=60", "--kill-on-bad-exit=1", "--jobid", "7", "-u", "bash", "-c", "x")
+    assert spec["kill_on_bad_exit"] and spec["argv"] == ["bash", "-c", "x"]
+    assert gsrun_spec("-K", "bash")["kill_on_bad_exit"] and gsrun_spec("-K", "bash")["argv"] == ["bash"]
+    assert not gsrun_spec("--kill-on-bad-exit=0", "true")["kill_on_bad_exit"]
+    assert not gsrun_spec("true")["kill_on_bad_exit"]
+    assert gsrun_spec("-W", "30", "true")["argv"] == ["true"]
+    with pytest.raises(UsageError):
+        gsrun_spec("--kill-on-bad-exit=2", "true")
