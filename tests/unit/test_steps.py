@@ -3,6 +3,7 @@ output labels, and the wire round trip of a node's step launch."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from typing import Any
@@ -232,3 +233,11 @@ def test_gsrun_takes_the_srun_options_real_scripts_carry() -> None:
     assert gsrun_spec("-W", "30", "true")["argv"] == ["true"]
     with pytest.raises(UsageError):
         gsrun_spec("--kill-on-bad-exit=2", "true")
+
+
+def test_a_master_address_and_port_the_script_exported_are_kept() -> None:
+    # srun sets neither: `export MASTER_PORT=6000; srun python train.py` meets on the script's choice.
+    description = launch(0)
+    exported = dataclasses.replace(description, env={**description.env, "MASTER_ADDR": "n1", "MASTER_PORT": "6000"})
+    assert {(p.env["MASTER_ADDR"], p.env["MASTER_PORT"]) for p in plan_step_tasks(exported, "/io")} == {("n1", "6000")}
+    assert {p.env["MASTER_PORT"] for p in plan_step_tasks(description, "/io")} == {"45000"}
