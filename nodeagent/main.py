@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         from garrison.nodeagent.gpu import discovery, fake_nvml
 
         if cfg.fake_topology:
+            from garrison.nodeagent.fakehost import take_node_name
+
+            if take_node_name(node_name):  # before any thread: see fakehost.py
+                log.info("node %s: its jobs see %s as their host name", node_name, node_name)
             try:
                 path = resolve_topology(cfg.fake_topology)
                 description = load_description(path)
