@@ -270,7 +270,7 @@ def run_command_in(allocation: Allocation, command: Sequence[str], environment: 
         signal.signal(number, lambda signum, frame: forwarded.append(signum))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the command's
     try:
-        child = subprocess.Popen(list(command), env={**os.environ, **environment}, preexec_fn=child_setup)
+        child = subprocess.Popen(list(command), env=command_environment(environment), preexec_fn=child_setup)
     except OSError as error:
         say(f"cannot run {command[0]}: {error.strerror or error}")
         return CommandEnded(127 if isinstance(error, FileNotFoundError) else 126, revoked=False)
@@ -302,6 +302,15 @@ def run_command_in(allocation: Allocation, command: Sequence[str], environment: 
     finally:
         _take_terminal(terminal, os.getpgrp())
     return CommandEnded(code if code >= 0 else 128 - code, revoked=revoked_at is not None)
+
+
+def command_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """The command's environment: ours, the allocation's, and Slurm's command names (``garrison slurm-path``)
+    first on its PATH, as every job and step has them: ``srun`` in a galloc/salloc shell runs a step."""
+    from garrison.slurmpath import ensure_slurm_path, with_slurm_path
+
+    directory = ensure_slurm_path()
+    return with_slurm_path({**os.environ, **environment}, str(directory) if directory is not None else None)
 
 
 def _signal_group(pid: int, signum: int) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
+
 import click
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail
@@ -25,14 +28,24 @@ def gcancel(job_ids: tuple[str, ...], user: str, me: bool, states: tuple[str, ..
     """Cancel jobs by id (12, 12_3 for one array task, 12 for a whole array), or every job that matches the
     filters (user, state, name, partition, account; each given must hold); or, with --signal, send them a
     signal (scancel --signal)."""
-    from garrison.protos.v1 import garrison_pb2 as pb
-
     if me:
         import getpass
 
         if user and user != getpass.getuser():
             fail("gcancel", CliError("--me and -u name different users", EXIT_USAGE))
         user = getpass.getuser()
+    cancel_jobs("gcancel", job_ids, user=user, states=states, names=names, partitions=partitions,
+                accounts=accounts, signal_name=signal_name, quiet=quiet)
+
+
+def cancel_jobs(prog: str, job_ids: Sequence[str], *, user: str = "", states: Sequence[str] = (),
+                names: Sequence[str] = (), partitions: Sequence[str] = (), accounts: Sequence[str] = (),
+                signal_name: str = "", quiet: bool = False, usage_exit: int = EXIT_USAGE,
+                verbose: bool = False) -> None:
+    """gcancel's work, and scancel's (cli/slurm/scancel.py): cancel (or, with ``signal_name``, signal) the jobs
+    named by id (``12``, ``12_3``; ``12.3`` is a step) and every job matching the filters. Exits on failure."""
+    from garrison.protos.v1 import garrison_pb2 as pb
+
     state_list = _split(states, upper=True)
     ids = _split(job_ids)
     name_list, partition_list, account_list = _split(names), _split(partitions), _split(accounts)
@@ -40,29 +53,35 @@ def gcancel(job_ids: tuple[str, ...], user: str, me: bool, states: tuple[str, ..
     step_ids = [ref for ref in ids if "." in ref]  # JOBID.STEP: that step only (scancel 12.3)
     ids = [ref for ref in ids if "." not in ref]
     if step_ids:
-        _cancel_steps(step_ids, signal_name)
+        _cancel_steps(prog, step_ids, signal_name)
+        if verbose:
+            print(f"{prog}: {'signalled' if signal_name else 'cancelled'} step(s) {', '.join(step_ids)}",
+                  file=sys.stderr)
         if not ids:
             return
     if not ids and not (user or state_list or name_list or partition_list or account_list):
-        fail("gcancel", CliError(f"nothing to {verb}: give job ids, or filters (-u, --me, -t, -n, -p, -A)",
-                                 EXIT_USAGE))
+        fail(prog, CliError(f"nothing to {verb}: give job ids, or filters (-u, --me, -t, -n, -p, -A)", usage_exit))
     request = pb.CancelJobsRequest(job_ids=ids, user=user, states=state_list, signal=signal_name, names=name_list,
                                    partitions=partition_list, accounts=account_list)
     try:
         with Client() as client:
             response = client.call("CancelJobs", request)
     except CliError as exc:
-        fail("gcancel", exc)
+        fail(prog, exc)
     if signal_name:
+        if verbose and response.signalled:
+            print(f"{prog}: signalled job(s) {', '.join(map(str, response.signalled))}", file=sys.stderr)
         if response.not_running:
             # As scancel: the others were signalled; these could not be, and the exit status says so.
-            fail("gcancel", CliError(f"not running, so not signalled: {', '.join(response.not_running)}"))
+            fail(prog, CliError(f"not running, so not signalled: {', '.join(response.not_running)}"))
         return
+    if verbose and response.cancelled:
+        print(f"{prog}: cancelled job(s) {', '.join(map(str, response.cancelled))}", file=sys.stderr)
     if not quiet and not response.cancelled and ids:
-        click.echo("gcancel: nothing to cancel (jobs already finished)", err=True)
+        print(f"{prog}: nothing to cancel (jobs already finished)", file=sys.stderr)
 
 
-def _cancel_steps(step_ids: list[str], signal_name: str) -> None:
+def _cancel_steps(prog: str, step_ids: list[str], signal_name: str) -> None:
     from garrison.protos.v1 import garrison_pb2 as pb
 
     try:
@@ -70,10 +89,10 @@ def _cancel_steps(step_ids: list[str], signal_name: str) -> None:
             for step_id in step_ids:
                 client.call("CancelStep", pb.CancelStepRequest(step_id=step_id, signal=signal_name))
     except CliError as exc:
-        fail("gcancel", exc)
+        fail(prog, exc)
 
 
-def _split(values: tuple[str, ...], upper: bool = False) -> list[str]:
+def _split(values: Sequence[str], upper: bool = False) -> list[str]:
     items = [item for value in values for item in value.split(",") if item]
     return [item.upper() for item in items] if upper else items
 

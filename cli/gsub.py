@@ -36,33 +36,52 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _gsub(args: list[str]) -> None:
+    submit(args, "gsub")
+
+
+def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_output: str | None = None,
+           default_array_output: str | None = None) -> None:
+    """gsub, or sbatch (cli/slurm/sbatch.py) under its name: ``prog`` names the command in its messages and a
+    script read from standard input; a usage error exits ``usage_exit``; without -o the job writes to
+    ``default_output`` (``default_array_output`` for an array), where gsub leaves the agent's default."""
     try:
-        submission = parse_submission(args, os.environ, os.getcwd(), stdin=_script_on_stdin())
+        submission = parse_submission(args, os.environ, os.getcwd(), stdin=_script_on_stdin(), prog=prog)
     except HelpRequested as help_text:
-        print(help_text.text)
+        print(help_text.text.replace("gsub", prog) if prog != "gsub" else help_text.text)
         sys.exit(0)
     except UsageError as exc:
-        fail("gsub", CliError(str(exc), EXIT_USAGE))
+        fail(prog, CliError(str(exc), usage_exit))
+    submission = with_default_output(submission, default_output, default_array_output)
     if submission.ignored:
-        print(f"gsub: warning: ignoring {', '.join(submission.ignored)}: Garrison does not act on "
+        print(f"{prog}: warning: ignoring {', '.join(submission.ignored)}: Garrison does not act on "
               f"{'it' if len(submission.ignored) == 1 else 'them'}", file=sys.stderr)
     try:
         with Client() as client:
             response = client.call_plain("SubmitJob", build_request(submission))
     except CliError as exc:
-        fail("gsub", exc)
+        fail(prog, exc)
     if submission.test_only:
-        print(f"gsub: {estimate_line(response)} (not submitted)", file=sys.stderr)
+        print(f"{prog}: {estimate_line(response)} (not submitted)", file=sys.stderr)
         return
     if submission.parsable:
         print(response.job_id)
     else:
         print(f"Submitted batch job {response.job_id}")
     if submission.wait:
-        _wait(str(response.job_id))
+        _wait(str(response.job_id), prog)
 
 
-def _wait(job_id: str) -> None:
+def with_default_output(submission: Submission, default: str | None, array_default: str | None) -> Submission:
+    """``submission`` writing to ``default`` (``array_default`` for an array) when it names no -o file."""
+    if submission.spec.output is not None or default is None:
+        return submission
+    from dataclasses import replace
+
+    pattern = array_default if submission.array is not None and array_default else default
+    return replace(submission, spec=replace(submission.spec, output=pattern))
+
+
+def _wait(job_id: str, prog: str = "gsub") -> None:
     """sbatch --wait: block until the job has ended, exit with its exit code."""
     from garrison.cli.waiting import exit_status, wait_for_job
 
@@ -70,9 +89,10 @@ def _wait(job_id: str) -> None:
     try:
         jobs = wait_for_job(job_id)
     except CliError as exc:
-        fail("gsub", exc)
+        fail(prog, exc)
     except KeyboardInterrupt:
-        print(f"gsub: stopped waiting; job {job_id} goes on (gcancel {job_id} ends it)", file=sys.stderr)
+        cancel = "gcancel" if prog == "gsub" else "scancel"
+        print(f"{prog}: stopped waiting; job {job_id} goes on ({cancel} {job_id} ends it)", file=sys.stderr)
         sys.exit(130)
     sys.exit(exit_status(jobs))
 

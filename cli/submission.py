@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     _Value = TypeVar("_Value")
 
 WRAP_JOB_NAME = "wrap"
-STDIN_JOB_NAME = "gsub"  # sbatch names a script read from standard input "sbatch"
+STDIN_JOB_NAME = "gsub"  # a script read from standard input is named after the command, as sbatch names it "sbatch"
 DIRECTIVE_QUOTE_LIMIT = 100  # a bad directive's error quotes at most this much of it
 
 # sbatch options real scripts carry that Garrison accepts and does not act on: each is named once in a
@@ -294,11 +294,11 @@ def _checked_script(data: bytes, path: str) -> str:
     return text
 
 
-def _job_name(chosen: _ChosenOptions, script: str | None, from_stdin: bool) -> str:
+def _job_name(chosen: _ChosenOptions, script: str | None, from_stdin: bool, prog: str) -> str:
     name = chosen.nonempty_text("job_name")
     if name is None:
         if from_stdin:
-            return STDIN_JOB_NAME
+            return prog if prog else STDIN_JOB_NAME
         return os.path.basename(script) if script is not None else WRAP_JOB_NAME
     if any(not char.isprintable() for char in name):
         raise chosen.error("job_name", f"contains a control character: {name!r}")
@@ -403,7 +403,8 @@ def _directive_options(script: str, script_text: str, directive: str) -> list[tu
 
 
 def parse_submission(
-    argv: list[str], environ: Mapping[str, str], cwd: str, stdin: Callable[[], bytes] | None = None
+    argv: list[str], environ: Mapping[str, str], cwd: str, stdin: Callable[[], bytes] | None = None,
+    prog: str = "gsub",
 ) -> Submission:
     """Build the Submission for ``gsub ARGV`` run in directory ``cwd`` with environment ``environ``.
 
@@ -413,6 +414,8 @@ def parse_submission(
 
     Precedence, highest first, option by option: the command line, the GSUB_*/SBATCH_* input variables,
     ``#GSUB`` directives, ``#SBATCH`` directives.
+
+    ``prog`` is the command's name (gsub, sbatch): a script read from standard input is named after it.
     """
     command_line = _given_options(argv)
     script = command_line.get("script")
@@ -427,8 +430,8 @@ def parse_submission(
     from_stdin = script is None and wrap is None
     stdin_data = stdin() if from_stdin and stdin is not None else b""
     if from_stdin and not stdin_data:
-        raise UsageError("no script given: use gsub [OPTIONS] SCRIPT [ARGS...], gsub [OPTIONS] < SCRIPT "
-                         "or gsub [OPTIONS] --wrap CMD")
+        raise UsageError(f"no script given: use {prog} [OPTIONS] SCRIPT [ARGS...], {prog} [OPTIONS] < SCRIPT "
+                         f"or {prog} [OPTIONS] --wrap CMD")
 
     chosen = _ChosenOptions()
     if script is not None or from_stdin:
@@ -475,7 +478,7 @@ def parse_submission(
         raise chosen.error("comment", f"contains a control character: {comment!r}")
 
     spec = JobSpec(
-        name=_job_name(chosen, script, from_stdin),
+        name=_job_name(chosen, script, from_stdin, prog),
         command=command,
         script=script_text,
         nodes=chosen.count("nodes"),

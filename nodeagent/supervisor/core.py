@@ -421,6 +421,9 @@ def _wait_for_signal(timeout: float | None) -> int | None:
 # own. So a warning signal goes to its workers, never to it.
 _TORCHRUN_PROGRAMS = frozenset({"torchrun"})
 _TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+# A step's client in the batch script (gsrun, srun): the agent signals the step's tasks itself, so the client
+# forwarding a job signal it got too would deliver it twice. Spared as torchrun agents are.
+_STEP_CLIENT_PROGRAMS = frozenset({"gsrun", "srun", "garrison-srun"})
 
 
 def process_table() -> dict[int, tuple[int, int]]:
@@ -464,13 +467,14 @@ def _has_children() -> bool:
 
 
 def is_torchrun_agent(pid: int) -> bool:
+    """A torchrun agent, or a step client (gsrun/srun): a process a job signal must not reach itself."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline_file:
             words = cmdline_file.read().decode(errors="replace").split("\0")
     except OSError:
         return False
     head = words[:4]  # torchrun ..., python [-u] .../torchrun ..., python -m torch.distributed.run ...
-    if any(os.path.basename(word) in _TORCHRUN_PROGRAMS for word in head):
+    if any(os.path.basename(word) in _TORCHRUN_PROGRAMS | _STEP_CLIENT_PROGRAMS for word in head):
         return True
     return any(word == "-m" and following in _TORCHRUN_MODULES for word, following in zip(head, head[1:], strict=False))
 

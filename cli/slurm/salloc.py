@@ -1,0 +1,21 @@
+"""salloc: galloc under Slurm's name (docs/slurm.md#slurms-command-names).
+
+The same options and behaviour as galloc: wait for an allocation, run the command (default ``$SHELL``) on
+this host with its variables and Slurm's command names first on its PATH, give the allocation back when it
+ends. Messages say ``salloc:``.
+"""
+
+from __future__ import annotations
+
+from garrison.cli import galloc
+
+PROG = "salloc"
+
+
+def main(argv: list[str] | None = None) -> None:
+    galloc.PROG = PROG  # galloc's messages and default job name use this module name; this process is salloc's
+    galloc.main(argv)
+
+
+if __name__ == "__main__":
+    main()

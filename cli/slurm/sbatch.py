@@ -1,0 +1,28 @@
+"""sbatch: gsub under Slurm's name (docs/slurm.md#slurms-command-names).
+
+The same parser, directives and submission as gsub, with sbatch's differences: the default output file is
+``slurm-%j.out`` (``slurm-%A_%a.out`` for an array task), a script read from standard input is named
+``sbatch``, and every error exits 1, as sbatch's do.
+"""
+
+from __future__ import annotations
+
+from garrison.cli.client import EXIT_FAILURE, run_command
+from garrison.cli.gsub import submit
+
+PROG = "sbatch"
+DEFAULT_OUTPUT = "slurm-%j.out"
+DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
+
+
+def _sbatch(args: list[str]) -> None:
+    submit(args, PROG, usage_exit=EXIT_FAILURE, default_output=DEFAULT_OUTPUT,
+           default_array_output=DEFAULT_ARRAY_OUTPUT)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_command(_sbatch, argv)
+
+
+if __name__ == "__main__":
+    main()

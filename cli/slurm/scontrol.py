@@ -1,0 +1,440 @@
+"""scontrol: Slurm's job and host-list commands over Garrison's (gjob's data, gcontrol's ControlJobs).
+
+``scontrol [-o] [-Q] COMMAND ...`` with the commands a Slurm user's scripts run:
+
+- ``show hostnames [LIST]`` (default ``$SLURM_JOB_NODELIST``): one name per line, all in one write, so
+  ``scontrol show hostnames | head -n1`` under ``set -o pipefail`` exits 0; ``show hostlist LIST`` the other way.
+  Neither needs the controller.
+- ``show job [ID]``, ``show node [NAME]``, ``show partition [NAME]``: Slurm's ``Key=Value`` records (``-o``: one
+  line each), from the fields Garrison keeps.
+- ``hold ID``, ``uhold ID``, ``release ID``, ``requeue ID[,ID]``, ``update JobId=N TimeLimit=... Priority=...
+  QOS=... Nice=...``: gcontrol's actions. ``scontrol requeue $SLURM_JOB_ID`` from inside that job answers (exit
+  0) before the requeue's SIGTERM can stop it, as PyTorch Lightning's SIGUSR1 handler expects.
+
+Keywords are case-insensitive, as Slurm's are. Errors exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from garrison.model.hostlist import HostListError, compress_hostlist, expand_hostlist
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+PROG = "scontrol"
+EXIT_FAILURE = 1  # every error, as Slurm's scontrol (client.py's, not imported: show hostnames needs no socket)
+UPDATE_KEYS = ("timelimit", "priority", "qos", "nice")
+
+
+class ScontrolError(Exception):
+    """A one-line error; scontrol prints it after ``scontrol: error:`` and exits 1."""
+
+
+# -- formats (pure) ------------------------------------------------------------------------------------------
+
+
+def slurm_duration(seconds: float | None) -> str:
+    """Slurm's RunTime/TimeLimit: ``HH:MM:SS``, ``D-HH:MM:SS``; ``UNLIMITED`` for no limit (None or 0)."""
+    if not seconds:
+        return "UNLIMITED"
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def slurm_time(stamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(stamp)) if stamp else "Unknown"
+
+
+def slurm_memory(mb: int) -> str:
+    if mb and mb % 1024 == 0:
+        return f"{mb // 1024}G"
+    return f"{mb}M"
+
+
+def hostnames_text(nodelist: str) -> str:
+    """``scontrol show hostnames``: every name of a host list, one a line."""
+    try:
+        names = expand_hostlist(nodelist)
+    except HostListError as exc:
+        raise ScontrolError(str(exc)) from None
+    return "".join(f"{name}\n" for name in names)
+
+
+def format_record(lines: Sequence[Sequence[tuple[str, str]]], oneliner: bool) -> str:
+    """A Slurm record: each line's ``Key=Value`` pairs, the lines after the first indented by three spaces
+    (``-o``: all on one line)."""
+    rendered = [" ".join(f"{key}={value}" for key, value in line) for line in lines if line]
+    if oneliner:
+        return " ".join(rendered)
+    return "\n".join(rendered[:1] + [f"   {text}" for text in rendered[1:]])
+
+
+def _exit_code(job: Any) -> str:
+    """Slurm's ``code:signal``: Garrison's 128+N for a process killed by signal N is shown as ``0:N``."""
+    if not job.HasField("exit_code"):
+        return "0:0"
+    code = job.exit_code
+    if code > 128 and code - 128 < 65:
+        return f"0:{code - 128}"
+    return f"{code}:0"
+
+
+def _last_allocation(job: Any) -> list[Any]:
+    return list(job.attempts[-1].allocation) if job.attempts else []
+
+
+def job_record(job: Any, oneliner: bool = False) -> str:
+    """``scontrol show job``: the Key=Value lines Slurm prints, as far as Garrison keeps the same facts."""
+    from garrison.model.outputpath import resolve_output_path
+
+    spec = job.spec
+    allocation = _last_allocation(job)
+    running = job.state in ("CONFIGURING", "RUNNING", "COMPLETING")
+    nodes = compress_hostlist(job.node_list) if job.node_list else "(null)"
+    cpus = sum(len(a.cpus) for a in allocation) or (spec.cpus_per_task if spec.HasField("cpus_per_task") else 0) or 1
+    mem_mb = sum(a.mem_mb for a in allocation) or spec.mem_mb
+    node_count = job.nodes or max(len(job.node_list), 1)
+    tres = [f"cpu={cpus}"] + ([f"mem={slurm_memory(mem_mb)}"] if mem_mb else []) + [f"node={node_count}"]
+    if job.gpus:
+        tres.append(f"gres/gpu={job.gpus}")
+    run_time = (job.end_time or job.now or time.time()) - job.start_time if job.start_time else 0
+    array_job = job.array_job_id if job.HasField("array_job_id") else None
+    array_task = job.array_task_id if job.HasField("array_task_id") else None
+
+    def output(pattern: str) -> str:
+        if spec.launch == "allocation":
+            return "(null)"
+        return resolve_output_path(pattern or None, workdir=spec.workdir, job_id=job.job_id, rank=0, node_rank=0,
+                                   array_job_id=array_job, array_task_id=array_task, user=job.user,
+                                   job_name=job.name)
+
+    # Garrison keeps the script's text, not its path: Slurm's Command= (the script and its arguments) as far as known.
+    command = "(null)" if spec.launch == "allocation" else " ".join(["(script)", *spec.command])
+    reason = job.reason or "None"
+    lines: list[list[tuple[str, str]]] = [
+        [("JobId", str(job.job_id)), ("JobName", job.name)],
+        [("UserId", f"{job.user}({job.uid})"), ("GroupId", f"{job.user}({job.uid})"), ("MCS_label", "N/A")],
+        [("Priority", str(job.priority)), ("Nice", str(spec.nice)), ("Account", job.account or "(null)"),
+         ("QOS", spec.qos or "normal")],
+        [("JobState", job.state), ("Reason", reason), ("Dependency", spec.dependency or "(null)")],
+        [("Requeue", "0" if spec.no_requeue else "1"), ("Restarts", str(job.restart_count)),
+         ("BatchFlag", "0" if spec.launch == "allocation" else "1"), ("Reboot", "0"), ("ExitCode", _exit_code(job))],
+        [("RunTime", slurm_duration(run_time) if run_time >= 1 else "00:00:00"),
+         ("TimeLimit", slurm_duration(job.time_limit_s)), ("TimeMin", "N/A")],
+        [("SubmitTime", slurm_time(job.submit_time)),
+         ("EligibleTime", slurm_time(spec.begin_time if spec.HasField("begin_time") else job.submit_time))],
+        [("StartTime", slurm_time(job.start_time)), ("EndTime", slurm_time(job.end_time)), ("Deadline", "N/A")],
+        [("Partition", job.partition), ("AllocNode:Sid", f"{spec.submit_host or '(null)'}:0")],
+        [("ReqNodeList", ",".join(spec.nodelist) or "(null)"), ("ExcNodeList", ",".join(spec.exclude) or "(null)")],
+        [("NodeList", nodes)],
+        [("BatchHost", job.node_list[0])] if job.node_list and running else [],
+        [("NumNodes", str(node_count)), ("NumCPUs", str(cpus)),
+         ("NumTasks", str(spec.ntasks) if spec.HasField("ntasks") else "1"),
+         ("CPUs/Task", str(spec.cpus_per_task) if spec.HasField("cpus_per_task") else "1")],
+        [("TRES", ",".join(tres))],
+        [("MinMemoryNode", slurm_memory(spec.mem_mb) if spec.mem_mb else "0")],
+        [("Features", spec.constraint or "(null)"), ("OverSubscribe", "NO" if spec.exclusive else "OK")],
+        [("Command", command)],
+        [("WorkDir", spec.workdir)],
+        [("Comment", spec.comment)] if spec.comment else [],
+        [("StdErr", output(spec.error or spec.output))],
+        [("StdIn", "/dev/null")],
+        [("StdOut", output(spec.output))],
+    ]
+    if array_job is not None:
+        lines[0] += [("ArrayJobId", str(array_job)), ("ArrayTaskId", str(array_task))]
+    return format_record(lines, oneliner)
+
+
+def node_record(node: Any, oneliner: bool = False) -> str:
+    """``scontrol show node``: a node's Key=Value lines, from ginfo's data."""
+    inventory = node.inventory
+    total, used = len(inventory.gpus), len(node.allocated_gpus)
+    state = node.state
+    if state == "UP":
+        state = "IDLE" if used == 0 and not node.allocated_cpus else ("ALLOCATED" if used >= total > 0 else "MIXED")
+    gpu_type = inventory.gpus[0].name.replace(" ", "_") if inventory.gpus else ""
+    gres = f"gpu:{gpu_type}:{total}" if total else "(null)"
+    lines: list[list[tuple[str, str]]] = [
+        [("NodeName", node.name), ("Arch", os.uname().machine)],
+        [("CPUAlloc", str(node.allocated_cpus)), ("CPUTot", str(inventory.cpus))],
+        [("AvailableFeatures", ",".join(inventory.features) or "(null)")],
+        [("ActiveFeatures", ",".join(inventory.features) or "(null)")],
+        [("Gres", gres), ("GresUsed", f"gpu:{gpu_type}:{used}" if total else "(null)")],
+        [("NodeAddr", inventory.hostname or node.name), ("NodeHostName", inventory.hostname or node.name)],
+        [("RealMemory", str(inventory.memory_mb)), ("AllocMem", str(node.allocated_memory_mb))],
+        [("State", state)],
+        [("Partitions", ",".join(node.partitions) or "(null)")],
+        [("LastBusyTime", slurm_time(node.last_heartbeat))],
+        [("Reason", node.reason)] if node.reason else [],
+    ]
+    return format_record(lines, oneliner)
+
+
+def partition_record(partition: Any, nodes: Iterable[Any], oneliner: bool = False) -> str:
+    """``scontrol show partition``: a partition's Key=Value lines."""
+    members = [n for n in nodes if partition.name in n.partitions]
+    lines: list[list[tuple[str, str]]] = [
+        [("PartitionName", partition.name)],
+        [("Default", "YES" if partition.default else "NO")],
+        [("DefaultTime", slurm_duration(partition.default_time_s) if partition.default_time_s else "NONE"),
+         ("MaxTime", slurm_duration(partition.max_time_s))],
+        [("Nodes", compress_hostlist(n.name for n in members) or "(null)")],
+        [("State", "UP"), ("TotalCPUs", str(sum(n.inventory.cpus for n in members))),
+         ("TotalNodes", str(len(members)))],
+        [("TRES", f"cpu={sum(n.inventory.cpus for n in members)},node={len(members)},"
+                  f"gres/gpu={sum(len(n.inventory.gpus) for n in members)}")],
+    ]
+    return format_record(lines, oneliner)
+
+
+def parse_update(words: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``update JobId=N[,M] Key=Value ...`` -> (job ids, {lower-case key: value}); unknown keys are errors."""
+    ids: list[str] = []
+    fields: dict[str, str] = {}
+    for word in words:
+        key, equals, value = word.partition("=")
+        if not equals:
+            raise ScontrolError(f"update: expected Key=Value, got {word!r}")
+        lowered = key.lower()
+        if lowered in ("jobid", "job"):
+            ids += [part for part in value.split(",") if part]
+        elif lowered in UPDATE_KEYS:
+            fields[lowered] = value
+        else:
+            raise ScontrolError(f"update: {key} cannot be changed here (Garrison updates TimeLimit, Priority, "
+                                "QOS and Nice)")
+    if not ids:
+        raise ScontrolError("update: give JobId=N")
+    if not fields:
+        raise ScontrolError("update: nothing to change: give TimeLimit=, Priority=, QOS= or Nice=")
+    return ids, fields
+
+
+# -- commands ------------------------------------------------------------------------------------------------
+
+
+def _write(text: str) -> None:
+    """All of ``text`` in one write: a reader that stops early (``| head -n1``) leaves us nothing to fail on."""
+    data = text.encode()
+    view = memoryview(data)
+    while view:
+        written = os.write(1, view)
+        view = view[written:]
+
+
+def _client() -> Any:
+    from garrison.cli.client import Client
+
+    return Client()
+
+
+def _control(action: str, ids: Sequence[str], quiet: bool, **fields: Any) -> None:
+    from garrison.protos.v1 import admin_pb2 as adminpb
+    from garrison.protos.v1 import admin_pb2_grpc
+
+    if not ids:
+        raise ScontrolError(f"{action}: give a job id")
+    request = adminpb.JobControlRequest(action=action, job_ids=list(ids))
+    for name, value in fields.items():
+        if value is not None:
+            setattr(request, name, value)
+    with _client() as client:
+        response = client.service_call(admin_pb2_grpc.AdminStub, "ControlJobs", request)
+    if not response.job_ids and not quiet:
+        why = {"hold": "not pending", "release": "not held", "requeue": "not running"}.get(action, "unchanged")
+        raise ScontrolError(f"no job to {action} ({why}): {','.join(ids)}")
+
+
+def _ids(words: Sequence[str]) -> list[str]:
+    return [part for word in words for part in word.split(",") if part]
+
+
+def own_job_ids(environ: Mapping[str, str]) -> set[str]:
+    """The ids the job this process runs in goes by: ``12``, and for an array task also ``10_3`` (Lightning's
+    requeue names an array task so)."""
+    own = {environ.get("SLURM_JOB_ID", ""), environ.get("GARRISON_JOB_ID", "")}
+    array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID", ""), environ.get("SLURM_ARRAY_TASK_ID", "")
+    if array_job and array_task:
+        own.add(f"{array_job}_{array_task}")
+    return own - {""}
+
+
+def _requeue(ids: list[str], quiet: bool) -> None:
+    if own_job_ids(os.environ) & set(ids):
+        # Requeueing our own job stops every process of it, this one too: the SIGTERM may come before the
+        # controller's answer. Ignore it for the moment of the call, so the caller (Lightning's SIGUSR1 handler)
+        # sees exit 0; the SIGKILL after the job's kill wait still ends us should we linger.
+        import signal
+
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
+    _control("requeue", ids, quiet)
+
+
+def _update(words: Sequence[str], quiet: bool) -> None:
+    from garrison.cli.parsing import UsageError, parse_nice, parse_time_limit
+
+    ids, fields = parse_update(words)
+    values: dict[str, Any] = {}
+    relative = 0  # TimeLimit=+T / -T: seconds added to each job's own limit
+    try:
+        if "timelimit" in fields:
+            text = fields["timelimit"]
+            if text[:1] in ("+", "-") and text[1:]:
+                relative = parse_time_limit(text[1:]) * (1 if text[0] == "+" else -1)
+            else:
+                values["time_limit_s"] = parse_time_limit(text)
+        if "nice" in fields:
+            values["nice"] = parse_nice(fields["nice"])
+        if "priority" in fields:
+            values["priority"] = int(fields["priority"])
+        if "qos" in fields:
+            values["qos"] = fields["qos"]
+    except (UsageError, ValueError) as exc:
+        raise ScontrolError(f"update: {exc}") from None
+    if not relative:
+        _control("update", ids, quiet, **values)
+        return
+    for job_id in ids:
+        _control("update", [job_id], quiet, **values, time_limit_s=_job(job_id).time_limit_s + relative)
+
+
+def _job(job_id: str) -> Any:
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    with _client() as client:
+        return client.call("GetJob", pb.GetJobRequest(job_id=job_id))
+
+
+def _show(words: Sequence[str], oneliner: bool) -> None:
+    if not words:
+        raise ScontrolError("show: what? (job, node, partition, hostnames, hostlist)")
+    entity, rest = words[0].lower(), list(words[1:])
+    if entity in ("hostnames", "hostname"):
+        nodelist = rest[0] if rest else os.environ.get("SLURM_JOB_NODELIST", "")
+        if not nodelist:
+            raise ScontrolError("show hostnames: give a host list (SLURM_JOB_NODELIST is not set)")
+        _write(hostnames_text(nodelist))
+        return
+    if entity in ("hostlist", "hostlistsorted"):
+        if not rest:
+            raise ScontrolError(f"show {entity}: give host names")
+        names = [name for word in rest for name in expand_hostlist(word)]
+        _write(compress_hostlist(names) + "\n")
+        return
+    if entity in ("job", "jobs", "jobid"):
+        _write(_jobs_text(rest, oneliner))
+        return
+    if entity in ("node", "nodes", "nodename", "partition", "partitions", "partitionname"):
+        from garrison.protos.v1 import garrison_pb2 as pb
+
+        with _client() as client:
+            response = client.call("ListNodes", pb.ListNodesRequest())
+        if entity.startswith("node"):
+            nodes = [n for n in response.nodes if not rest or n.name in expand_hostlist(rest[0])]
+            if rest and not nodes:
+                raise ScontrolError(f"Node {rest[0]} not found")
+            records = [node_record(n, oneliner) for n in nodes]
+        else:
+            partitions = [p for p in response.partitions if not rest or p.name == rest[0]]
+            if rest and not partitions:
+                raise ScontrolError(f"Partition {rest[0]} not found")
+            records = [partition_record(p, response.nodes, oneliner) for p in partitions]
+        _write("".join(f"{record}\n" + ("" if oneliner else "\n") for record in records))
+        return
+    raise ScontrolError(f"show: unknown entity {words[0]!r} (job, node, partition, hostnames, hostlist)")
+
+
+def _jobs_text(rest: Sequence[str], oneliner: bool) -> str:
+    from garrison.protos.v1 import garrison_pb2 as pb
+
+    if rest:
+        jobs = [_job(job_id) for job_id in _ids(rest)]
+    else:
+        with _client() as client:
+            jobs = list(client.call("ListJobs", pb.ListJobsRequest()).jobs)
+        if not jobs:
+            return "No jobs in the system\n"
+    return "".join(f"{job_record(job, oneliner)}\n" + ("" if oneliner else "\n") for job in jobs)
+
+
+COMMANDS: dict[str, Callable[[list[str], bool, bool], None]] = {
+    "show": lambda rest, oneliner, quiet: _show(rest, oneliner),
+    "hold": lambda rest, oneliner, quiet: _control("hold", _ids(rest), quiet),
+    "uhold": lambda rest, oneliner, quiet: _control("hold", _ids(rest), quiet),
+    "release": lambda rest, oneliner, quiet: _control("release", _ids(rest), quiet),
+    "requeue": lambda rest, oneliner, quiet: _requeue(_ids(rest), quiet),
+    "update": lambda rest, oneliner, quiet: _update(rest, quiet),
+}
+
+USAGE = """usage: scontrol [-o|--oneliner] [-Q|--quiet] COMMAND ...
+
+  show hostnames [LIST]      the names of a host list (default $SLURM_JOB_NODELIST), one a line
+  show hostlist NAMES        the other way: node1,node2,node3 -> node[1-3]
+  show job [ID]              a job's record (every job's without ID)
+  show node [NAME]           a node's record
+  show partition [NAME]      a partition's record
+  hold ID[,ID]  uhold ID     keep pending jobs from starting
+  release ID[,ID]            let held jobs start
+  requeue ID[,ID]            stop running jobs and queue them again (also from inside the job)
+  update JobId=ID[,ID] TimeLimit=T|+T|-T Priority=N QOS=NAME Nice=N
+"""
+
+
+def run(argv: Sequence[str]) -> None:
+    oneliner = quiet = False
+    words = list(argv)
+    while words and words[0].startswith("-"):
+        flag = words.pop(0)
+        if flag in ("-o", "--oneliner"):
+            oneliner = True
+        elif flag in ("-Q", "--quiet"):
+            quiet = True
+        elif flag in ("-d", "--details", "-v", "--verbose", "-a", "--all"):
+            continue
+        elif flag in ("-h", "--help"):
+            _write(USAGE)
+            return
+        else:
+            raise ScontrolError(f"unrecognized option {flag!r}")
+    if not words:
+        raise ScontrolError("no command given (scontrol --help lists them)")
+    command = COMMANDS.get(words[0].lower())
+    if command is None:
+        raise ScontrolError(f"invalid command {words[0]!r} (scontrol --help lists them)")
+    command(words[1:], oneliner, quiet)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        run(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:
+        # The reader went away (| head -n1) after what it wanted: no message, and no failure for pipefail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        sys.exit(0)
+    except (ScontrolError, HostListError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_FAILURE)
+    except Exception as exc:
+        from garrison.cli.client import CliError  # imported by every command that reached the controller
+
+        if not isinstance(exc, CliError):
+            raise
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_FAILURE)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""srun: gsrun under Slurm's name (docs/slurm.md#slurms-command-names).
+
+The same options and behaviour as gsrun: inside a job it runs a step of it; outside one it first asks for an
+allocation, runs the step in it and gives it back. Messages say ``srun:``.
+"""
+
+from __future__ import annotations
+
+from garrison.cli import gsrun, gsrun_alloc
+
+PROG = "srun"
+
+
+def main(argv: list[str] | None = None) -> None:
+    # gsrun's messages name the command through these module names; this process is srun's alone.
+    gsrun.PROG = gsrun_alloc.PROG = PROG
+    gsrun.main(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""Slurm's write-side command names (sbatch, srun, scontrol, scancel) on a real local cluster, called by those
+names through ``garrison slurm-path`` on PATH, as a Slurm user's scripts call them: a batch script using srun
+and ``scontrol show hostnames | head -n1`` under pipefail, --parsable, slurm-%j.out, scancel by id, name and
+user, scontrol hold/release/update/show job, and PyTorch Lightning's self-requeue (``scontrol requeue
+$SLURM_JOB_ID`` from a SIGUSR1 handler inside the job) giving a second attempt that completes."""
+
+from __future__ import annotations
+
+import getpass
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers.polling import wait_until
+
+from .conftest import BIN, TERMINAL, Cluster, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = start_cluster(["dgx-a100", "dgx1v"])
+    slurm_dir = subprocess.run([str(BIN / "garrison"), "slurm-path"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    c.env["PATH"] = f"{slurm_dir}:{c.env['PATH']}"
+    try:
+        yield c
+    finally:
+        stop_cluster(c)
+
+
+def slurm(cluster: Cluster, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """A Slurm command by its bare name, found on PATH as a user's shell finds it."""
+    proc = subprocess.run(list(args), capture_output=True, text=True, env=cluster.env, input=input,
+                          cwd=str(cluster.work), timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
+    return proc
+
+
+def sbatch(cluster: Cluster, *args: str) -> str:
+    return slurm(cluster, "sbatch", "--parsable", *args).stdout.strip()
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_an_sbatch_script_runs_srun_and_scontrol_by_their_slurm_names(cluster: Cluster) -> None:
+    script = write(cluster.work / "two-nodes.sh", (
+        "#!/bin/bash\n"
+        "#SBATCH -N 2\n"
+        "#SBATCH --gpus-per-node=1\n"
+        "#SBATCH -t 5:00\n"
+        "set -euo pipefail\n"
+        'first=$(scontrol show hostnames | head -n1)\n'
+        'echo "first=$first all=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tr "\\n" " ")"\n'
+        "srun --ntasks-per-node 1 bash -c 'echo task $SLURM_PROCID on $SLURMD_NODENAME' | sort\n"
+        "echo done\n"
+    ))
+    proc = slurm(cluster, "sbatch", str(script))
+    assert proc.stdout.startswith("Submitted batch job "), proc.stdout
+    job_id = proc.stdout.split()[-1]
+    job = cluster.wait_done(job_id)
+    out = (cluster.work / f"slurm-{job_id}.out").read_text()  # sbatch's default output, not garrison-%j.out
+    assert job["state"] == "COMPLETED", (job, out)
+    nodes = job["nodes"]
+    assert out.splitlines() == [
+        f"first={nodes[0]} all={' '.join(nodes)} ",
+        f"task 0 on {nodes[0]}",
+        f"task 1 on {nodes[1]}",
+        "done",
+    ], out
+
+
+def test_parsable_wrap_and_array_outputs(cluster: Cluster) -> None:
+    job_id = sbatch(cluster, "-a", "1-2", "-o", "/dev/null", "--wrap", "true")
+    assert job_id.isdigit(), job_id  # the id alone: no "Submitted", no ";cluster"
+    array_id = sbatch(cluster, "-a", "1-2", "--wrap", "echo task $SLURM_ARRAY_TASK_ID")
+    wait_until(lambda: all(j["state"] in TERMINAL for j in cluster.jobs(array_id)) and cluster.jobs(array_id),
+               60, what="the array's tasks to end")
+    for task in (1, 2):
+        assert (cluster.work / f"slurm-{array_id}_{task}.out").read_text() == f"task {task}\n"
+    stdin_job = slurm(cluster, "sbatch", "--parsable", "-o", "/dev/null",
+                      input="#!/bin/sh\n#SBATCH -t 1:00\ntrue\n").stdout.strip()
+    assert cluster.job(stdin_job)["name"] == "sbatch"
+
+
+def test_unknown_options_are_refused_and_queue_nothing(cluster: Cluster) -> None:
+    before = {j["job_id"] for j in cluster.jobs()}
+    for command in (["sbatch", "--frobnicate", "--wrap", "true"], ["scancel", "--frobnicate", "1"],
+                    ["scontrol", "--frobnicate", "show", "job"], ["srun", "--frobnicate", "true"],
+                    ["salloc", "--frobnicate", "true"]):
+        proc = slurm(cluster, *command, check=False)
+        assert proc.returncode != 0 and "--frobnicate" in proc.stderr, (command, proc.stderr)
+        assert proc.stderr.count("\n") == 1, proc.stderr
+    assert {j["job_id"] for j in cluster.jobs()} == before
+
+
+def test_scancel_by_id_name_and_user(cluster: Cluster) -> None:
+    held = ["-H", "-o", "/dev/null", "--wrap", "sleep 600"]
+    by_id = sbatch(cluster, "-J", "sc-id", *held)
+    by_name = [sbatch(cluster, "-J", "sc-name", *held) for _ in range(2)]
+    by_user = sbatch(cluster, "-J", "sc-user", *held)
+    slurm(cluster, "scancel", by_id)
+    assert cluster.job(by_id)["state"] == "CANCELLED"
+    assert {cluster.job(j)["state"] for j in by_name + [by_user]} == {"PENDING"}
+    slurm(cluster, "scancel", "-n", "sc-name")
+    assert {cluster.job(j)["state"] for j in by_name} == {"CANCELLED"}
+    assert cluster.job(by_user)["state"] == "PENDING"
+    slurm(cluster, "scancel", "-u", getpass.getuser(), "-t", "PENDING", "-n", "sc-user")
+    assert cluster.job(by_user)["state"] == "CANCELLED"
+    # A running job: --signal signals without cancelling; the job ends of it with its own status.
+    running = sbatch(cluster, "-o", "/dev/null", "--wrap", "trap 'exit 7' USR1; while true; do sleep 0.1; done")
+    cluster.wait_state(running, {"RUNNING"})
+    slurm(cluster, "scancel", "-s", "USR1", running)
+    job = cluster.wait_done(running)
+    assert (job["state"], job["exit_code"]) == ("FAILED", 7), job
+
+
+def test_scontrol_hold_release_update_and_show_job(cluster: Cluster) -> None:
+    job_id = sbatch(cluster, "-J", "ctl", "-t", "10:00", "-b", "now+1hour", "-o", "/dev/null", "--wrap", "true")
+    slurm(cluster, "scontrol", "hold", job_id)
+    # The reason is the scheduler's: BeginTime until its next cycle looks at the held job.
+    wait_until(lambda: "Held" in cluster.job(job_id)["reason"], 30, what="the job's reason to say it is held")
+    record = slurm(cluster, "scontrol", "show", "job", job_id).stdout
+    assert record.startswith(f"JobId={job_id} JobName=ctl\n   UserId={getpass.getuser()}("), record
+    assert "JobState=PENDING" in record and "TimeLimit=00:10:00" in record, record
+    assert f"StdOut={Path('/dev/null')}" in record and f"WorkDir={cluster.work}" in record, record
+    held_reason = next(w for w in record.split() if w.startswith("Reason="))
+    assert "Held" in held_reason, record
+    slurm(cluster, "scontrol", "release", job_id)
+    assert "Held" not in cluster.job(job_id)["reason"]
+    slurm(cluster, "scontrol", "update", f"JobId={job_id}", "TimeLimit=5:00")
+    oneline = slurm(cluster, "scontrol", "-o", "show", "job", job_id).stdout
+    assert oneline.count("\n") == 1 and "TimeLimit=00:05:00" in oneline and f"JobId={job_id} " in oneline
+    slurm(cluster, "scontrol", "update", f"jobid={job_id}", "timelimit=-1:00")
+    assert cluster.job(job_id)["time_limit_s"] == 4 * 60
+    refused = slurm(cluster, "scontrol", "update", f"JobId={job_id}", "Frobnicate=1", check=False)
+    assert refused.returncode == 1 and "Frobnicate" in refused.stderr
+    slurm(cluster, "scancel", job_id)
+    assert "JobState=CANCELLED" in slurm(cluster, "scontrol", "show", "job", job_id).stdout
+
+
+SELF_REQUEUE = """#!{python}
+#SBATCH -J self-requeue
+#SBATCH -t 1:00
+#SBATCH --signal=SIGUSR1@55
+#SBATCH -o requeue-{tag}.out
+# PyTorch Lightning's SLURMEnvironment, as it does it: on SIGUSR1 run `scontrol requeue $SLURM_JOB_ID` and
+# check its exit status; SIGTERM (the requeue's) is only noted.
+import os, signal, subprocess, sys, time
+marker = "requeue-{tag}.first"
+if os.path.exists(marker):
+    print("second attempt", flush=True)
+    sys.exit(0)
+open(marker, "w").close()
+signal.signal(signal.SIGTERM, lambda *_: None)
+
+def on_usr1(signum, frame):
+    array_job_id = os.getenv("SLURM_ARRAY_JOB_ID")  # Lightning's way of naming the job
+    if array_job_id is not None:
+        job_id = f"{{array_job_id}}_{{os.environ['SLURM_ARRAY_TASK_ID']}}"
+    else:
+        job_id = os.environ["SLURM_JOB_ID"]
+    code = subprocess.call(["scontrol", "requeue", job_id])
+    with open("requeue-{tag}.rc", "w") as rc:
+        rc.write(str(code))
+    print("requeue exit", code, flush=True)
+
+signal.signal(signal.SIGUSR1, on_usr1)
+print("first attempt", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("array", [False, True])
+def test_scontrol_requeue_from_inside_the_job_runs_it_again(cluster: Cluster, array: bool) -> None:
+    tag = "array" if array else "plain"
+    script = write(cluster.work / f"self-requeue-{tag}.py", SELF_REQUEUE.format(python=sys.executable, tag=tag))
+    job_id = sbatch(cluster, *(["-a", "4"] if array else []), str(script))
+    if array:
+        job_id = f"{job_id}_4"
+    job = cluster.wait_done(job_id, timeout=90)
+    out = (cluster.work / f"requeue-{tag}.out").read_text()
+    assert (cluster.work / f"requeue-{tag}.rc").read_text() == "0", out
+    assert job["state"] == "COMPLETED" and job["restart_count"] >= 1, (job, out)
+    assert "first attempt" in out and "second attempt" in out, out
+    attempts = slurm(cluster, "scontrol", "show", "job", job_id).stdout
+    assert "JobState=COMPLETED" in attempts and "Restarts=1" in attempts, attempts
+
+
+def test_a_job_signal_reaches_an_srun_steps_tasks_once(cluster: Cluster) -> None:
+    """`scancel -s USR1 JOB` reaches the step's task from the agent; srun in the batch script, which gets the
+    job's signals too, must not forward it a second time. USR2 afterwards ends the task: by then a second
+    USR1 would have come before it."""
+    marks = cluster.work / "once-marks"
+    script = write(cluster.work / "once.sh", (
+        "#!/bin/bash\n"
+        "#SBATCH -G 1\n"
+        "#SBATCH -t 5:00\n"
+        "#SBATCH -o /dev/null\n"
+        "trap '' USR1 USR2\n"  # the batch shell lives on
+        f"srun bash -c 'trap \"echo usr1 >> {marks}\" USR1; trap \"echo usr2 >> {marks}; exit 0\" USR2; "
+        f"echo ready >> {marks}; while :; do sleep 0.1; done'\n"
+    ))
+    job_id = sbatch(cluster, str(script))
+    wait_until(lambda: marks.exists() and "ready" in marks.read_text(), 60, what="the step's task to start")
+    slurm(cluster, "scancel", "-s", "USR1", job_id)
+    wait_until(lambda: "usr1" in marks.read_text(), 30, what="the task to get USR1")
+    slurm(cluster, "scancel", "-s", "USR2", job_id)
+    job = cluster.wait_done(job_id)
+    assert marks.read_text().splitlines() == ["ready", "usr1", "usr2"], marks.read_text()
+    assert job["state"] == "COMPLETED", job
+
+
+def test_salloc_runs_its_command_with_srun_on_its_path(cluster: Cluster) -> None:
+    """salloc's command runs here, with Slurm's names first on PATH even when the caller's PATH lacks them:
+    its `srun` runs a step in the allocation."""
+    env = dict(cluster.env)
+    env["PATH"] = ":".join(entry for entry in env["PATH"].split(":") if "garrison-slurm" not in entry)
+    proc = subprocess.run(
+        [str(BIN / "garrison-salloc"), "-N", "2", "--gpus-per-node", "1", "-t", "2:00", "bash", "-c",
+         'echo "srun=$(basename "$(command -v srun)")"; srun --ntasks-per-node 1 bash -c "echo \\$SLURMD_NODENAME" | sort'],
+        capture_output=True, text=True, env=env, cwd=str(cluster.work), timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("salloc: Pending job allocation "), proc.stderr
+    assert lines[-1].startswith("salloc: Relinquishing job allocation "), proc.stderr
+    job = cluster.job(lines[0].rsplit(" ", 1)[1])
+    assert proc.stdout.splitlines() == ["srun=srun", *sorted(job["nodes"])], proc.stdout
+    assert job["state"] == "COMPLETED", job
+
+
+def test_scontrol_show_node_and_partition(cluster: Cluster) -> None:
+    nodes = slurm(cluster, "scontrol", "show", "node").stdout
+    names = [line.split()[0].removeprefix("NodeName=") for line in nodes.splitlines() if line.startswith("NodeName=")]
+    assert len(names) == 2, nodes
+    one = slurm(cluster, "scontrol", "-o", "show", "node", names[0]).stdout
+    assert one.startswith(f"NodeName={names[0]} ") and one.count("\n") == 1 and " Gres=gpu:" in one, one
+    partitions = slurm(cluster, "scontrol", "-o", "show", "partition").stdout
+    assert partitions.startswith("PartitionName=") and "Default=YES" in partitions, partitions
+    missing = slurm(cluster, "scontrol", "show", "node", "nosuchnode", check=False)
+    assert missing.returncode == 1 and "nosuchnode not found" in missing.stderr
