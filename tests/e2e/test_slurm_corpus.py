@@ -25,9 +25,10 @@ from typing import Any
 
 import pytest
 
-from .conftest import BIN, Cluster, start_cluster, stop_cluster
+from .conftest import BIN, TERMINAL, Cluster, start_cluster, stop_cluster
 
-pytestmark = pytest.mark.slow
+# The whole corpus runs in the module's first test's setup: about 2-3 minutes on 2 idle cores.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "slurm_corpus"
 HARNESS = CORPUS / "harness"
@@ -43,7 +44,7 @@ partitions = [
   {name = "tier2q"}, {name = "gpuq", nodes = ["node4"]},
 ]
 """
-JOB_TIMEOUT_S = 170.0
+JOB_TIMEOUT_S = 240.0  # from submission: queueing behind the others included
 
 
 @dataclass
@@ -114,7 +115,46 @@ def submitted_ids(entry: dict[str, Any], proc: subprocess.CompletedProcess[str])
     return [match.group(1)]
 
 
-def run_entry(cluster: Cluster, entry: dict[str, Any], sbatch_dir: Path, locks: dict[int, threading.Lock]) -> Outcome:
+class Board:
+    """The cluster's jobs as one poller sees them: every waiting entry reads this one `gqueue` (one call a
+    second for all of them), not a poll of its own, which would keep the two cores busy starting gqueues."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.changed = threading.Condition()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                jobs = {str(job["job_id"]): job for job in self.cluster.jobs()}
+            except (AssertionError, OSError, subprocess.SubprocessError, ValueError):
+                jobs = self.jobs  # a gqueue that failed once: the next poll tells
+            with self.changed:
+                self.jobs = jobs
+                self.changed.notify_all()
+            self.stopped.wait(1.0)  # the next poll; stop() ends the wait at once
+
+    def wait_done(self, ids: list[str], timeout_s: float) -> list[dict[str, Any]]:
+        def done() -> bool:
+            return all(self.jobs.get(i, {}).get("state") in TERMINAL for i in ids)
+
+        with self.changed:
+            if not self.changed.wait_for(done, timeout_s):
+                states = {i: self.jobs.get(i, {}).get("state") for i in ids}
+                raise AssertionError(f"jobs not ended after {timeout_s}s: {states}")
+            return [self.jobs[i] for i in ids]
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+
+def run_entry(cluster: Cluster, entry: dict[str, Any], sbatch_dir: Path, locks: dict[int, threading.Lock],
+              board: Board) -> Outcome:
     root = prepare(cluster, entry)
     outcome = Outcome(entry=entry, root=root)
     held = [locks[port] for port in sorted(entry.get("ports", []))]
@@ -135,7 +175,7 @@ def run_entry(cluster: Cluster, entry: dict[str, Any], sbatch_dir: Path, locks: 
         specs = entry.get("jobs") or [{"expect": entry["expect"]}]
         for job_id, spec in zip(submitted_ids(entry, outcome.submit), specs, strict=True):
             ids = [f"{job_id}_{i}" for i in spec["array"]] if "array" in spec else [job_id]
-            outcome.jobs.append([cluster.wait_done(i, timeout=JOB_TIMEOUT_S) for i in ids])
+            outcome.jobs.append(board.wait_done(ids, JOB_TIMEOUT_S))
     except Exception as problem:  # reported by the entry's own test, never hiding the other entries' results
         outcome.error = f"{type(problem).__name__}: {problem}"
     finally:
@@ -162,9 +202,13 @@ def outcomes(corpus_cluster: Cluster) -> dict[str, Outcome]:
     if not (sbatch_dir / "sbatch").exists():
         pytest.skip(f"no sbatch in {sbatch_dir} (Slurm's command names: cli/slurm)")
     locks = {port: threading.Lock() for entry in MANIFEST for port in entry.get("ports", [])}
-    with ThreadPoolExecutor(max_workers=len(MANIFEST)) as pool:
-        futures = {e["id"]: pool.submit(run_entry, corpus_cluster, e, sbatch_dir, locks) for e in MANIFEST}
-        return {name: future.result() for name, future in futures.items()}
+    board = Board(corpus_cluster)
+    try:
+        with ThreadPoolExecutor(max_workers=len(MANIFEST)) as pool:
+            futures = {e["id"]: pool.submit(run_entry, corpus_cluster, e, sbatch_dir, locks, board) for e in MANIFEST}
+            return {name: future.result() for name, future in futures.items()}
+    finally:
+        board.stop()
 
 
 def records(cluster: Cluster, job: dict[str, Any]) -> list[dict[str, Any]]:
