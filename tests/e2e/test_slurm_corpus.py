@@ -34,6 +34,7 @@ CORPUS = Path(__file__).resolve().parents[1] / "data" / "slurm_corpus"
 HARNESS = CORPUS / "harness"
 MANIFEST: list[dict[str, Any]] = tomllib.loads((CORPUS / "MANIFEST.toml").read_text())["script"]
 TOPOLOGIES = ["dgx-a100", "dgx-a100", "dgx1v", "dgx1v"]  # 4 nodes of 8 GPUs: 2 A100, 2 V100
+GPU_NODES = {"a100": {"node1", "node2"}, "v100": {"node3", "node4"}}  # node N is TOPOLOGIES[N - 1]
 FAKE_CPUS = "128"
 # The sites' partitions and accounts the scripts name (gpuq, where the array's torchruns all bind 29500 on
 # 127.0.0.1, is one node, so its tasks take turns as they would on separate hosts).
@@ -228,6 +229,8 @@ def check_job(cluster: Cluster, outcome: Outcome, job: dict[str, Any], expect: d
     where = f"job {job['job_id']} ({job['name']})"
     assert job["state"] == "COMPLETED", f"{where}: {job['state']}\n{job_output(outcome, job, expect, workdir)}"
     assert len(job["nodes"]) == expect["nodes"], f"{where}: nodes {job['nodes']}"
+    if "gpu" in expect:
+        assert set(job["nodes"]) <= GPU_NODES[expect["gpu"]], f"{where}: {expect['gpu']} wanted, ran on {job['nodes']}"
     assert job["gpus"] == expect["nodes"] * expect["gpus_per_node"], f"{where}: {job['gpus']} GPUs"
     assert job["time_limit_s"] == expect["time_limit_s"], f"{where}: time limit {job['time_limit_s']}"
     for pattern in expect["outputs"]:
