@@ -40,10 +40,11 @@ def _gsub(args: list[str]) -> None:
 
 
 def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_output: str | None = None,
-           default_array_output: str | None = None) -> None:
+           default_array_output: str | None = None, honour_quiet: bool = False) -> None:
     """gsub, or sbatch (cli/slurm/sbatch.py) under its name: ``prog`` names the command in its messages and a
     script read from standard input; a usage error exits ``usage_exit``; without -o the job writes to
-    ``default_output`` (``default_array_output`` for an array), where gsub leaves the agent's default."""
+    ``default_output`` (``default_array_output`` for an array), where gsub leaves the agent's default. With
+    ``honour_quiet``, -Q/--quiet is acted on as sbatch does: no warnings, no ``Submitted batch job`` line."""
     try:
         submission = parse_submission(args, os.environ, os.getcwd(), stdin=_script_on_stdin(), prog=prog)
     except HelpRequested as help_text:
@@ -52,7 +53,8 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
     except UsageError as exc:
         fail(prog, CliError(str(exc), usage_exit))
     submission = with_default_output(submission, default_output, default_array_output)
-    if submission.ignored:
+    quiet = honour_quiet and "--quiet" in submission.ignored
+    if submission.ignored and not quiet:
         print(f"{prog}: warning: ignoring {', '.join(submission.ignored)}: Garrison does not act on "
               f"{'it' if len(submission.ignored) == 1 else 'them'}", file=sys.stderr)
     try:
@@ -65,7 +67,7 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
         return
     if submission.parsable:
         print(response.job_id)
-    else:
+    elif not quiet:
         print(f"Submitted batch job {response.job_id}")
     if submission.wait:
         _wait(str(response.job_id), prog)

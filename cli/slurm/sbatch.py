@@ -2,7 +2,8 @@
 
 The same parser, directives and submission as gsub, with sbatch's differences: the default output file is
 ``slurm-%j.out`` (``slurm-%A_%a.out`` for an array task), a script read from standard input is named
-``sbatch``, and every error exits 1, as sbatch's do.
+``sbatch``, every error exits 1, as sbatch's do, and -Q/--quiet silences everything but errors (and
+--parsable's id).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
 
 def _sbatch(args: list[str]) -> None:
     submit(args, PROG, usage_exit=EXIT_FAILURE, default_output=DEFAULT_OUTPUT,
-           default_array_output=DEFAULT_ARRAY_OUTPUT)
+           default_array_output=DEFAULT_ARRAY_OUTPUT, honour_quiet=True)
 
 
 def main(argv: list[str] | None = None) -> None:

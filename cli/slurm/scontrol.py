@@ -272,14 +272,48 @@ def own_job_ids(environ: Mapping[str, str]) -> set[str]:
 
 def _requeue(ids: list[str], quiet: bool) -> None:
     if own_job_ids(os.environ) & set(ids):
-        # Requeueing our own job stops every process of it, this one too: the SIGTERM may come before the
-        # controller's answer. Ignore it for the moment of the call, so the caller (Lightning's SIGUSR1 handler)
-        # sees exit 0; the SIGKILL after the job's kill wait still ends us should we linger.
-        import signal
+        _requeue_own_job(ids, quiet)
+    else:
+        _control("requeue", ids, quiet)
 
-        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            signal.signal(signum, signal.SIG_IGN)
-    _control("requeue", ids, quiet)
+
+def _requeue_own_job(ids: list[str], quiet: bool) -> None:
+    """``scontrol requeue $SLURM_JOB_ID`` from inside the job (Lightning's SIGUSR1 handler): the requeue stops
+    every process of the job, the caller and this one too, and a job's steps are killed as soon as its batch
+    shell has ended, so the answer comes first. What can be checked is checked here (exit 1 as usual); then this
+    process exits 0 and a child of it, in a session of its own, sends the request once its parent is gone."""
+    import signal
+    import stat
+
+    for job_id in ids:
+        state = _job(job_id).state
+        if state not in ("CONFIGURING", "RUNNING"):
+            if quiet:
+                return
+            raise ScontrolError(f"no job to requeue (not running): {job_id} is {state}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    if os.fork():
+        os._exit(0)  # the answer, before the requeue stops the job
+    os.setsid()
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    # A caller reading our output through a pipe ($(scontrol requeue ...)) would otherwise wait for this child.
+    for fd in (0, 1, 2):
+        if fd != 2 or stat.S_ISFIFO(os.fstat(2).st_mode):
+            os.dup2(devnull, fd)
+    deadline = time.monotonic() + 5.0
+    while os.getppid() == parent and time.monotonic() < deadline:  # the caller has its answer once we are orphaned
+        time.sleep(0.002)
+    code = 0
+    try:
+        _control("requeue", ids, quiet)
+    except Exception as exc:  # no one waits for this process: say it in the job's error output, if it has one
+        print(f"{PROG}: error: requeue {','.join(ids)}: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    os._exit(code)
 
 
 def _update(words: Sequence[str], quiet: bool) -> None:

@@ -422,7 +422,9 @@ def _wait_for_signal(timeout: float | None) -> int | None:
 _TORCHRUN_PROGRAMS = frozenset({"torchrun"})
 _TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
 # A step's client in the batch script (gsrun, srun): the agent signals the step's tasks itself, so the client
-# forwarding a job signal it got too would deliver it twice. Spared as torchrun agents are.
+# forwarding a job signal it got too would deliver it twice. Spared as torchrun agents are; and while one runs,
+# the batch shell that started it is spared too, as Slurm signals a job's steps and not its batch shell
+# (--signal without B:): `srun python train.py` under bash, Lightning's recipe, must not lose bash to SIGUSR1.
 _STEP_CLIENT_PROGRAMS = frozenset({"gsrun", "srun", "garrison-srun"})
 
 
@@ -466,15 +468,23 @@ def _has_children() -> bool:
     return True
 
 
-def is_torchrun_agent(pid: int) -> bool:
-    """A torchrun agent, or a step client (gsrun/srun): a process a job signal must not reach itself."""
+def _command_head(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline_file:
             words = cmdline_file.read().decode(errors="replace").split("\0")
     except OSError:
-        return False
-    head = words[:4]  # torchrun ..., python [-u] .../torchrun ..., python -m torch.distributed.run ...
-    if any(os.path.basename(word) in _TORCHRUN_PROGRAMS | _STEP_CLIENT_PROGRAMS for word in head):
+        return []
+    return words[:4]  # torchrun ..., python [-u] .../torchrun ..., python -m torch.distributed.run ...
+
+
+def is_step_client(pid: int) -> bool:
+    """gsrun or srun (python .../srun ...): a job step's client."""
+    return any(os.path.basename(word) in _STEP_CLIENT_PROGRAMS for word in _command_head(pid))
+
+
+def is_torchrun_agent(pid: int) -> bool:
+    head = _command_head(pid)
+    if any(os.path.basename(word) in _TORCHRUN_PROGRAMS for word in head):
         return True
     return any(word == "-m" and following in _TORCHRUN_MODULES for word, following in zip(head, head[1:], strict=False))
 
@@ -794,17 +804,29 @@ class Supervisor:
             self._signal_group(pgid, members, signal_number, spare_torchrun_agents)
 
     @staticmethod
-    def _signal_group(pgid: int, members: list[int], signal_number: int, spare_torchrun_agents: bool) -> None:
-        agents = [pid for pid in members if is_torchrun_agent(pid)] if spare_torchrun_agents else []
-        try:
-            if not agents:
+    def _signal_group(pgid: int, members: list[int], signal_number: int, spare_torchrun_agents: bool,
+                      leader: int | None = None) -> None:
+        """With ``spare_torchrun_agents``: not to torchrun agents, nor step clients (srun), nor, while a step
+        client runs in it, the group's ``leader`` (the batch shell that started it)."""
+        agents: list[int] = []
+        if spare_torchrun_agents:
+            clients = [pid for pid in members if is_step_client(pid)]
+            agents = [pid for pid in members if pid not in clients and is_torchrun_agent(pid)] + clients
+            if clients and leader is not None:
+                agents.append(leader)
+        if not agents:
+            try:
                 os.killpg(pgid, signal_number)
-                return
-            for pid in members:
-                if pid not in agents:
-                    os.kill(pid, signal_number)
-        except (ProcessLookupError, PermissionError) as error:
-            _log(f"signal {signal_number} to group {pgid}: {error}")
+            except (ProcessLookupError, PermissionError) as error:
+                _log(f"signal {signal_number} to group {pgid}: {error}")
+            return
+        for pid in members:
+            if pid in agents:
+                continue
+            try:
+                os.kill(pid, signal_number)
+            except (ProcessLookupError, PermissionError) as error:  # one gone member does not spare the rest
+                _log(f"signal {signal_number} to {pid} of group {pgid}: {error}")
 
     def _signal_ranks(self, signal_number: int, spare_torchrun_agents: bool = False) -> None:
         table = process_table() if spare_torchrun_agents else {}
@@ -814,7 +836,7 @@ class Supervisor:
                 continue
             if spare_torchrun_agents:
                 members = [pid for pid, (_, pgid) in table.items() if pgid == rank.pid]
-                self._signal_group(rank.pid, members, signal_number, spare_torchrun_agents)
+                self._signal_group(rank.pid, members, signal_number, spare_torchrun_agents, leader=rank.pid)
                 continue
             try:
                 os.killpg(rank.pid, signal_number)

@@ -89,6 +89,8 @@ def test_parsable_wrap_and_array_outputs(cluster: Cluster) -> None:
     stdin_job = slurm(cluster, "sbatch", "--parsable", "-o", "/dev/null",
                       input="#!/bin/sh\n#SBATCH -t 1:00\ntrue\n").stdout.strip()
     assert cluster.job(stdin_job)["name"] == "sbatch"
+    quiet = slurm(cluster, "sbatch", "-Q", "--mail-type=END", "-o", "/dev/null", "--wrap", "true")
+    assert (quiet.stdout, quiet.stderr) == ("", "")  # sbatch -Q: only errors
 
 
 def test_unknown_options_are_refused_and_queue_nothing(cluster: Cluster) -> None:
@@ -180,16 +182,23 @@ while True:
 """
 
 
-@pytest.mark.parametrize("array", [False, True])
-def test_scontrol_requeue_from_inside_the_job_runs_it_again(cluster: Cluster, array: bool) -> None:
-    tag = "array" if array else "plain"
+@pytest.mark.parametrize("how", ["plain", "array", "srun"])
+def test_scontrol_requeue_from_inside_the_job_runs_it_again(cluster: Cluster, how: str) -> None:
+    """As the batch script itself (plain, and an array task), and as Lightning's recipe has it: the batch
+    script runs `srun python train.py`, and the step's task gets the signal and requeues the job."""
+    tag, array = how, how == "array"
     script = write(cluster.work / f"self-requeue-{tag}.py", SELF_REQUEUE.format(python=sys.executable, tag=tag))
+    if how == "srun":
+        script = write(cluster.work / "self-requeue-srun.sh", (
+            "#!/bin/bash\n#SBATCH -J self-requeue\n#SBATCH -t 1:00\n#SBATCH --signal=SIGUSR1@55\n"
+            f"#SBATCH -o requeue-{tag}.out\nsrun {script}\n"))
     job_id = sbatch(cluster, *(["-a", "4"] if array else []), str(script))
     if array:
         job_id = f"{job_id}_4"
     job = cluster.wait_done(job_id, timeout=90)
     out = (cluster.work / f"requeue-{tag}.out").read_text()
-    assert (cluster.work / f"requeue-{tag}.rc").read_text() == "0", out
+    rc = cluster.work / f"requeue-{tag}.rc"
+    assert rc.exists() and rc.read_text() == "0", (job, out)
     assert job["state"] == "COMPLETED" and job["restart_count"] >= 1, (job, out)
     assert "first attempt" in out and "second attempt" in out, out
     attempts = slurm(cluster, "scontrol", "show", "job", job_id).stdout
@@ -249,3 +258,12 @@ def test_scontrol_show_node_and_partition(cluster: Cluster) -> None:
     assert partitions.startswith("PartitionName=") and "Default=YES" in partitions, partitions
     missing = slurm(cluster, "scontrol", "show", "node", "nosuchnode", check=False)
     assert missing.returncode == 1 and "nosuchnode not found" in missing.stderr
+
+
+def test_srun_outside_a_job_gets_an_allocation_runs_and_gives_it_back(cluster: Cluster) -> None:
+    env = {name: value for name, value in cluster.env.items() if not name.startswith(("SLURM_", "GARRISON_JOB"))}
+    proc = subprocess.run(["srun", "-N", "2", "--gpus-per-node", "1", "-t", "1:00", "-l", "bash", "-c", "echo hi"],
+                          capture_output=True, text=True, env=env, cwd=str(cluster.work), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["0: hi", "1: hi"], proc.stdout
+    assert all(line.startswith("srun: ") for line in proc.stderr.splitlines()), proc.stderr
