@@ -763,3 +763,15 @@ def test_a_long_options_unique_prefix_stands_for_it_as_with_getopt(tmp_path: Pat
     assert parse_submission(["--gpus", "2", "job.sh"], {}, str(tmp_path)).spec.gpus == 2  # exact beats a prefix
     with pytest.raises(UsageError, match="--cpus is ambiguous: --cpus-per-gpu, --cpus-per-task"):
         parse_submission(["--cpus=2", "job.sh"], {}, str(tmp_path))
+
+
+def test_gpus_per_task_takes_a_type_as_sbatch_does(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -n 4\n#SBATCH --gpus-per-task=a100-80gb:1\ntrue\n")
+    spec = parse_submission(["job.sh"], {}, str(tmp_path)).spec
+    assert (spec.gpu_type, spec.gpus_per_task, spec.ntasks) == ("a100-80gb", 1, 4)
+    assert parse_submission(["-n", "2", "--gpus-per-task", "2", "job.sh"], {}, str(tmp_path)).spec.gpus_per_task == 2
+    with pytest.raises(UsageError, match="differs"):
+        parse_submission(["--gpus-per-task=v100:1", "--gpus=a100:4", "job.sh"], {}, str(tmp_path))
+    with pytest.raises(UsageError, match="--gpus-per-task"):
+        parse_submission(["--gpus-per-task=0", "job.sh"], {}, str(tmp_path))
