@@ -43,7 +43,8 @@ def _parser() -> Parser:
     add("-n", "--ntasks", type=int, help="Tasks to run (default: one per node, or SLURM_NTASKS).")
     add("-N", "--nodes", type=int, help="Nodes of the job's allocation to use.")
     add("--ntasks-per-node", type=int, help="Tasks on each node.")
-    add("--gpus-per-task", type=int, help="GPUs each task holds (out of the job's).")
+    add("--gpus-per-task", metavar="[TYPE:]N",
+        help="GPUs each task holds (out of the job's, whose type they have: srun's TYPE: is taken as given).")
     add("-c", "--cpus-per-task", type=int, help="CPUs each task holds (out of the job's).")
     add("-w", "--nodelist", default="", help="Nodes the step must use (comma list or host list).")
     add("--gpu-bind", default="", help="none, closest, single:N, map_gpu:A,B,...")
@@ -79,6 +80,18 @@ def _positive(value: int | None, option: str) -> int | None:
     if value is not None and value < 1:
         raise UsageError(f"{option} must be at least 1")
     return value
+
+
+def _gpus_per_task(text: str | None) -> int | None:
+    """--gpus-per-task N or TYPE:N (srun's spelling, as in sbatch): a step's GPUs are the job's, of its type."""
+    if text is None:
+        return None
+    from garrison.cli.parsing import parse_gpu_request
+
+    try:
+        return parse_gpu_request(text)[1]
+    except UsageError as problem:
+        raise UsageError(f"--gpus-per-task: {problem}") from None
 
 
 def _binding(text: str, option: str, names: tuple[str, ...], mapped: str) -> tuple[str, list[int]]:
@@ -167,7 +180,8 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
         "name": args.job_name,
     }
     for name, value in (("ntasks", ntasks), ("nodes", nodes), ("ntasks_per_node", per_node),
-                        ("gpus_per_task", args.gpus_per_task), ("cpus_per_task", _positive(args.cpus_per_task, "-c"))):
+                        ("gpus_per_task", _gpus_per_task(args.gpus_per_task)),
+                        ("cpus_per_task", _positive(args.cpus_per_task, "-c"))):
         if value is not None:
             spec[name] = value
     umask = os.umask(0)

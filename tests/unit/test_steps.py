@@ -241,3 +241,11 @@ def test_a_master_address_and_port_the_script_exported_are_kept() -> None:
     exported = dataclasses.replace(description, env={**description.env, "MASTER_ADDR": "n1", "MASTER_PORT": "6000"})
     assert {(p.env["MASTER_ADDR"], p.env["MASTER_PORT"]) for p in plan_step_tasks(exported, "/io")} == {("n1", "6000")}
     assert {p.env["MASTER_PORT"] for p in plan_step_tasks(description, "/io")} == {"45000"}
+
+
+def test_gsrun_gpus_per_task_takes_srun_s_type_prefix() -> None:
+    assert gsrun_spec("--gpus-per-task=a100:1", "-n", "2", "true")["gpus_per_task"] == 1
+    assert gsrun_spec("--gpus-per-task", "2", "true")["gpus_per_task"] == 2
+    for bad in ("0", "a100:", "x:y"):
+        with pytest.raises(UsageError, match="--gpus-per-task"):
+            gsrun_spec(f"--gpus-per-task={bad}", "true")
