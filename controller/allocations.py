@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from garrison.controller.instructions import Instruction, Launch
-from garrison.controller.lifecycle import OUTCOME_PREFIX
 from garrison.controller.validate import ValidationError
 from garrison.model.domain import Job, JobState, LaunchMode, Principal
 from garrison.model.slurmenv import allocation_environment
@@ -121,6 +120,17 @@ class Allocations:
             raise PermissionDenied(f"job {job.display_id} belongs to {job.user}; only its owner may hold it")
         return job
 
+    def _outcome(self, job: Job) -> JobState | None:
+        """How the allocation ended, or is ending: its terminal state, or the decision taken for its attempt
+        while it is being stopped (COMPLETING)."""
+        if job.state.is_terminal:
+            return job.state
+        attempt = job.current_attempt
+        if job.state == JobState.COMPLETING and attempt is not None:
+            live = self.engine.state.live.get((job.job_id, attempt.attempt))
+            return live.outcome if live is not None else None
+        return None
+
     def keep(self, principal: Principal, job_id: int) -> AllocationStatus:
         """Renew the allocation's lease and say where it stands."""
         job = self._owned_allocation(principal, job_id)
@@ -128,7 +138,7 @@ class Allocations:
         if not job.state.is_terminal:
             self.leases.renew(job_id, now)
         status = AllocationStatus(job_id=job_id, state=job.state, reason=job.reason,
-                                  keepalive_s=self.leases.lease_s, outcome=_outcome(job))
+                                  keepalive_s=self.leases.lease_s, outcome=self._outcome(job))
         if job.state == JobState.PENDING:
             last = self.engine.policy.last
             if last is not None:
@@ -177,17 +187,6 @@ class Allocations:
             log.warning("job=%d node=- allocation's keep-alive lapsed: cancelling it", job_id)
         _, instructions = self.engine.state.cancel(lapsed, now, reason=LAPSED_REASON)
         return instructions
-
-
-def _outcome(job: Job) -> JobState | None:
-    if job.state.is_terminal:
-        return job.state
-    if job.state == JobState.COMPLETING and job.reason.startswith(OUTCOME_PREFIX):
-        try:
-            return JobState(job.reason.removeprefix(OUTCOME_PREFIX))
-        except ValueError:
-            return None
-    return None
 
 
 def _with(status: AllocationStatus, **changes: object) -> AllocationStatus:

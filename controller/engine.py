@@ -241,7 +241,8 @@ class Engine:
                 continue  # cancelled, purged or started since the snapshot: no reason to keep for it
             self.state.wait_reasons[job_id] = reason
             # Only a changed reason makes a new Job: unchanged jobs keep their cached scheduling views.
-            if job.reason != reason and not job.reason.startswith("Requeued"):
+            # A requeued job (pending with attempts behind it) keeps the reason it was requeued for.
+            if job.reason != reason and not job.attempts:
                 self.state.jobs[job_id] = replace(job, reason=reason)
             if count % REASONS_PER_TURN == 0:
                 await pacer.pause(REASONS_PER_TURN)

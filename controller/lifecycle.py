@@ -23,7 +23,6 @@ from garrison.controller.store.errors import StoreUnavailable
 from garrison.controller.store.interface import AttemptStop
 from garrison.controller.transaction import MemoryCheckpoint, PendingWrites, atomic
 from garrison.model.domain import (
-    LAUNCH_FAILED_PREFIX,
     Attempt,
     AttemptUsage,
     Job,
@@ -37,9 +36,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("garrison.controller.state")
 
-# Job.reason of a COMPLETING job records why it is being stopped, so a restarted controller knows the
-# outcome it had decided (CANCELLED, TIMEOUT, FAILED, NODE_FAIL, or PENDING for a requeue).
-OUTCOME_PREFIX = "stopping:"
+# What a controller decided for an attempt it is stopping (CANCELLED, TIMEOUT, FAILED, NODE_FAIL, or PENDING
+# for a requeue) is an AttemptStop, written with the job's COMPLETING state; the job's reason is the
+# decision's reason, for people. Databases written before AttemptStop existed recorded the outcome in the
+# reason as "stopping:STATE", which state.py still reads.
+LEGACY_OUTCOME_PREFIX = "stopping:"
 
 T = TypeVar("T")
 
@@ -215,7 +216,7 @@ class JobLifecycle:
                 why = result.error or (f"rank {rank.rank} exited with {rank.exit_code}" if rank else "failed")
                 if rank is not None and rank.error:
                     why += f": {rank.error}"
-                retry = result.error.startswith(LAUNCH_FAILED_PREFIX) and job.spec.requeue
+                retry = result.launch_failed and job.spec.requeue
                 if retry:
                     live.requeue_as = JobState.FAILED
                 instructions += self._stop(live, JobState.PENDING if retry else JobState.FAILED, why, now)
@@ -237,7 +238,7 @@ class JobLifecycle:
         live.outcome_reason = reason
         job = self.jobs[live.job_id]
         if job.state in (JobState.CONFIGURING, JobState.RUNNING):
-            self._save([job.with_state(JobState.COMPLETING, reason=f"{OUTCOME_PREFIX}{outcome.value}")])
+            self._save([job.with_state(JobState.COMPLETING, reason=reason)])
         self._save_stop(live)
         action = "kill" if kill else "terminate"
         return [SignalAttempt(node, live.job_id, live.attempt, action) for node in sorted(live.pending_nodes)]
@@ -255,7 +256,7 @@ class JobLifecycle:
         self.ledger.begin_preemption(live, now + grace_s)
         assert job is not None
         if job.state in (JobState.CONFIGURING, JobState.RUNNING):
-            self._save([job.with_state(JobState.COMPLETING, reason=f"{OUTCOME_PREFIX}{JobState.PENDING.value}")])
+            self._save([job.with_state(JobState.COMPLETING, reason=live.outcome_reason or "preempted")])
         self._save_stop(live)  # the grace deadline with it: a restarted controller keeps what is left of it
         return [SignalAttempt(n, job_id, live.attempt, "signal", signum) for n in sorted(live.pending_nodes)]
 
@@ -289,7 +290,7 @@ class JobLifecycle:
         a row it ends FAILED, saying so, rather than being retried for ever (issue 20)."""
         in_a_row = 0
         for attempt in reversed(attempts):
-            if attempt.state != JobState.FAILED or not attempt.reason.startswith(LAUNCH_FAILED_PREFIX):
+            if attempt.state != JobState.FAILED or not attempt.launch_failed:
                 break
             in_a_row += 1
         if in_a_row >= self.max_launch_failures:
@@ -328,7 +329,7 @@ class JobLifecycle:
         rank_failures = sum(
             1
             for a in job.attempts[: live.attempt]
-            if a.state == JobState.FAILED and not a.reason.startswith(LAUNCH_FAILED_PREFIX)
+            if a.state == JobState.FAILED and not a.launch_failed
         )
         requeue = outcome == JobState.PENDING or (
             outcome == JobState.FAILED and rank_failures < job.spec.max_restarts
@@ -342,11 +343,12 @@ class JobLifecycle:
             if outcome == JobState.PENDING:
                 outcome, reason = JobState.CANCELLED, reason or "preempted"
         usage = AttemptUsage.combine([r.usage for r in results if r.usage is not None])
+        launch_failed = attempt_state == JobState.FAILED and any(r.launch_failed for r in results)
         attempts[live.attempt] = replace(
             attempts[live.attempt], end_time=now, state=attempt_state, exit_code=exit_code, reason=reason,
-            usage=usage,
+            usage=usage, launch_failed=launch_failed,
         )
-        if requeue and attempt_state == JobState.FAILED and reason.startswith(LAUNCH_FAILED_PREFIX):
+        if requeue and launch_failed:
             job, reason = self._back_off_launch(job, attempts, reason, now)
             if job.state.is_terminal:
                 self._save([job])
@@ -395,8 +397,8 @@ class JobLifecycle:
         live.outcome = JobState.COMPLETED if exit_code == 0 else JobState.FAILED
         live.outcome_reason = "" if exit_code == 0 else f"galloc's command exited with {exit_code}"
         # The exit code is stored with the decision, so a controller restarted meanwhile still knows it.
-        self._save([job.with_state(JobState.COMPLETING, reason=f"{OUTCOME_PREFIX}{live.outcome.value}",
-                                   exit_code=exit_code)])
+        self._save([job.with_state(JobState.COMPLETING, reason=live.outcome_reason, exit_code=exit_code)])
+        self._save_stop(live)
         return [SignalAttempt(node, job_id, live.attempt, "terminate") for node in sorted(live.pending_nodes)]
 
     # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from garrison.controller.instructions import AckResult, Instruction, Launch, SignalAttempt
 from garrison.controller.ledger import AttemptLedger, LiveAttempt, PlanResult
-from garrison.controller.lifecycle import OUTCOME_PREFIX
+from garrison.controller.lifecycle import LEGACY_OUTCOME_PREFIX
 from garrison.controller.reconcile import NodeReconciliation
 from garrison.controller.sched.cycle import Plan, Start
 from garrison.controller.sched.snapshot import EMPTY_ACCOUNTING, Snapshot, UsageView
@@ -75,9 +75,10 @@ class ClusterState(NodeReconciliation):
                     pending_nodes=set(attempt.allocation.node_names),
                     started_nodes=set(attempt.allocation.node_names) if job.state != JobState.CONFIGURING else set(),
                 )
-                if job.state == JobState.COMPLETING and job.reason.startswith(OUTCOME_PREFIX):
-                    live.outcome = JobState(job.reason.removeprefix(OUTCOME_PREFIX))
                 stop = stops.get((job.job_id, attempt.attempt))
+                if job.state == JobState.COMPLETING and stop is None and job.reason.startswith(LEGACY_OUTCOME_PREFIX):
+                    # Written by a controller from before AttemptStop (lifecycle.py): the outcome in the reason.
+                    live.outcome = JobState(job.reason.removeprefix(LEGACY_OUTCOME_PREFIX))
                 if job.state == JobState.COMPLETING and stop is not None:
                     # The decision as it was made: a preemption stays a preemption (recorded PREEMPTED, with
                     # its reason) and keeps what is left of its grace period.

@@ -32,7 +32,6 @@ from garrison.auth import AuthError
 from garrison.config import AgentConfig
 from garrison.logs import kv
 from garrison.loopback_listener import UntrustedListener, check_loopback_listener
-from garrison.model.domain import LAUNCH_FAILED_PREFIX as LAUNCH_FAILED
 from garrison.model.domain import NodeInventory
 from garrison.nodeagent.containment.interface import Containment
 from garrison.nodeagent.jobs import AttemptResult, JobManager, RefusedLaunch
@@ -460,7 +459,8 @@ class Agent:
             log.exception("launch failed job=%d attempt=%d node=%s", key[0], key[1], self.node_name)
             self._send(
                 pb.AgentMessage(
-                    finished=pb.JobResult(job_id=msg.job_id, attempt=msg.attempt, error=f"{LAUNCH_FAILED}: {exc}")
+                    finished=pb.JobResult(job_id=msg.job_id, attempt=msg.attempt, error=f"launch failed: {exc}",
+                                          launch_failed=True)
                 )
             )
             return

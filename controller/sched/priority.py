@@ -135,28 +135,69 @@ class PriorityContext:
         return self.factors(job).total
 
     def priorities(self, jobs: Iterable[PendingJob]) -> dict[int, int]:
-        """``factors(job).total`` for many jobs: the same sums, written for a queue of tens of thousands."""
+        """``factors(job).total`` for many jobs: the same sums, written for a queue of tens of thousands.
+        The part of a job's priority that does not move with the clock or with usage (QoS, size, partition,
+        time limit, nice, the admin's adjustment) is remembered per job view across cycles (_STATIC_PARTS):
+        a pending job's view is the same object from one snapshot to the next until the job changes."""
         w = self.weights
         now, max_age = self.now, w.max_age_s
-        fair_share, qos_factor, part_factor = self.fair_share, self.qos_factor, self.partition_factor
-        default_qos, total_gpus = self.default_qos, self.total_gpus
-        short_s, long_s = w.short_limit_s, w.long_limit_s
+        fair_share = self.fair_share
+        static = _static_parts(self._static_fingerprint())
+        age_w, fair_w = w.age, w.fair_share
         out: dict[int, int] = {}
         for job in jobs:
+            known = static.get(job.job_id)
+            if known is not None and known[0] is job:
+                fixed, adjustment = known[1], known[2]
+            else:
+                fixed, adjustment = self._static_part(job)
+                static[job.job_id] = (job, fixed, adjustment)
             waited = now - job.submit_time
             age = 0.0 if waited <= 0 else (1.0 if waited >= max_age else waited / max_age)
-            spec = job.spec
-            account = job.account or spec.account or "default"
-            qos = job.qos or spec.qos or default_qos
-            size = min(1.0, spec.total_gpus() / total_gpus)
-            value = (
-                w.age * age
-                + w.fair_share * fair_share.get((account, job.user), 1.0)
-                + w.qos * qos_factor.get(qos, 0.0)
-                + w.job_size * size
-                + w.partition * part_factor.get(job.partition, 0.0)
-            )
-            if w.time_limit:
-                value += w.time_limit * time_limit_factor(self._limit(job), short_s, long_s)
-            out[job.job_id] = round(value) + job.priority - spec.nice
+            value = age_w * age + fixed
+            if fair_w:
+                account = job.account or job.spec.account or "default"
+                value += fair_w * fair_share.get((account, job.user), 1.0)
+            out[job.job_id] = round(value) + adjustment
+        if len(static) > 2 * len(out) + 1024:
+            # Jobs that left the queue: keep only the ones priced now.
+            for job_id in [job_id for job_id in static if job_id not in out]:
+                del static[job_id]
         return out
+
+    def _static_fingerprint(self) -> tuple[object, ...]:
+        return (self.weights, self.total_gpus, self.default_qos, tuple(sorted(self.qos_factor.items())),
+                tuple(sorted(self.partition_factor.items())), tuple(sorted(self.default_limit.items())))
+
+    def _static_part(self, job: PendingJob) -> tuple[float, int]:
+        """The weighted sum of the factors that depend on the job and the configuration only, and the
+        integer adjustment (admin priority less nice)."""
+        w = self.weights
+        spec = job.spec
+        qos = job.qos or spec.qos or self.default_qos
+        value = (
+            w.qos * self.qos_factor.get(qos, 0.0)
+            + w.job_size * min(1.0, spec.total_gpus() / self.total_gpus)
+            + w.partition * self.partition_factor.get(job.partition, 0.0)
+        )
+        if w.time_limit:
+            value += w.time_limit * time_limit_factor(self._limit(job), w.short_limit_s, w.long_limit_s)
+        return value, job.priority - spec.nice
+
+
+# Per configuration (the fingerprint of what the static part reads), per job id: (the job view it was
+# computed for, its static part, its adjustment). A memo of a pure function, so the core stays pure: a
+# result is used only for the very view object it was computed from. A few configurations at most (gsim
+# runs several policies in one process).
+_STATIC_PARTS: dict[tuple[object, ...], dict[int, tuple[PendingJob, float, int]]] = {}
+_MAX_CONFIGURATIONS = 4
+
+
+def _static_parts(fingerprint: tuple[object, ...]) -> dict[int, tuple[PendingJob, float, int]]:
+    found = _STATIC_PARTS.pop(fingerprint, None)
+    if found is None:
+        found = {}
+        while len(_STATIC_PARTS) >= _MAX_CONFIGURATIONS:
+            del _STATIC_PARTS[next(iter(_STATIC_PARTS))]
+    _STATIC_PARTS[fingerprint] = found  # most recently used last
+    return found

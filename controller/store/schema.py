@@ -23,6 +23,7 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
+    false,
 )
 
 # Deterministic constraint names, so that later migrations can drop or alter them by name on both backends.
@@ -110,6 +111,8 @@ job_attempts = Table(
     Column("reason", Text, nullable=False),
     # What the attempt used (serde.usage_to_json), once it has ended on a contained node; NULL: not measured.
     Column("usage_json", Text, nullable=True),
+    # Ended FAILED because its launch failed before any rank ran: retried, and not a --max-restarts failure.
+    Column("launch_failed", Boolean, nullable=False, server_default=false()),
 )
 
 nodes = Table(

@@ -459,6 +459,7 @@ def _attempt_from_row(row: Row[Any]) -> Attempt:
         exit_code=row.exit_code,
         reason=row.reason,
         usage=usage_from_json(row.usage_json),
+        launch_failed=bool(row.launch_failed),
     )
 
 
@@ -539,6 +540,7 @@ def _attempt_rows(job: Job) -> Iterator[tuple[tuple[int, int], dict[str, Any]]]:
                 "exit_code": attempt.exit_code,
                 "reason": attempt.reason,
                 "usage_json": usage_to_json(attempt.usage),
+                "launch_failed": attempt.launch_failed,
             },
         )
 

@@ -93,10 +93,6 @@ TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
 }
 
 
-# A node result whose error starts with this failed before any rank ran (e.g. MASTER_PORT busy): a new
-# attempt may well succeed, so the job is requeued rather than failed.
-LAUNCH_FAILED_PREFIX = "launch failed"
-
 
 class IllegalTransition(ValueError):
     """A job state change that the transition table does not allow."""
@@ -183,6 +179,7 @@ class Attempt:
     exit_code: int | None = None
     reason: str = ""
     usage: AttemptUsage | None = None  # once it has ended, from the nodes' cgroups
+    launch_failed: bool = False  # ended FAILED because its launch failed before any rank ran (retried)
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +312,7 @@ class NodeResult:
     lease_expired: bool = False
     usage: AttemptUsage | None = None  # None: unconfined there
     out_of_memory: bool = False  # the memory limit's OOM killer killed one of its processes there
+    launch_failed: bool = False  # the launch failed there before any rank ran: worth another attempt
 
     @property
     def failed(self) -> bool:

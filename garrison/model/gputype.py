@@ -54,3 +54,22 @@ def gpu_matches(gpu_name: str, gpu_type: str | None) -> bool:
         except ValueError:
             return False
     return True
+
+
+# Words of a product name that say who sells the GPU or its line, not which GPU it is.
+_VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro", "amd", "instinct", "radeon"}
+
+
+def slurm_gpu_type(name: str) -> str:
+    """The short type name Slurm's gres.conf usually gives a GPU, for ``gpu:TYPE:N`` (sinfo %G):
+    "NVIDIA A100-SXM4-80GB" -> "a100", "Tesla V100-SXM2-16GB" -> "v100", "NVIDIA RTX A6000" -> "rtx_a6000".
+
+    The name's words without the vendor's, up to and including the first word with a digit (the model),
+    joined with ``_``; ``gpu_matches`` matches the result against the name it came from. "" for no name."""
+    words = [w for w in normalized_gpu_name(name).split() if w not in _VENDOR_WORDS]
+    chosen: list[str] = []
+    for word in words:
+        chosen.append(word)
+        if any(ch.isdigit() for ch in word):
+            break
+    return "_".join(chosen)

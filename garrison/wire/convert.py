@@ -220,6 +220,7 @@ def result_from_pb(msg: pb.JobResult) -> NodeResult:
         ranks=tuple(RankOutcome(r.rank, r.exit_code, r.error[:MAX_RESULT_ERROR_CHARS]) for r in msg.ranks),
         error=msg.error[:MAX_RESULT_ERROR_CHARS],
         lease_expired=msg.lease_expired,
+        launch_failed=msg.launch_failed,
         usage=attempt_usage_from_pb(msg.usage) if msg.HasField("usage") else None,
         out_of_memory=msg.out_of_memory,
     )

@@ -17,9 +17,10 @@ either: when started that way it is the top-level module ``core``.
 Control protocol (signals sent to the supervisor pid):
   SIGUSR1, SIGUSR2  forwarded to every process of the attempt, also those that left their
                     rank's process group (torchrun's workers run in sessions of their own),
-                    except torchrun agents, which would die of it and pass it to nobody (to
-                    each rank's own process only when it is the launch's batch_signal:
-                    --signal=B:, as in Slurm)
+                    except torchrun agents, which would die of it and pass it to nobody,
+                    gsrun clients, whose tasks get it from their steps' own supervisors, and
+                    shells that do not trap it, which would die of it (to each rank's own
+                    process only when it is the launch's batch_signal: --signal=B:, as in Slurm)
   SIGTERM           terminate: SIGCONT+SIGTERM to every process group of the attempt,
                     SIGKILL to everything still alive after kill_wait_s
   SIGINT            SIGKILL every rank group now
@@ -422,10 +423,13 @@ def _wait_for_signal(timeout: float | None) -> int | None:
 _TORCHRUN_PROGRAMS = frozenset({"torchrun"})
 _TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
 # A step's client in the batch script (gsrun, srun): the agent signals the step's tasks itself, so the client
-# forwarding a job signal it got too would deliver it twice. Spared as torchrun agents are; and while one runs,
-# the batch shell that started it is spared too, as Slurm signals a job's steps and not its batch shell
-# (--signal without B:): `srun python train.py` under bash, Lightning's recipe, must not lose bash to SIGUSR1.
+# forwarding a job signal it got too would deliver it twice. Spared as torchrun agents are.
 _STEP_CLIENT_PROGRAMS = frozenset({"gsrun", "srun", "garrison-srun"})
+# Shells, by the program they run (/proc/PID/exe: a script's comm is the script's name). One that does not trap
+# a warning signal is spared it: Slurm sends --signal without B: to the steps, never to the batch shell, and a
+# bash killed by SIGUSR1 would end the job FAILED (138) while its program checkpoints and requeues it.
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ksh93", "mksh", "ash", "busybox", "csh", "tcsh", "fish"})
+_SHELL_SPARED_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})
 
 
 def process_table() -> dict[int, tuple[int, int]]:
@@ -468,25 +472,60 @@ def _has_children() -> bool:
     return True
 
 
-def _command_head(pid: int) -> list[str]:
+def _command_head(pid: int) -> list[str] | None:
+    """The first words of a process's command line (None once it has gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline_file:
-            words = cmdline_file.read().decode(errors="replace").split("\0")
+            return cmdline_file.read().decode(errors="replace").split("\0")[:4]
     except OSError:
-        return []
-    return words[:4]  # torchrun ..., python [-u] .../torchrun ..., python -m torch.distributed.run ...
-
-
-def is_step_client(pid: int) -> bool:
-    """gsrun or srun (python .../srun ...): a job step's client."""
-    return any(os.path.basename(word) in _STEP_CLIENT_PROGRAMS for word in _command_head(pid))
+        return None
 
 
 def is_torchrun_agent(pid: int) -> bool:
-    head = _command_head(pid)
-    if any(os.path.basename(word) in _TORCHRUN_PROGRAMS for word in head):
+    """A torchrun agent, or a step client (gsrun/srun): a process a job signal must not reach itself."""
+    head = _command_head(pid)  # torchrun ..., python [-u] .../torchrun ..., python -m torch.distributed.run ...
+    if head is None:
+        return False
+    if any(os.path.basename(word) in _TORCHRUN_PROGRAMS | _STEP_CLIENT_PROGRAMS for word in head):
         return True
     return any(word == "-m" and following in _TORCHRUN_MODULES for word, following in zip(head, head[1:], strict=False))
+
+
+def _signal_bits(pid: int) -> int | None:
+    """The signals a process catches or ignores, as the bit mask of /proc/PID/status (None once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status_file:
+            lines = status_file.read().splitlines()
+    except OSError:
+        return None
+    bits = 0
+    for line in lines:
+        if line.startswith((b"SigCgt:", b"SigIgn:")):
+            bits |= int(line.split()[1], 16)
+    return bits
+
+
+def is_unready_shell(pid: int, signal_number: int) -> bool:
+    """A shell (the batch script's, or one it started) that neither traps nor ignores ``signal_number``, a
+    warning signal: it would die of it (bash: exit 138 for SIGUSR1) while its children checkpoint."""
+    if signal_number not in _SHELL_SPARED_SIGNALS:
+        return False
+    try:
+        program = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        head = _command_head(pid)
+        program = os.path.basename(head[0]) if head else ""
+    if program not in _SHELLS:
+        return False
+    bits = _signal_bits(pid)
+    return bits is not None and not bits & (1 << (signal_number - 1))
+
+
+def spared_from_warning(pid: int, signal_number: int) -> bool:
+    """Whether a job-wide warning signal (--signal without B:, a preemption warning, gcancel -s) leaves this
+    process out: a torchrun agent or a gsrun client (is_torchrun_agent), or a shell that would die of it.
+    Slurm never sends such a signal to the batch shell nor to srun, only to the steps' tasks."""
+    return is_torchrun_agent(pid) or is_unready_shell(pid, signal_number)
 
 
 class Supervisor:
@@ -788,11 +827,12 @@ class Supervisor:
             self._kill_deadline = None
             self._signal_attempt(signal.SIGKILL)
 
-    def _signal_attempt(self, signal_number: int, spare_torchrun_agents: bool = False) -> None:
+    def _signal_attempt(self, signal_number: int, warning: bool = False) -> None:
         """Every rank's process group, and every group of the processes below us that left them (torchrun
-        starts each worker in a session of its own). With ``spare_torchrun_agents``, a group holding a
-        torchrun agent is signalled member by member, the agent left out."""
-        self._signal_ranks(signal_number, spare_torchrun_agents)
+        starts each worker in a session of its own). For a ``warning``, a group holding a process that must
+        be spared it (spared_from_warning: a torchrun agent, a gsrun client, a shell without a trap for it)
+        is signalled member by member, those left out."""
+        self._signal_ranks(signal_number, warning)
         rank_groups = {rank.pid for rank in self.ranks if rank.pid is not None}
         table = process_table()
         escaped: dict[int, list[int]] = {}
@@ -801,42 +841,34 @@ class Supervisor:
             if pgid not in rank_groups and pgid != os.getpgrp():
                 escaped.setdefault(pgid, []).append(pid)
         for pgid, members in escaped.items():
-            self._signal_group(pgid, members, signal_number, spare_torchrun_agents)
+            self._signal_group(pgid, members, signal_number, warning)
 
     @staticmethod
-    def _signal_group(pgid: int, members: list[int], signal_number: int, spare_torchrun_agents: bool,
-                      leader: int | None = None) -> None:
-        """With ``spare_torchrun_agents``: not to torchrun agents, nor step clients (srun), nor, while a step
-        client runs in it, the group's ``leader`` (the batch shell that started it)."""
-        agents: list[int] = []
-        if spare_torchrun_agents:
-            clients = [pid for pid in members if is_step_client(pid)]
-            agents = [pid for pid in members if pid not in clients and is_torchrun_agent(pid)] + clients
-            if clients and leader is not None:
-                agents.append(leader)
-        if not agents:
+    def _signal_group(pgid: int, members: list[int], signal_number: int, warning: bool) -> None:
+        spared = {pid for pid in members if spared_from_warning(pid, signal_number)} if warning else set()
+        if not spared:
             try:
                 os.killpg(pgid, signal_number)
             except (ProcessLookupError, PermissionError) as error:
                 _log(f"signal {signal_number} to group {pgid}: {error}")
             return
         for pid in members:
-            if pid in agents:
+            if pid in spared:
                 continue
             try:
                 os.kill(pid, signal_number)
-            except (ProcessLookupError, PermissionError) as error:  # one gone member does not spare the rest
+            except (ProcessLookupError, PermissionError) as error:
                 _log(f"signal {signal_number} to {pid} of group {pgid}: {error}")
 
-    def _signal_ranks(self, signal_number: int, spare_torchrun_agents: bool = False) -> None:
-        table = process_table() if spare_torchrun_agents else {}
+    def _signal_ranks(self, signal_number: int, warning: bool = False) -> None:
+        table = process_table() if warning else {}
         for rank in self.ranks:
             # Ended groups are never signalled: their number may already be reused.
             if rank.ended or rank.pid is None:
                 continue
-            if spare_torchrun_agents:
+            if warning:
                 members = [pid for pid, (_, pgid) in table.items() if pgid == rank.pid]
-                self._signal_group(rank.pid, members, signal_number, spare_torchrun_agents, leader=rank.pid)
+                self._signal_group(rank.pid, members, signal_number, warning)
                 continue
             try:
                 os.killpg(rank.pid, signal_number)
@@ -847,7 +879,7 @@ class Supervisor:
         """A signal for the job: every rank's process group, or, for the job's --signal=B: signal, only
         each rank's own process (the batch shell), not the children it started."""
         if signal_number != self.launch.batch_signal:
-            self._signal_attempt(signal_number, spare_torchrun_agents=True)
+            self._signal_attempt(signal_number, warning=True)
             return
         for rank in self.ranks:
             if rank.ended or rank.pid is None or rank.leader_exit_code is not None:

@@ -1275,6 +1275,7 @@ class JobResult(_message.Message):
     LEASE_EXPIRED_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     OUT_OF_MEMORY_FIELD_NUMBER: _builtins.int
+    LAUNCH_FAILED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     attempt: _builtins.int
     error: _builtins.str
@@ -1284,6 +1285,10 @@ class JobResult(_message.Message):
     """The node's lease ran out while the ranks ran: its supervisor stopped them (fencing, docs/operations.md)."""
     out_of_memory: _builtins.bool
     """the memory limit's OOM killer killed a process of the attempt here"""
+    launch_failed: _builtins.bool
+    """The launch failed here before any rank ran the job's code (its MASTER_PORT taken, say): worth another
+    attempt, unlike a refusal or a rank's own failure. `error` says why, for people.
+    """
     @_builtins.property
     def ranks(self) -> _containers.RepeatedCompositeFieldContainer[Global___RankResult]: ...
     @_builtins.property
@@ -1301,10 +1306,11 @@ class JobResult(_message.Message):
         lease_expired: _builtins.bool = ...,
         usage: Global___ContainmentUsage | None = ...,
         out_of_memory: _builtins.bool = ...,
+        launch_failed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "finished_at", b"finished_at", "job_id", b"job_id", "lease_expired", b"lease_expired", "out_of_memory", b"out_of_memory", "ranks", b"ranks", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "finished_at", b"finished_at", "job_id", b"job_id", "launch_failed", b"launch_failed", "lease_expired", b"lease_expired", "out_of_memory", b"out_of_memory", "ranks", b"ranks", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -111,7 +111,7 @@ def run_postgresql(jobs: int, outage_s: float) -> None:
 
 def run_disk(jobs: int, outage_s: float) -> None:
     mount = Path(tempfile.mkdtemp(prefix="gbench-tmpfs-", dir="/tmp"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", str(mount)], check=True)
     database = mount / "controller.db"
     c = start_cluster(["dgx-a100", "dgx1v"], ["--database", f"sqlite:///{database}"])
     try:

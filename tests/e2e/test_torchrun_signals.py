@@ -104,3 +104,39 @@ def test_a_warned_torchrun_job_checkpoints_and_requeues_itself(two_nodes: Cluste
     assert "SIGUSR1" not in logs, logs
     left = [pid for pid in workers + agents if not _gone(pid)]
     assert left == [], left
+
+
+def test_preempted_torchrun_step_checkpoints_is_requeued_and_leaves_nothing(two_nodes: Cluster) -> None:
+    """The same through a job step, as Slurm users write it: the batch script runs `gsrun --ntasks-per-node 1
+    torchrun ...` across both nodes. The preemption's warning reaches the step's workers (never the batch
+    shell without B:, never torchrun), they checkpoint, the step and then the script end, the job is
+    requeued, and its second attempt resumes from the checkpoint."""
+    c = two_nodes
+    records = c.work / "records"
+    records.mkdir()
+    torchrun = Path(sys.executable).parent / "torchrun"
+    script = c.work / "step-torchrun.sh"
+    script.write_text(f"""#!/bin/bash
+#SBATCH -N 2 --gpus-per-node=4 -t 10:00 -q low -o low-%j.out
+gsrun --ntasks-per-node 1 --export ALL,OMP_NUM_THREADS=1 bash -c 'exec {torchrun} --nnodes 2 \\
+  --node_rank $SLURM_NODEID --nproc_per_node 2 --master_addr $MASTER_ADDR --master_port $MASTER_PORT \\
+  {TRAIN} {records}'
+echo "step exit $?"
+""")
+    low = c.submit(str(script))
+    c.wait_state(low, {"RUNNING"})
+    wait_until(lambda: (records / "progress-0").exists() and int((records / "progress-0").read_text() or 0) >= 3,
+               240, what="the first attempt's workers to run three steps")
+    workers, agents = first_attempt_processes(records)
+
+    urgent = c.submit("-q", "urgent", "-N", "2", "--gpus-per-node", "4", "--launch", "node", "--wrap", "true")
+    assert c.wait_done(urgent, timeout=240)["state"] == "COMPLETED"
+    job = c.wait_done(low, timeout=300)
+    logs = (c.work / f"low-{low}.out").read_text()
+    assert job["state"] == "COMPLETED" and job["restart_count"] == 1, logs
+    detail = c.run("gjob", low).stdout
+    assert "Attempt 0: PREEMPTED" in detail and "Attempt 1: COMPLETED" in detail, detail
+    assert "checkpointed at step" in logs and "resumed at step" in logs and "finished at step" in logs, logs
+    assert "SIGUSR1" not in logs and "step exit 0" in logs, logs
+    left = [pid for pid in workers + agents if not _gone(pid)]
+    assert left == [], left

@@ -275,7 +275,8 @@ def test_launch_failure_requeues_and_rank_failure_restarts_up_to_max(db: str) ->
     connect(state, "n1", "n2")
     submit(state, 1, nodes=2, gpus_per_node=2, max_restarts=1)
     state.start_attempts([(1, two_node_alloc())], now=1.0)
-    out = state.node_finished("n1", NodeResult(1, 0, (), "launch failed: MASTER_PORT 2 is in use"), now=2.0)
+    out = state.node_finished("n1", NodeResult(1, 0, (), "launch failed: MASTER_PORT 2 is in use", launch_failed=True),
+                              now=2.0)
     assert SignalAttempt("n2", 1, 0, "terminate") in out
     state.node_finished("n2", ok(1), now=3.0)
     assert state.jobs[1].state == JobState.PENDING
@@ -290,6 +291,8 @@ def test_launch_failure_requeues_and_rank_failure_restarts_up_to_max(db: str) ->
     job = state.jobs[1]
     assert job.state == JobState.FAILED and job.exit_code == 1 and "rank 0 exited with 1: boom again" in job.reason
     assert [a.state for a in job.attempts] == [JobState.FAILED, JobState.FAILED, JobState.FAILED]
+    assert [a.launch_failed for a in job.attempts] == [True, False, False]  # typed, and stored
+    assert [a.launch_failed for a in new_state(db).jobs[1].attempts] == [True, False, False]
 
 
 def test_a_node_reporting_out_of_memory_stops_the_gang_and_the_usage_is_stored(db: str) -> None:
@@ -335,17 +338,15 @@ def test_a_node_declared_down_whose_stream_stays_open_is_asked_to_register_again
 def test_failed_launches_back_off_and_end_failed_after_the_cap(db: str) -> None:
     """Issue 20: a launch failing on a taken MASTER_PORT was retried at once, for ever. Each failure now
     puts the next attempt off (1, 2, 4... s as a begin time), and the fifth in a row ends the job FAILED
-    with the reason; it survives a restart of the controller."""
-    from garrison.model.domain import LAUNCH_FAILED_PREFIX
-
+    with the reason; it survives a restart of the controller (the attempts' launch_failed is stored)."""
     state = new_state(db)
     connect(state, "n1")
     submit(state, 1, gpus=2)
     now = 0.0
     for attempt in range(5):
         state.start_attempts([(1, Allocation((NodeAllocation("n1", (0, 1)),)))], now=now)
-        error = f"{LAUNCH_FAILED_PREFIX}: MASTER_PORT 2000{attempt} is in use on this node"
-        state.node_finished("n1", NodeResult(1, attempt, (), error), now=now)
+        error = f"launch failed: MASTER_PORT 2000{attempt} is in use on this node"
+        state.node_finished("n1", NodeResult(1, attempt, (), error, launch_failed=True), now=now)
         job = state.jobs[1]
         if attempt < 4:
             assert job.state == JobState.PENDING
@@ -354,5 +355,5 @@ def test_failed_launches_back_off_and_end_failed_after_the_cap(db: str) -> None:
             state = new_state(db, now=now)  # durable: a restarted controller backs off the same
             connect(state, "n1", now=now)
     assert job.state == JobState.FAILED
-    assert job.reason == f"5 launches failed in a row, the last: {LAUNCH_FAILED_PREFIX}: MASTER_PORT 20004 is in use on this node"
+    assert job.reason == "5 launches failed in a row, the last: launch failed: MASTER_PORT 20004 is in use on this node"
     assert len(job.attempts) == 5

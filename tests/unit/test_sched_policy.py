@@ -582,3 +582,19 @@ def test_memory_freed_for_a_preemptor_is_not_taken_meanwhile() -> None:
     assert [s.job_id for s in plan.starts] == [3]
     assert 2 in plan.waiting
 
+
+
+def test_remembered_static_parts_follow_changed_jobs_and_configurations() -> None:
+    """priorities() remembers each job view's clock-free part across cycles: a changed view (a new object
+    for the same id), a changed partition default or other weights are priced afresh, never from the memo."""
+    acct = accounting(partitions=(PartitionDef("main", default=True, default_time_s=4 * 3600),))
+    jobs = [pending(1, limit=None, gpus=1), pending(2, limit=3600, gpus=2)]
+    first = PriorityContext(snap([node("a")], jobs, acct=acct), NOW, GARRISON.weights)
+    assert first.priorities(jobs) == {j.job_id: first.factors(j).total for j in jobs}
+    changed = [jobs[0], replace(jobs[1], priority=5_000)]  # an admin's adjustment: a new view of job 2
+    later = PriorityContext(snap([node("a")], changed, acct=acct), NOW + 86400, GARRISON.weights)
+    assert later.priorities(changed) == {j.job_id: later.factors(j).total for j in changed}
+    longer = accounting(partitions=(PartitionDef("main", default=True, default_time_s=7 * 86400),))
+    other = PriorityContext(snap([node("a")], changed, acct=longer), NOW, GARRISON.weights)
+    assert other.priorities(changed) == {j.job_id: other.factors(j).total for j in changed}
+    assert other.priorities(changed)[1] < first.priorities(jobs)[1]  # a 7-day default limit: no bonus

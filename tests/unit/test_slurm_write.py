@@ -14,7 +14,7 @@ from helpers.polling import wait_until
 from garrison.cli.gsub import with_default_output
 from garrison.cli.slurm import sbatch, scancel, scontrol
 from garrison.cli.submission import parse_submission
-from garrison.nodeagent.supervisor.core import is_step_client, is_torchrun_agent
+from garrison.nodeagent.supervisor.core import is_torchrun_agent
 from garrison.protos.v1 import garrison_pb2 as pb
 
 
@@ -158,8 +158,7 @@ def test_the_supervisor_spares_srun_from_a_job_signal(tmp_path: Path) -> None:
             cmdline = Path(f"/proc/{process.pid}/cmdline")
             started = str(program).encode()
             wait_until(lambda c=cmdline, s=started: s in c.read_bytes(), 10, what=f"{name} to start")
-            assert is_step_client(process.pid) is spared, name
-            assert not is_torchrun_agent(process.pid), name
+            assert is_torchrun_agent(process.pid) is spared, name
         finally:
             process.communicate(b"", timeout=10)
 

@@ -759,6 +759,27 @@ class StoreContract:
         upgrade(store_url)  # already at head: nothing to do
         assert self.reopen(store_url) == LoadedState(jobs=[], nodes=[], next_job_id=1)
 
+    def test_migration_0004_types_the_launch_failures_older_controllers_wrote_as_reasons(self, store_url: str) -> None:
+        """Before 0004 an attempt whose launch failed said so only by the prefix of its reason."""
+        store = open_store(store_url)
+        try:
+            job = replace(running_job(1), state=JobState.PENDING)
+            failed = replace(job.attempts[0], state=JobState.FAILED, end_time=job.attempts[0].start_time + 1,
+                             reason="launch failed: MASTER_PORT 20001 is in use on this node")
+            store.save_jobs([replace(job, attempts=(failed,))])
+        finally:
+            store.close()
+        engine = create_engine(store_url)
+        try:
+            with engine.begin() as connection:
+                command.downgrade(alembic_config(connection), "0003_steps")
+            with engine.begin() as connection:
+                command.upgrade(alembic_config(connection), "head")
+        finally:
+            engine.dispose()
+        (loaded,) = self.reopen(store_url).jobs
+        assert loaded.attempts[0].launch_failed
+
     # -- scheduling policy: accounting data, usage, holds (migration 0002) ------------------------------------
 
     def test_accounting_is_none_until_saved_then_round_trips(self, store: Store, store_url: str) -> None:
