@@ -8,6 +8,7 @@ and exiting, so the command decides how to report it; and its help formatter doe
 
 An option that takes a value takes the next word, whatever it looks like, as click and sbatch do
 (``--wrap -x``, ``-J -dash-``); argparse alone would read a value that begins with ``-`` as an option.
+A unique prefix of a long option stands for it (``--depend`` for ``--dependency``), as with getopt_long.
 An option listed in ``bare_values`` takes its value only attached (``--nice=50``); alone it stands for
 its listed value, as sbatch's ``--nice`` alone means 100.
 
@@ -76,6 +77,22 @@ class Parser(argparse.ArgumentParser):
             self.error(f"argument {word}: expected one argument")
         return 2
 
+    def _unabbreviated(self, word: str) -> str:
+        """``word`` with a long option's unique prefix made whole (``--depend=afterok:1`` is ``--dependency=...``),
+        as getopt_long, which Slurm's commands use, reads it; an exact name always wins (``--gpus`` is not
+        ``--gpus-per-node``), and a prefix of several names is an error that names them."""
+        if not word.startswith("--") or word == "--":
+            return word
+        name, equals, value = word.partition("=")
+        known = {flag for action in self._actions for flag in action.option_strings if flag.startswith("--")}
+        known |= {flag for flag in (*self.ignored_values, *self.ignored_flags, *self.bare_values) if flag.startswith("--")}
+        if name in known:
+            return word
+        matches = sorted(flag for flag in known if flag.startswith(name))
+        if len(matches) > 1:
+            self.error(f"option {name} is ambiguous: {', '.join(matches)}")
+        return f"{matches[0]}{equals}{value}" if matches else word
+
     def _values_attached(self, words: list[str]) -> list[str]:
         """``words`` with each value-taking option joined to the word after it (``--wrap=-x``), up to the first
         positional argument or ``--``: after a script's name, the words are the script's own."""
@@ -85,7 +102,7 @@ class Parser(argparse.ArgumentParser):
         joined: list[str] = []
         index = 0
         while index < len(words):
-            word = words[index]
+            word = self._unabbreviated(words[index])
             if word == "--" or not word.startswith("-") or word == "-":
                 return joined + words[index:]
             skipped = self._ignore(word, index, words)

@@ -43,13 +43,19 @@ def _parser() -> Parser:
     add("-n", "--ntasks", type=int, help="Tasks to run (default: one per node, or SLURM_NTASKS).")
     add("-N", "--nodes", type=int, help="Nodes of the job's allocation to use.")
     add("--ntasks-per-node", type=int, help="Tasks on each node.")
-    add("--gpus-per-task", type=int, help="GPUs each task holds (out of the job's).")
+    add("--gpus-per-task", metavar="[TYPE:]N",
+        help="GPUs each task holds (out of the job's, whose type they have: srun's TYPE: is taken as given).")
     add("-c", "--cpus-per-task", type=int, help="CPUs each task holds (out of the job's).")
     add("-w", "--nodelist", default="", help="Nodes the step must use (comma list or host list).")
     add("--gpu-bind", default="", help="none, closest, single:N, map_gpu:A,B,...")
     add("--cpu-bind", default="", help="none, cores, map_cpu:A,B,...")
     add("-l", "--label", action="store_true", help='Prefix each output line with its task number ("3: ").')
-    add("-K", "--kill-on-bad-exit", action="store_true", help="A task exiting non-zero stops the others.")
+    # srun's -K[0|1]: the value only attached (--kill-on-bad-exit=1), as scripts write it; alone it means 1.
+    add("-K", "--kill-on-bad-exit", choices=["0", "1"], help="A task exiting non-zero stops the others (=0: not).")
+    # srun's options real scripts carry that change nothing here: each task's output is sent as it comes
+    # (-u), and --wait's grace after the first task ends is left to -K.
+    add("-W", "--wait", type=int, help="Accepted for srun's scripts; not acted on.")
+    add("-u", "--unbuffered", action="store_true", help="Accepted for srun's scripts: output is never held back.")
     add("--export", default="ALL", help="ALL (default), NONE, or a comma list of NAME and NAME=VALUE (with ALL,...).")
     add("--pty", action="store_true", help="Run task 0 on a pseudo-terminal, connected to this one.")
     add("--jobid", default="", help="The job to run the step in (default: SLURM_JOB_ID / GARRISON_JOB_ID).")
@@ -70,6 +76,7 @@ def _parser() -> Parser:
     add("--gpus-per-node", default="", help="Outside a job: GPUs on each node of the allocation.")
     add("--mem", default="", help="Outside a job: memory on each node of the allocation.")
     add("command", nargs="...", help="The program and its arguments.")
+    parser.bare_values.update({"-K": "1", "--kill-on-bad-exit": "1"})
     return parser
 
 
@@ -77,6 +84,18 @@ def _positive(value: int | None, option: str) -> int | None:
     if value is not None and value < 1:
         raise UsageError(f"{option} must be at least 1")
     return value
+
+
+def _gpus_per_task(text: str | None) -> int | None:
+    """--gpus-per-task N or TYPE:N (srun's spelling, as in sbatch): a step's GPUs are the job's, of its type."""
+    if text is None:
+        return None
+    from garrison.cli.parsing import parse_gpu_request
+
+    try:
+        return parse_gpu_request(text)[1]
+    except UsageError as problem:
+        raise UsageError(f"--gpus-per-task: {problem}") from None
 
 
 def _binding(text: str, option: str, names: tuple[str, ...], mapped: str) -> tuple[str, list[int]]:
@@ -161,11 +180,12 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
     spec: dict[str, Any] = {
         "argv": list(args.command), "env": exported_environment(args.export, environ), "cwd": cwd,
         "nodelist": list(nodelist), "gpu_bind": gpu_bind, "gpu_bind_arg": gpu_args, "cpu_bind": cpu_bind,
-        "cpu_bind_arg": cpu_args, "label": args.label, "kill_on_bad_exit": args.kill_on_bad_exit, "pty": args.pty,
+        "cpu_bind_arg": cpu_args, "label": args.label, "kill_on_bad_exit": args.kill_on_bad_exit == "1", "pty": args.pty,
         "name": args.job_name,
     }
     for name, value in (("ntasks", ntasks), ("nodes", nodes), ("ntasks_per_node", per_node),
-                        ("gpus_per_task", args.gpus_per_task), ("cpus_per_task", _positive(args.cpus_per_task, "-c"))):
+                        ("gpus_per_task", _gpus_per_task(args.gpus_per_task)),
+                        ("cpus_per_task", _positive(args.cpus_per_task, "-c"))):
         if value is not None:
             spec[name] = value
     umask = os.umask(0)

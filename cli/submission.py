@@ -126,7 +126,7 @@ def _gsub_parser() -> Parser:
     _option(parser, "--mem-per-cpu", metavar="SIZE", help_text="Host memory per allocated CPU, e.g. 4G.")
     _option(parser, "-n", "--ntasks", metavar="N", help_text="Tasks for the whole job (sbatch's meaning).")
     _option(parser, "-c", "--cpus-per-task", metavar="N", help_text="CPUs per task, also for a job without GPUs.")
-    _option(parser, "--gpus-per-task", metavar="N", help_text="GPUs per task: -n 8 --gpus-per-task 1 is 8 GPUs.")
+    _option(parser, "--gpus-per-task", metavar="[TYPE:]N", help_text="GPUs per task: -n 8 --gpus-per-task 1 is 8 GPUs.")
     _option(parser, "--ntasks-per-gpu", metavar="N", help_text="Tasks per GPU: with -G 4, 2 makes 8 tasks.")
     _option(parser, "--gres", metavar="gpu[:TYPE]:N", help_text="GPUs on each node, as --gpus-per-node [TYPE:]N.")
     _option(parser, "--comment", metavar="TEXT", help_text="A comment stored with the job (gjob shows it).")
@@ -305,10 +305,11 @@ def _job_name(chosen: _ChosenOptions, script: str | None, from_stdin: bool, prog
     return name
 
 
-def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | None]:
-    """(gpu type, total gpus, gpus per node) from --gpus and --gpus-per-node."""
+def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | None, int | None]:
+    """(gpu type, total gpus, gpus per node, gpus per task) from --gpus, --gpus-per-node, --gpus-per-task
+    (each N or TYPE:N, as sbatch takes them) and --gres."""
     gpu_type: str | None = None
-    counts: dict[str, int | None] = {"gpus": None, "gpus_per_node": None}
+    counts: dict[str, int | None] = {"gpus": None, "gpus_per_node": None, "gpus_per_task": None}
     for name in counts:
         value = chosen.text(name)
         if value is None:
@@ -331,7 +332,7 @@ def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | 
         if requested_type is not None and gpu_type is not None and requested_type != gpu_type:
             raise chosen.error("gres", f"GPU type {requested_type!r} differs from --gpus type {gpu_type!r}")
         gpu_type = requested_type or gpu_type
-    return gpu_type, counts["gpus"], counts["gpus_per_node"]
+    return gpu_type, counts["gpus"], counts["gpus_per_node"], counts["gpus_per_task"]
 
 
 def _current_umask() -> int:
@@ -465,7 +466,7 @@ def parse_submission(
         except UsageError as problem:
             raise chosen.error(name, str(problem)) from None
 
-    gpu_type, gpus, gpus_per_node = _gpu_request(chosen)
+    gpu_type, gpus, gpus_per_node, gpus_per_task = _gpu_request(chosen)
     chdir = chosen.nonempty_text("chdir")
     launch = chosen.text("launch")
     requeue = chosen.flag("requeue")
@@ -514,7 +515,7 @@ def parse_submission(
         exclusive=bool(converted("exclusive", parse_exclusive)),
         ntasks=chosen.count("ntasks"),
         cpus_per_task=chosen.count("cpus_per_task"),
-        gpus_per_task=chosen.count("gpus_per_task"),
+        gpus_per_task=gpus_per_task,
         ntasks_per_gpu=chosen.count("ntasks_per_gpu"),
         mem_per_gpu_mb=converted("mem_per_gpu", parse_memory_mb) or 0,
         mem_per_cpu_mb=converted("mem_per_cpu", parse_memory_mb) or 0,

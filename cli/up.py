@@ -85,7 +85,8 @@ def local_cgroup_root(state_dir: Path, node: int) -> str:
     return f"garrison-up/{state_dir.resolve().name}-{digest}/node{node}"
 
 
-def _write_configs(state_dir: Path, topologies: list[str], database: str | None = None, extra: str = "") -> None:
+def _write_configs(state_dir: Path, topologies: list[str], database: str | None = None, extra: str = "",
+                   fake_cpus: int = 0) -> None:
     allow_root = os.geteuid() == 0
     controller = _controller_section(state_dir, _free_port(), allow_root, database)
     if extra:
@@ -103,6 +104,7 @@ def _write_configs(state_dir: Path, topologies: list[str], database: str | None 
                 f"state_dir = {_toml_str(str(state_dir / f'agent-{i}'))}",
                 f"credential_socket = {_toml_str(str(state_dir / 'auth.sock'))}",
                 f"fake_topology = {_toml_str(topo)}",
+                f"fake_cpus = {fake_cpus}",
                 f"features = [{', '.join(_toml_str(f) for f in FAKE_NODE_FEATURES.get(topo, ()))}]",
                 # Each local cluster and node its own cgroup subtree (clusters side by side never share
                 # one); a developer's machine without writable cgroups still runs the jobs, unconfined.
@@ -195,7 +197,8 @@ def _check_state_dir(state_dir: Path) -> None:
 
 
 def cluster_up(
-    state_dir: Path, agents: int | None, topologies: list[str], database: str | None = None, extra_config: str = ""
+    state_dir: Path, agents: int | None, topologies: list[str], database: str | None = None, extra_config: str = "",
+    fake_cpus: int = 0,
 ) -> str:
     state_dir = state_dir.resolve()
     if database is not None:
@@ -219,7 +222,7 @@ def cluster_up(
                 resolve_topology(name)
             except ValueError as exc:
                 raise CliError(str(exc), 2) from None
-        _write_configs(state_dir, names, database, extra_config)
+        _write_configs(state_dir, names, database, extra_config, fake_cpus)
         try:
             load_config(state_dir / "garrison.toml")
         except ConfigError as exc:
@@ -360,12 +363,15 @@ def garrison() -> None:
 @click.option("--extra-config", "extra_config", default=None, type=click.File("r"), metavar="FILE",
               help="TOML tables added to the controller configuration written for a new state dir, "
                    "e.g. [controller.scheduler] preemption = true, or [[controller.qos]] entries.")
+@click.option("--fake-cpus", type=click.IntRange(0, 4096), default=0, metavar="N",
+              help="CPUs each fake node offers (default: the host's), for scripts written for bigger nodes; "
+                   "jobs are still bound to the CPUs the host has. Used when the state dir is new.")
 def up(state_dir: Path, agents: int | None, topologies: tuple[str, ...], database: str | None,
-       extra_config: TextIO | None) -> None:
+       extra_config: TextIO | None, fake_cpus: int) -> None:
     """Start (or restart what is dead of) a local cluster and print its export line."""
     try:
         extra = extra_config.read() if extra_config is not None else ""
-        address = cluster_up(state_dir, agents, list(topologies), database, extra)
+        address = cluster_up(state_dir, agents, list(topologies), database, extra, fake_cpus)
     except CliError as exc:
         fail("garrison up", exc)
     click.echo(f"export GARRISON_CONTROLLER={address}")

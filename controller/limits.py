@@ -34,7 +34,7 @@ MAX_GPUS_PER_NODE = 1024
 MAX_NODE_STRING_CHARS = 256
 SHOWN_CHARS = 40  # how much of a bad value an error message repeats
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:-]*$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:@-]*$")  # @: Slurm account names such as six@gpu
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -52,7 +52,7 @@ def _check_name(value: str | None, option: str) -> None:
         return
     if len(value) > MAX_NAME_CHARS or not NAME.match(value):
         raise ValidationError(
-            f"{option} {shown(value)} is not a valid name (up to {MAX_NAME_CHARS} letters, digits and ._+:-)"
+            f"{option} {shown(value)} is not a valid name (up to {MAX_NAME_CHARS} letters, digits and ._+:@-)"
         )
 
 

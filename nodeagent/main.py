@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         from garrison.nodeagent.gpu import discovery, fake_nvml
 
         if cfg.fake_topology:
+            from garrison.nodeagent.fakehost import take_node_name
+
+            if take_node_name(node_name):  # before any thread: see fakehost.py
+                log.info("node %s: its jobs see %s as their host name", node_name, node_name)
             try:
                 path = resolve_topology(cfg.fake_topology)
                 description = load_description(path)
@@ -110,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             containment = probe.choose(cfg.cgroup_root, cfg.allow_unconfined)
         except probe.NothingEnforceable as exc:
             raise ConfigError(str(exc)) from None
+        if cfg.fake_topology and cfg.fake_cpus:
+            inventory = replace(inventory, cpus=cfg.fake_cpus)
         inventory = replace(inventory, model=model, features=cfg.features,
                             containment=containment.capabilities.summary())
         log.info("node %s: %d GPUs (%s)", node_name, len(inventory.gpus), model or "NVML")

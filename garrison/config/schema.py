@@ -203,6 +203,9 @@ class AgentConfig:
     state_dir: str = "/var/lib/garrison/agent"
     credential_socket: str = "/run/garrison/auth.sock"
     fake_topology: str = ""  # empty: real NVML; else dgx-a100 | dgx1v | pcie4 | pcie8 | a TOML path
+    # With fake_topology: the CPUs the node offers (0: the host's), so that a local cluster on a small host can
+    # stand for bigger nodes. Jobs are still bound to the CPUs the host really has (the chosen ones it has).
+    fake_cpus: int = 0
     # Mutual TLS with the controller (docs/security.md): this node's certificate and key, and the cluster CA.
     tls_cert: str = ""
     tls_key: str = ""

@@ -288,6 +288,7 @@ def read_agent(table: Mapping[str, Any], where: str) -> AgentConfig:
         state_dir=s.get_str("state_dir", d.state_dir),
         credential_socket=s.get_str("credential_socket", d.credential_socket),
         fake_topology=s.get_str("fake_topology", d.fake_topology),
+        fake_cpus=s.get_int("fake_cpus", d.fake_cpus, minimum=0),
         tls_cert=s.get_str("tls_cert", d.tls_cert),
         tls_key=s.get_str("tls_key", d.tls_key),
         tls_ca=s.get_str("tls_ca", d.tls_ca),

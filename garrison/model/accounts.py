@@ -18,7 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+# Slurm sites name accounts with @ too (IDRIS: six@gpu, abc@a100), so it is allowed after the first character.
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
 DEFAULT_ACCOUNT = "default"
 UNSET: object = object()  # "leave as it is" for a field of a modify (None means "no limit")
 
@@ -358,7 +359,7 @@ class Accounting:
 
 def _check_name(name: str, what: str) -> None:
     if not NAME.match(name):
-        raise AccountingError(f"invalid {what} name {name!r}: 1-64 letters, digits and _.- (not first)")
+        raise AccountingError(f"invalid {what} name {name!r}: 1-64 letters, digits and _.-@ (not first)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ def gpu_matches(gpu_name: str, gpu_type: str | None) -> bool:
     Case-insensitive, with ``-``, ``_`` and spaces equivalent, and matching whole words of the name from
     any word on: ``a100``, ``A100``, ``a100-sxm4-80gb``, ``nvidia_a100`` all match "NVIDIA A100-SXM4-80GB";
     ``a10`` does not (it is another GPU), nor does ``100``. This is how Slurm's AutoDetect names are used.
+    Words may also be run together as sites name their types: ``rtx8000`` is "Quadro RTX 8000".
     """
     if gpu_type is None:
         return True
@@ -31,10 +32,21 @@ def gpu_matches(gpu_name: str, gpu_type: str | None) -> bool:
     words = f" {name} "
     if f" {wanted} " in words:
         return True
+    name_words = name.split()
+    # Sites name types with the words run together (--gres=gpu:rtx8000:1, gtx1080ti, titanrtx): a request
+    # without separators matches a run of whole words of the name spelled without theirs.
+    squashed = wanted.replace(" ", "")
+    for first in range(len(name_words)):
+        run = ""
+        for word in name_words[first:]:
+            run += word
+            if run == squashed:
+                return True
+            if not squashed.startswith(run):
+                break
     # A request may name a prefix of a word sequence when the rest is a size or form suffix
     # ("a100 80gb" is not contiguous in "a100 sxm4 80gb"): every requested word must be a word of the name, in order.
     wanted_words = wanted.split()
-    name_words = name.split()
     position = 0
     for word in wanted_words:
         try:

@@ -167,7 +167,8 @@ def plan_ranks(
 def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | None = None) -> list[RankPlan]:
     """This node's tasks of a step, each with the environment srun gives a task: gsrun's (as --export
     resolved it), then Slurm's step variables and torchrun's worker variables (RANK, LOCAL_RANK, WORLD_SIZE,
-    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT of the step's first node), and CUDA_VISIBLE_DEVICES for
+    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT of the step's first node unless the job's environment sets
+    them), and CUDA_VISIBLE_DEVICES for
     the task's GPUs. Output goes to ``io_dir`` (out-TASK, err-TASK), from where the agent streams it."""
     layout = step.layout
     here = step.here
@@ -199,6 +200,11 @@ def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | 
         "GROUP_RANK": str(step.node_index),
         "NODE_RANK": str(step.node_index),
     })
+    # srun itself sets no MASTER_ADDR/MASTER_PORT: a script that exports its own (MASTER_PORT=6000 before
+    # `srun python train.py`) has its tasks meet there, as under Slurm.
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if step.env.get(name):
+            common[name] = step.env[name]
     if here.held_gpus:
         common["SLURM_STEP_GPUS"] = ",".join(str(g) for g in here.held_gpus)
     plans = []

@@ -228,3 +228,13 @@ def test_submissions_resolve_account_partition_qos_and_time_limit() -> None:
             submit(acct, **spec)
     with pytest.raises(ValidationError, match="may not use partition 'debug'"):
         submit(acct, user="stranger", partition="debug")
+
+
+def test_account_names_may_hold_an_at_sign_as_slurm_sites_name_them() -> None:
+    from garrison.controller.limits import check_spec_limits
+
+    acct = base().with_account(Account("six@gpu"))
+    assert "six@gpu" in acct.account_map
+    check_spec_limits(JobSpec(name="bench", command=("true",), account="six@gpu"))  # no ValidationError
+    with pytest.raises(AccountingError, match="invalid account name"):
+        base().with_account(Account("@gpu"))

@@ -750,3 +750,28 @@ def test_gsub_never_exports_garrisons_own_credentials(workdir: Path) -> None:
         env = parse_submission([*export, "--wrap", "true"], environ, str(workdir)).spec.env
         assert "GARRISON_TOKEN" not in env, export
     assert parse_submission(["--wrap", "true"], environ, str(workdir)).spec.env["HOME"] == "/home/a"
+
+
+def test_a_long_options_unique_prefix_stands_for_it_as_with_getopt(tmp_path: Path) -> None:
+    # sbatch reads its options with getopt_long: real scripts write --depend, for one.
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --ntasks-per-n=2 --tim 5\ntrue\n")
+    spec = parse_submission(["--depend=afterok:7", "--exclus", "--gpus-per-n", "4", "job.sh", "--depend"], {},
+                            str(tmp_path)).spec
+    assert (spec.dependency, spec.exclusive, spec.gpus_per_node) == ("afterok:7", True, 4)
+    assert (spec.ntasks_per_node, spec.time_limit_s, spec.command) == (2, 300, ("--depend",))  # the script's own
+    assert parse_submission(["--gpus", "2", "job.sh"], {}, str(tmp_path)).spec.gpus == 2  # exact beats a prefix
+    with pytest.raises(UsageError, match="--cpus is ambiguous: --cpus-per-gpu, --cpus-per-task"):
+        parse_submission(["--cpus=2", "job.sh"], {}, str(tmp_path))
+
+
+def test_gpus_per_task_takes_a_type_as_sbatch_does(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -n 4\n#SBATCH --gpus-per-task=a100-80gb:1\ntrue\n")
+    spec = parse_submission(["job.sh"], {}, str(tmp_path)).spec
+    assert (spec.gpu_type, spec.gpus_per_task, spec.ntasks) == ("a100-80gb", 1, 4)
+    assert parse_submission(["-n", "2", "--gpus-per-task", "2", "job.sh"], {}, str(tmp_path)).spec.gpus_per_task == 2
+    with pytest.raises(UsageError, match="differs"):
+        parse_submission(["--gpus-per-task=v100:1", "--gpus=a100:4", "job.sh"], {}, str(tmp_path))
+    with pytest.raises(UsageError, match="--gpus-per-task"):
+        parse_submission(["--gpus-per-task=0", "job.sh"], {}, str(tmp_path))

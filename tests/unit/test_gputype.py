@@ -36,3 +36,13 @@ def test_the_core_and_validation_use_the_same_rule() -> None:
     from garrison.controller.sched import placement
 
     assert placement.gpu_matches is gpu_matches and validate.gpu_matches is gpu_matches
+
+
+@pytest.mark.parametrize("name,wanted", [
+    ("Quadro RTX 8000", "rtx8000"), ("NVIDIA GeForce GTX 1080 Ti", "gtx1080ti"), ("NVIDIA GeForce RTX 2080 Ti", "2080ti"),
+    ("NVIDIA TITAN RTX", "titanrtx"), ("NVIDIA GeForce RTX 3090", "rtx3090"), ("Quadro RTX 6000", "RTX6000"),
+])
+def test_site_names_with_the_words_run_together_match(name: str, wanted: str) -> None:
+    # --gres=gpu:rtx8000:1 as NYU's and other sites' scripts write it; never part of a word ("rtx80").
+    assert gpu_matches(name, wanted)
+    assert not gpu_matches(name, wanted[:-1]) and not gpu_matches(A100, "a10080gb")

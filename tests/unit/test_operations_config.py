@@ -208,3 +208,17 @@ def test_migrate_says_what_it_did(tmp_path: Path) -> None:
     assert bad.stderr.count("\n") == 1 and bad.stderr.strip() == (
         f"garrison-controller: {tmp_path}/garrison.toml: controller.database: unsupported database URL "
         "'mysql://root@db/garrison': expected sqlite:///path/to/file.db or postgresql+psycopg://user@host:port/database")
+
+
+def test_fake_cpus_is_read_and_written_by_garrison_up(tmp_path: Path) -> None:
+    from garrison.cli.up import _write_configs
+
+    config = load_config(write(tmp_path, '[agent]\nfake_topology = "dgx1v"\nfake_cpus = 80\n'), environ={})
+    assert config.agent.fake_cpus == 80
+    assert load_config(write(tmp_path, "[agent]\n"), environ={}).agent.fake_cpus == 0  # the host's CPUs
+    with pytest.raises(ConfigError, match="agent.fake_cpus"):
+        load_config(write(tmp_path, "[agent]\nfake_cpus = -1\n"), environ={})
+    state = tmp_path / "state"
+    state.mkdir()
+    _write_configs(state, ["dgx1v"], fake_cpus=64)
+    assert load_config(state / "agent-1.toml", environ={}).agent.fake_cpus == 64

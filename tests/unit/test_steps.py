@@ -3,6 +3,7 @@ output labels, and the wire round trip of a node's step launch."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from typing import Any
@@ -248,3 +249,32 @@ def test_the_agent_never_reads_step_output_through_a_link(tmp_path: Any) -> None
             _open_user_file(tmp_path / name, stat.S_ISREG)
     with _open_user_file(tmp_path / "out-2", stat.S_ISREG) as output:
         assert output.read() == b"task output"
+
+
+def test_gsrun_takes_the_srun_options_real_scripts_carry() -> None:
+    # --kill-on-bad-exit=1 as srun's scripts write it, -K alone meaning 1 and =0 meaning not; --wait=60 and -u
+    # accepted (nothing to do); the command after them stays the command.
+    spec = gsrun_spec("--wait=60", "--kill-on-bad-exit=1", "--jobid", "7", "-u", "bash", "-c", "x")
+    assert spec["kill_on_bad_exit"] and spec["argv"] == ["bash", "-c", "x"]
+    assert gsrun_spec("-K", "bash")["kill_on_bad_exit"] and gsrun_spec("-K", "bash")["argv"] == ["bash"]
+    assert not gsrun_spec("--kill-on-bad-exit=0", "true")["kill_on_bad_exit"]
+    assert not gsrun_spec("true")["kill_on_bad_exit"]
+    assert gsrun_spec("-W", "30", "true")["argv"] == ["true"]
+    with pytest.raises(UsageError):
+        gsrun_spec("--kill-on-bad-exit=2", "true")
+
+
+def test_a_master_address_and_port_the_script_exported_are_kept() -> None:
+    # srun sets neither: `export MASTER_PORT=6000; srun python train.py` meets on the script's choice.
+    description = launch(0)
+    exported = dataclasses.replace(description, env={**description.env, "MASTER_ADDR": "n1", "MASTER_PORT": "6000"})
+    assert {(p.env["MASTER_ADDR"], p.env["MASTER_PORT"]) for p in plan_step_tasks(exported, "/io")} == {("n1", "6000")}
+    assert {p.env["MASTER_PORT"] for p in plan_step_tasks(description, "/io")} == {"45000"}
+
+
+def test_gsrun_gpus_per_task_takes_srun_s_type_prefix() -> None:
+    assert gsrun_spec("--gpus-per-task=a100:1", "-n", "2", "true")["gpus_per_task"] == 1
+    assert gsrun_spec("--gpus-per-task", "2", "true")["gpus_per_task"] == 2
+    for bad in ("0", "a100:", "x:y"):
+        with pytest.raises(UsageError, match="--gpus-per-task"):
+            gsrun_spec(f"--gpus-per-task={bad}", "true")
