@@ -65,8 +65,6 @@ def _parser() -> Parser:
         "(%%t: a file per task; %%j %%J %%s %%n %%N %%u %%x %%A %%a %%%% expand as srun's).")
     add("-e", "--error", default="", help="Write the tasks' stderr to this file instead of gsrun's stderr "
         "(the same patterns).")
-    add("-u", "--unbuffered", action="store_true",
-        help="Accepted, as srun's: the tasks' output is written out as it arrives.")
     # Outside a job, gsrun first asks for an allocation (cli/gsrun_alloc.py); these shape it as sbatch's do.
     add("-t", "--time", default="", help="Outside a job: the allocation's time limit.")
     add("-p", "--partition", default="", help="Outside a job: the allocation's partition.")
