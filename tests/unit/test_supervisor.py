@@ -28,7 +28,7 @@ from garrison.nodeagent.supervisor import client, core
 from garrison.nodeagent.supervisor.forkserver import start_forkserver
 from garrison.nodeagent.supervisor.spec import LaunchSpec, RankSpec, SupervisorStatus
 
-DEADLINE_S = 10.0
+DEADLINE_S = 30.0  # a bound, never a wait: generous for a machine loaded with other tests
 SHELL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 # A rank that runs until the test creates its release file (the loop is the job's, not the test's).
 WAIT_FOR_RELEASE = 'while [ ! -e "$RELEASE" ]; do sleep 0.01; done'
