@@ -34,11 +34,11 @@ def _time(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch)) if epoch else "N/A"
 
 
-def _limit(job: Any) -> str:
+def time_limit_text(job: Any) -> str:
     return format_duration(job.time_limit_s) if job.time_limit_s else "UNLIMITED"
 
 
-def _left(job: Any) -> str:
+def time_left_text(job: Any) -> str:
     if not job.time_limit_s:
         return "UNLIMITED"
     return format_duration(job.time_limit_s - elapsed(job))
@@ -66,8 +66,8 @@ FIELDS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "T": ("STATE", lambda j: j.state),
     "t": ("ST", lambda j: COMPACT_STATES.get(j.state, j.state[:2])),
     "M": ("TIME", lambda j: format_duration(elapsed(j))),
-    "l": ("TIME_LIMIT", _limit),
-    "L": ("TIME_LEFT", _left),
+    "l": ("TIME_LIMIT", time_limit_text),
+    "L": ("TIME_LEFT", time_left_text),
     "D": ("NODES", lambda j: str(j.nodes)),
     "N": ("NODELIST", lambda j: ",".join(j.node_list)),
     "R": ("NODELIST(REASON)", lambda j: job_row(j)[-1]),

@@ -86,19 +86,6 @@ def clock(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch)) if epoch else "Unknown"
 
 
-def duration(seconds: float) -> str:
-    """Slurm's elapsed time: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS`` (squeue %M)."""
-    total = max(0, int(seconds))
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
-    if hours:
-        return f"{hours}:{minutes:02d}:{secs:02d}"
-    return f"{minutes}:{secs:02d}"
-
-
 def sacct_duration(seconds: float) -> str:
     """sacct's Elapsed and Timelimit: ``HH:MM:SS``, ``D-HH:MM:SS`` from a day on."""
     total = max(0, int(seconds))

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from garrison.cli.slurm.fields import clock, memory_mb, sacct_duration
 from garrison.model.hostlist import HostListError, compress_hostlist, expand_hostlist
 
 TYPE_CHECKING = False
@@ -41,24 +42,7 @@ class ScontrolError(Exception):
 
 def slurm_duration(seconds: float | None) -> str:
     """Slurm's RunTime/TimeLimit: ``HH:MM:SS``, ``D-HH:MM:SS``; ``UNLIMITED`` for no limit (None or 0)."""
-    if not seconds:
-        return "UNLIMITED"
-    total = max(0, int(seconds))
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
-
-
-def slurm_time(stamp: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(stamp)) if stamp else "Unknown"
-
-
-def slurm_memory(mb: int) -> str:
-    if mb and mb % 1024 == 0:
-        return f"{mb // 1024}G"
-    return f"{mb}M"
+    return sacct_duration(seconds) if seconds else "UNLIMITED"
 
 
 def hostnames_text(nodelist: str) -> str:
@@ -104,7 +88,7 @@ def job_record(job: Any, oneliner: bool = False) -> str:
     cpus = sum(len(a.cpus) for a in allocation) or (spec.cpus_per_task if spec.HasField("cpus_per_task") else 0) or 1
     mem_mb = sum(a.mem_mb for a in allocation) or spec.mem_mb
     node_count = job.nodes or max(len(job.node_list), 1)
-    tres = [f"cpu={cpus}"] + ([f"mem={slurm_memory(mem_mb)}"] if mem_mb else []) + [f"node={node_count}"]
+    tres = [f"cpu={cpus}"] + ([f"mem={memory_mb(mem_mb)}"] if mem_mb else []) + [f"node={node_count}"]
     if job.gpus:
         tres.append(f"gres/gpu={job.gpus}")
     run_time = (job.end_time or job.now or time.time()) - job.start_time if job.start_time else 0
@@ -131,9 +115,9 @@ def job_record(job: Any, oneliner: bool = False) -> str:
          ("BatchFlag", "0" if spec.launch == "allocation" else "1"), ("Reboot", "0"), ("ExitCode", _exit_code(job))],
         [("RunTime", slurm_duration(run_time) if run_time >= 1 else "00:00:00"),
          ("TimeLimit", slurm_duration(job.time_limit_s)), ("TimeMin", "N/A")],
-        [("SubmitTime", slurm_time(job.submit_time)),
-         ("EligibleTime", slurm_time(spec.begin_time if spec.HasField("begin_time") else job.submit_time))],
-        [("StartTime", slurm_time(job.start_time)), ("EndTime", slurm_time(job.end_time)), ("Deadline", "N/A")],
+        [("SubmitTime", clock(job.submit_time)),
+         ("EligibleTime", clock(spec.begin_time if spec.HasField("begin_time") else job.submit_time))],
+        [("StartTime", clock(job.start_time)), ("EndTime", clock(job.end_time)), ("Deadline", "N/A")],
         [("Partition", job.partition), ("AllocNode:Sid", f"{spec.submit_host or '(null)'}:0")],
         [("ReqNodeList", ",".join(spec.nodelist) or "(null)"), ("ExcNodeList", ",".join(spec.exclude) or "(null)")],
         [("NodeList", nodes)],
@@ -142,7 +126,7 @@ def job_record(job: Any, oneliner: bool = False) -> str:
          ("NumTasks", str(spec.ntasks) if spec.HasField("ntasks") else "1"),
          ("CPUs/Task", str(spec.cpus_per_task) if spec.HasField("cpus_per_task") else "1")],
         [("TRES", ",".join(tres))],
-        [("MinMemoryNode", slurm_memory(spec.mem_mb) if spec.mem_mb else "0")],
+        [("MinMemoryNode", memory_mb(spec.mem_mb) if spec.mem_mb else "0")],
         [("Features", spec.constraint or "(null)"), ("OverSubscribe", "NO" if spec.exclusive else "OK")],
         [("Command", command)],
         [("WorkDir", spec.workdir)],
@@ -175,7 +159,7 @@ def node_record(node: Any, oneliner: bool = False) -> str:
         [("RealMemory", str(inventory.memory_mb)), ("AllocMem", str(node.allocated_memory_mb))],
         [("State", state)],
         [("Partitions", ",".join(node.partitions) or "(null)")],
-        [("LastBusyTime", slurm_time(node.last_heartbeat))],
+        [("LastBusyTime", clock(node.last_heartbeat))],
         [("Reason", node.reason)] if node.reason else [],
     ]
     return format_record(lines, oneliner)

@@ -11,10 +11,12 @@ import sys
 
 from garrison.cli.argparser import Parser, UsageError
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.queue_format import time_left_text, time_limit_text
+from garrison.cli.render import elapsed
+from garrison.cli.render import format_duration as duration
 from garrison.cli.slurm.fields import (
     PercentFormat,
     clock,
-    duration,
     exit_code_text,
     memory_mb,
     parse_long_format,
@@ -96,22 +98,6 @@ def _nodelist(names: Sequence[str]) -> str:
     return compress_hostlist(list(names)) if names else ""
 
 
-def _elapsed(job: Any) -> float:
-    if not job.start_time:
-        return 0.0
-    return max(0.0, (job.end_time or job.now) - job.start_time)
-
-
-def _limit(job: Any) -> str:
-    return duration(job.time_limit_s) if job.time_limit_s else "UNLIMITED"
-
-
-def _left(job: Any) -> str:
-    if not job.time_limit_s:
-        return "UNLIMITED"
-    return duration(job.time_limit_s - _elapsed(job))
-
-
 def _reason_or_nodes(job: Any) -> str:
     if job.state == "PENDING" or not job.node_list:
         return f"({job.reason or 'None'})"
@@ -170,8 +156,8 @@ def job_values(job: Any, detail: Any | None = None, estimate: float | None = Non
         "f": lambda: spec_text(lambda s: s.constraint or "(null)"),
         "F": lambda: array_job, "i": lambda: job.display_id, "j": lambda: job.name,
         "k": lambda: spec_text(lambda s: s.comment or "(null)"),
-        "K": lambda: array_task, "l": lambda: _limit(job), "L": lambda: _left(job),
-        "m": lambda: spec_text(lambda s: memory_mb(s.mem_mb)), "M": lambda: duration(_elapsed(job)),
+        "K": lambda: array_task, "l": lambda: time_limit_text(job), "L": lambda: time_left_text(job),
+        "m": lambda: spec_text(lambda s: memory_mb(s.mem_mb)), "M": lambda: duration(elapsed(job)),
         "N": lambda: _nodelist(job.node_list), "o": lambda: spec_text(_command),
         "p": lambda: f"{job.priority / 4294967295:.8f}" if job.priority > 0 else "0.00000000",
         "P": lambda: job.partition, "q": lambda: spec_text(lambda s: s.qos or "normal"),
@@ -191,7 +177,7 @@ def job_values(job: Any, detail: Any | None = None, estimate: float | None = Non
 SORT_KEYS: dict[str, Callable[[Any], Any]] = {
     "i": lambda j: (j.array_job_id if j.HasField("array_job_id") else j.job_id, j.job_id),
     "A": lambda j: j.job_id, "j": lambda j: j.name, "u": lambda j: j.user, "P": lambda j: j.partition,
-    "a": lambda j: j.account, "t": lambda j: j.state, "T": lambda j: j.state, "M": _elapsed,
+    "a": lambda j: j.account, "t": lambda j: j.state, "T": lambda j: j.state, "M": elapsed,
     "l": lambda j: j.time_limit_s, "D": lambda j: j.nodes, "Q": lambda j: j.priority, "p": lambda j: j.priority,
     "V": lambda j: j.submit_time, "S": lambda j: j.start_time, "e": lambda j: j.end_time, "r": lambda j: j.reason,
 }
