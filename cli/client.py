@@ -14,6 +14,7 @@ import socket
 import struct
 import sys
 
+from garrison.cli.fastpath import CACHE_FORMAT, cached_endpoints, endpoint_cache_file
 from garrison.plainmsg import PLAIN_METHOD_SUFFIX, PlainMessage
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms, on every CLI call
@@ -28,7 +29,6 @@ DEFAULT_DEADLINE_S = 30.0
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 HEADER = struct.Struct("!I")
-CACHE_FORMAT = "garrison-controller-endpoints 1"  # first line of the per-address cache file
 
 # grpc.StatusCode values, so the local path can map errors without importing grpc.
 OK, INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE, UNAUTHENTICATED = 0, 3, 5, 7, 14, 16
@@ -83,11 +83,6 @@ def run_command(command: Callable[[list[str]], None], argv: list[str] | None) ->
 
 def _token_requested() -> bool:
     return bool(os.environ.get("GARRISON_TOKEN") or os.environ.get("GARRISON_TOKEN_FILE"))
-
-
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "garrison")
 
 
 # The controller's answer when its database cannot take the change (its StoreUnavailable.MESSAGE; the two are
@@ -147,35 +142,24 @@ class Client:
     # ---------------------------------------------------------------------------------------------
     # What the controller told us about itself, cached per address
 
-    def _cache_file(self) -> str:
-        # The address, made file-name safe, names the file; the file also holds the address in full, and
-        # is only believed when that matches (names of two addresses may coincide). No hashlib, json or
-        # pathlib: together they cost ~15 ms of imports on every call.
-        safe = "".join(c if c.isalnum() or c in ".-" else "_" for c in self.address)[:80]
-        return os.path.join(_cache_dir(), f"controller-{os.geteuid()}-{safe}.cache")
-
     def _endpoints(self, refresh: bool = False) -> dict[str, str]:
-        cache = self._cache_file()
         if not refresh:
-            try:
-                with open(cache, encoding="utf-8") as cached:
-                    lines = cached.read().split("\n")
-                if len(lines) == 4 and lines[0] == CACHE_FORMAT and lines[1] == self.address:
-                    return {"credential_socket": lines[2], "local_socket": lines[3]}
-            except (OSError, ValueError):
-                pass
+            cached = cached_endpoints(self.address)
+            if cached is not None:
+                return cached
         from garrison.protos.v1 import garrison_pb2 as pb
 
         hello = self._grpc_call("Hello", pb.HelloRequest(), authenticated=False)
         endpoints = {"credential_socket": hello.credential_socket, "local_socket": hello.local_socket}
+        cache = endpoint_cache_file(self.address)
         fields = (CACHE_FORMAT, self.address, hello.credential_socket, hello.local_socket)
         if any("\n" in field for field in fields):
             return endpoints  # not representable one per line: ask again next time
         try:
             os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
             tmp = f"{cache}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as cached:
-                cached.write("\n".join(fields))
+            with open(tmp, "w", encoding="utf-8") as out:
+                out.write("\n".join(fields))
             os.replace(tmp, cache)
         except OSError:
             pass  # a read-only home only costs one extra RPC per call

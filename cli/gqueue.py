@@ -1,4 +1,4 @@
-"""gqueue: show the queue (squeue's counterpart). Its options are parsed with argparse (cli/argparser.py),
+"""gqueue: show the queue (squeue's counterpart). Its options are parsed with argparse (garrison/cmdline/argparser.py),
 not click like the other commands': it runs often and in loops, and must start fast."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import argparse
 import getpass
 import sys
 
-from garrison.cli.argparser import Parser, UsageError
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
 from garrison.cli.render import JOB_COLUMNS, fold_pending_arrays, job_row, jobs_json, plain_table, rich_table
+from garrison.cmdline.argparser import Parser, UsageError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def gqueue(argv: list[str]) -> None:
     if args.iterate is None:
         _show(args, wanted_users, filters, layout)
         return
-    from garrison.cli.parsing import parse_count  # only here: its imports cost every gqueue call ~7 ms
+    from garrison.cmdline.parsing import parse_count  # only here: its imports cost every gqueue call ~7 ms
 
     try:
         interval = parse_count(args.iterate, minimum=1)

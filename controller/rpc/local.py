@@ -80,6 +80,7 @@ STREAM_END = 255  # the status byte of a stream's last frame
 REQUEST_TYPES: dict[str, type[Any]] = {
     "Hello": pb.HelloRequest,
     "SubmitJob": pb.SubmitJobRequest,
+    "SubmitCommandLine": pb.SubmitCommandLineRequest,
     "CancelJobs": pb.CancelJobsRequest,
     "ListJobs": pb.ListJobsRequest,
     "GetJob": pb.GetJobRequest,

@@ -25,6 +25,7 @@ from garrison.controller.limits import (
 )
 from garrison.controller.ratelimit import AuthFailureLimiter, RateLimited, RateLimiter, RefusalLog, peer_host
 from garrison.controller.rpc import steps_service
+from garrison.controller.rpc.commandline import parse_command_line, submitted_response
 from garrison.controller.rpc.convert_allocations import allocation_status_to_pb, release_result_to_pb
 from garrison.controller.rpc.convert_requests import (
     agent_event_from_pb,
@@ -247,11 +248,23 @@ class ControllerService(pb_grpc.ControllerServicer):
 
     @mapped_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext) -> pb.SubmitJobResponse:
-        principal = self.auth.principal(context)
+        return await self._submit(self.auth.principal(context), request)
+
+    async def _submit(self, principal: Principal, request: pb.SubmitJobRequest) -> pb.SubmitJobResponse:
         command = submit_command_from_pb(request)
         if request.test_only:
             return submit_estimate_to_pb(await self.engine.test_submit(principal, command))
         return submitted_to_pb(await self.engine.submit_async(principal, command))
+
+    @mapped_errors
+    async def SubmitCommandLine(
+        self, request: pb.SubmitCommandLineRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SubmitCommandLineResponse:
+        principal = self.auth.principal(context)
+        parsed = parse_command_line(request)
+        if isinstance(parsed, pb.SubmitCommandLineResponse):
+            return parsed
+        return submitted_response(parsed.submission, await self._submit(principal, parsed.request))
 
     @mapped_errors
     async def CancelJobs(self, request: pb.CancelJobsRequest, context: grpc.aio.ServicerContext) -> pb.CancelJobsResponse:

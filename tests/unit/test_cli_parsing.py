@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from garrison.cli.parsing import (
+from garrison.cmdline.parsing import (
     MAX_ARRAY_ELEMENTS,
     ArraySpec,
     UsageError,
@@ -21,7 +21,7 @@ from garrison.cli.parsing import (
     read_directive_lines,
     read_directives,
 )
-from garrison.cli.submission import HelpRequested, parse_submission
+from garrison.cmdline.submission import HelpRequested, parse_submission
 from garrison.model.domain import JobSpec, LaunchMode
 from garrison.model.hostlist import compress_hostlist
 from garrison.model.outputpath import expand_output_pattern

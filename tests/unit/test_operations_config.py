@@ -166,7 +166,7 @@ def command_options(script: str) -> list[str]:
     import click
 
     if script == "gsub":
-        from garrison.cli.submission import option_strings
+        from garrison.cmdline.submission import option_strings
 
         return [o for o in option_strings() if o not in ("-h", "--help")]
     if script == "gqueue":
