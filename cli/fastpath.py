@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 CACHE_FORMAT = "garrison-controller-endpoints 1"  # first line of the per-address cache file
-METHOD = b"SubmitCommandLine+json"
+SUBMIT_METHOD = b"SubmitCommandLine+json"
 OK, UNIMPLEMENTED = 0, 12
 DEADLINE_S = 30.0
 EXIT_USAGE = 2
@@ -56,30 +56,37 @@ def cached_endpoints(address: str) -> dict[str, str] | None:
     return None
 
 
-def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_output: str = "",
-           default_array_output: str = "", honour_quiet: bool = False) -> bool:
-    """Submit ``prog args`` as cli/gsub.py's ``submit`` would, with the same arguments, output and exit
-    status; False, having submitted nothing, where only the full path can (see the module's docstring)."""
+def _local_connection() -> tuple[str, Any] | None:
+    """The controller's address and a connection to its local socket, where the fast path may use them."""
     environ = os.environ
     address = environ.get("GARRISON_CONTROLLER")
     if (not address or environ.get("GARRISON_TRANSPORT") == "grpc" or environ.get("GARRISON_TOKEN")
             or environ.get("GARRISON_TOKEN_FILE")):
-        return False
+        return None
     endpoints = cached_endpoints(address)
     if endpoints is None or not endpoints["local_socket"]:
-        return False
+        return None
     connection = _connect(endpoints["local_socket"])
-    if connection is None:
+    return None if connection is None else (address, connection)
+
+
+def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_output: str = "",
+           default_array_output: str = "", honour_quiet: bool = False) -> bool:
+    """Submit ``prog args`` as cli/gsub.py's ``submit`` would, with the same arguments, output and exit
+    status; False, having submitted nothing, where only the full path can (see the module's docstring)."""
+    local = _local_connection()
+    if local is None:
         return False
+    address, connection = local
     try:
         request: dict[str, Any] = {
-            "argv": args, "environment": dict(environ), "cwd": os.getcwd(), "umask": _umask(), "prog": prog,
+            "argv": args, "environment": dict(os.environ), "cwd": os.getcwd(), "umask": _umask(), "prog": prog,
             "default_output": default_output, "default_array_output": default_array_output,
             "stdin_readable": _stdin_readable(),
         }
         while True:
             try:
-                status, answer = _exchange(connection, request)
+                status, answer = _exchange(connection, SUBMIT_METHOD, request)
             except OSError as lost:  # sent, perhaps taken: asking again could submit the job twice
                 from garrison.cli.client import UNAVAILABLE, _error_for, fail
 
@@ -88,9 +95,7 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
             if status == UNIMPLEMENTED and not request.get("script_path") and "stdin" not in request:
                 return False  # a controller older than this command: the full path still works
             if status != OK:
-                from garrison.cli.client import _error_for, fail
-
-                fail(prog, _error_for(status, answer.decode(errors="replace"), address))
+                _fail(prog, status, answer, address)
             response = _loads(answer)
             if "need_script" in response:
                 request["script_path"] = response["need_script"]
@@ -108,6 +113,153 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
         connection.close()  # _socket's sockets are not context managers
     _report(response, prog, usage_exit, honour_quiet)
     return True
+
+
+def _query(prog: str, calls: Callable[[Callable[[str, dict[str, Any]], dict[str, Any]]], None]) -> bool:
+    """Run ``calls(call)`` with ``call(method, request) -> answer`` on the local socket: False where the fast
+    path cannot be used (nothing was asked then); an error answer is the command's one-line error."""
+    local = _local_connection()
+    if local is None:
+        return False
+    address, connection = local
+
+    class _Unimplemented(Exception):
+        pass
+
+    def call(method: str, request: dict[str, Any]) -> dict[str, Any]:
+        try:
+            status, answer = _exchange(connection, method.encode() + b"+json", request)
+        except OSError as lost:
+            from garrison.cli.client import UNAVAILABLE, _error_for, fail
+
+            fail(prog, _error_for(UNAVAILABLE, f"the connection was lost ({lost})", address))
+        if status == UNIMPLEMENTED:
+            raise _Unimplemented
+        if status != OK:
+            _fail(prog, status, answer, address)
+        return _loads(answer)
+
+    try:
+        calls(call)
+    except _Unimplemented:
+        return False  # a controller older than this command: only reads were made, the full path asks again
+    finally:
+        connection.close()
+    return True
+
+
+def _fail(prog: str, status: int, answer: bytes, address: str) -> None:
+    from garrison.cli.client import _error_for, fail
+
+    fail(prog, _error_for(status, answer.decode(errors="replace"), address))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# gqueue (squeue's counterpart) and gjob (scontrol show job's)
+
+# What squeue shows when asked for no state: "pending, running, and completing jobs".
+ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
+# gqueue's options the fast path reads, exactly as spelt here; any other word sends gqueue down its full path
+# (cli/gqueue.py, argparse), which then parses the whole command line itself.
+QUEUE_LISTS = {"-u": "users", "--user": "users", "-t": "states", "--states": "states", "-j": "jobs",
+               "--jobs": "jobs", "-p": "partitions", "--partition": "partitions", "-A": "accounts",
+               "--account": "accounts", "-n": "names", "--name": "names"}
+QUEUE_FLAGS = {"-h": "noheader", "--noheader": "noheader", "-r": "expand_arrays", "--array": "expand_arrays",
+               "--me": "me"}
+
+
+def split_values(values: list[str]) -> list[str]:
+    return [v for value in values for v in value.split(",") if v]
+
+
+def queue_states(given: list[str], job_ids: list[str]) -> list[str]:
+    """The states to ask for; [] means every state. Asked for by id, a job shows whatever its state, as in
+    squeue -j."""
+    states = [s.upper() for s in split_values(given)]
+    if "ALL" in states:
+        return []
+    if states or job_ids:
+        return states
+    return list(ACTIVE_STATES)
+
+
+def list_request(users: list[str], states: list[str], job_ids: list[str], filters: dict[str, list[str]],
+                 fold: bool) -> dict[str, Any]:
+    """gqueue's ListJobs request, in its plain form; ``fold``: each array's pending tasks as one row."""
+    return {"users": users, "states": states, "job_ids": job_ids, **filters, "fold_pending_arrays": fold}
+
+
+def _queue_options(args: list[str]) -> dict[str, Any] | None:
+    """gqueue's command line, where it uses only the options the fast path reads; else None."""
+    options: dict[str, Any] = {name: [] for name in QUEUE_LISTS.values()}
+    options.update((name, False) for name in QUEUE_FLAGS.values())
+    words = iter(args)
+    for word in words:
+        if word in QUEUE_FLAGS:
+            options[QUEUE_FLAGS[word]] = True
+            continue
+        name, equals, value = word.partition("=")
+        if name not in QUEUE_LISTS or (equals and not name.startswith("--")):
+            return None
+        if not equals:
+            value = next(words, "")
+        if not value or value.startswith("-"):
+            return None  # argparse's business: its error, or its reading of a value that looks like an option
+        options[QUEUE_LISTS[name]].append(value)
+    return options
+
+
+def gqueue(args: list[str]) -> bool:
+    """gqueue into a pipe or a file, with the options above: one ListJobs, folded by the controller."""
+    if sys.stdout.isatty():
+        return False  # a terminal gets rich's table, from the full path
+    options = _queue_options(args)
+    if options is None:
+        return False
+    users = split_values(options["users"])
+    if options["me"]:
+        import getpass
+
+        users.append(getpass.getuser())
+    job_ids = split_values(options["jobs"])
+    filters = {"names": split_values(options["names"]), "partitions": split_values(options["partitions"]),
+               "accounts": split_values(options["accounts"])}
+    request = list_request(users, queue_states(options["states"], job_ids), job_ids, filters,
+                           fold=not options["expand_arrays"])
+
+    def show(call: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
+        from garrison.cli.render import JOB_COLUMNS, job_row, plain_table
+        from garrison.plainmsg import PlainMessage
+
+        jobs = call("ListJobs", request).get("jobs", [])
+        text = plain_table(JOB_COLUMNS, [job_row(PlainMessage(job)) for job in jobs], header=not options["noheader"])
+        if text:  # no header and no jobs: nothing at all, as squeue -h prints
+            print(text)
+
+    return _query("gqueue", show)
+
+
+def gjob(args: list[str]) -> bool:
+    """``gjob ID``: the job's details, and for a pending job why it waits."""
+    if len(args) != 1 or args[0].startswith("-"):
+        return False
+    job_id = args[0]
+
+    def show(call: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
+        from garrison.cli.render import job_detail
+        from garrison.plainmsg import PlainMessage
+
+        job = PlainMessage(call("GetJob", {"job_id": job_id}))
+        print(job_detail(job))
+        if job.state == "PENDING":
+            details = call("QueueDetails", {"job_ids": [job_id], "explain": True})
+            sentences = [s for detail in details.get("jobs", []) for s in detail.get("explanation", [])]
+            print("   Why=" + ("; ".join(sentences) if sentences else WHY_NOT_LOOKED_AT))
+
+    return _query("gjob", show)
+
+
+WHY_NOT_LOOKED_AT = "not looked at by a scheduling cycle yet"
 
 
 def _report(response: dict[str, Any], prog: str, usage_exit: int, honour_quiet: bool) -> None:
@@ -159,10 +311,10 @@ def _connect(path: str) -> Any:
     return connection
 
 
-def _exchange(connection: Any, request: dict[str, Any]) -> tuple[int, bytes]:
+def _exchange(connection: Any, method: bytes, request: dict[str, Any]) -> tuple[int, bytes]:
     """One request and its answer (controller/rpc/local.py's framing): the status and the payload."""
     body = _dumps(request).encode()
-    frame = bytes([len(METHOD)]) + METHOD + body
+    frame = bytes([len(method)]) + method + body
     connection.sendall((len(frame)).to_bytes(4, "big") + frame)
     length = int.from_bytes(_receive(connection, 4), "big")
     answer = _receive(connection, length)
@@ -237,6 +389,16 @@ def _stdin_readable() -> bool:
         return sys.stdin is not None and not sys.stdin.isatty()
     except ValueError:
         return False
+
+
+def gqueue_main() -> None:
+    """bin/gqueue: the fast path, else cli/gqueue.py's."""
+    _run_or_fall_back(gqueue, "garrison.cli.gqueue")
+
+
+def gjob_main() -> None:
+    """bin/gjob: the fast path, else cli/gjob.py's."""
+    _run_or_fall_back(gjob, "garrison.cli.gjob")
 
 
 def gsub_main() -> None:

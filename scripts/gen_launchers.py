@@ -26,6 +26,8 @@ BIN = REPO / "bin"
 LAUNCHERS: dict[str, tuple[str, str]] = {
     "gsub": ("garrison.cli.fastpath", "gsub_main"),
     "garrison-sbatch": ("garrison.cli.fastpath", "sbatch_main"),
+    "gqueue": ("garrison.cli.fastpath", "gqueue_main"),
+    "gjob": ("garrison.cli.fastpath", "gjob_main"),
 }
 
 TEMPLATE = '''#!/bin/sh

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -45,7 +45,8 @@ from garrison.controller.steps import StepNotFound, StepPermissionDenied
 from garrison.controller.store.errors import StoreUnavailable
 from garrison.controller.submitcaps import SubmitLimitExceeded
 from garrison.controller.validate import ValidationError
-from garrison.model.domain import Principal
+from garrison.model.arrayfold import fold, folded_id
+from garrison.model.domain import Job, JobState, Principal
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 from garrison.tls import (
@@ -114,6 +115,26 @@ def _log_refusal(servicer: Any, context: grpc.aio.ServicerContext, method: str, 
         log.warning("%s", line)
     else:
         refusals.refused((code.name, "from", who), line)
+
+
+def pending_array_group(job: Job) -> tuple[int, str, str] | None:
+    """The row a job shares in a folded listing (garrison/model/arrayfold.py): a pending array task's array,
+    reason and partition; None for anything else."""
+    if job.state is not JobState.PENDING or job.array_job_id is None or job.array_task_id is None:
+        return None
+    return (job.array_job_id, job.reason, job.partition)
+
+
+def folded_job_to_pb(row: Job | Sequence[Job], now: float) -> pb.JobInfo:
+    """One row of a folded listing: a job, or the pending tasks of one array as their first task's JobInfo."""
+    if isinstance(row, Job):
+        return convert.job_to_pb(row, now)
+    info = convert.job_to_pb(row[0], now)
+    assert row[0].array_job_id is not None
+    info.display_id = folded_id(row[0].array_job_id, [task.array_task_id or 0 for task in row],
+                                row[0].spec.array_max_running)
+    info.folded_tasks = len(row)
+    return info
 
 
 def mapped_errors(handler: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
@@ -285,7 +306,9 @@ class ControllerService(pb_grpc.ControllerServicer):
         check_filters(request)
         jobs = self.engine.list_jobs(job_filter_from_pb(request))
         now = self.engine.clock.now()
-        return pb.ListJobsResponse(jobs=[convert.job_to_pb(j, now) for j in jobs])
+        if not request.fold_pending_arrays:
+            return pb.ListJobsResponse(jobs=[convert.job_to_pb(j, now) for j in jobs])
+        return pb.ListJobsResponse(jobs=[folded_job_to_pb(row, now) for row in fold(jobs, pending_array_group)])
 
     @mapped_errors
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.JobInfo:

@@ -959,6 +959,11 @@ class ListJobsRequest(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     ACCOUNTS_FIELD_NUMBER: _builtins.int
     NAMES_FIELD_NUMBER: _builtins.int
+    FOLD_PENDING_ARRAYS_FIELD_NUMBER: _builtins.int
+    fold_pending_arrays: _builtins.bool
+    """squeue's view: the pending tasks of one array that wait for the same reason come back as one JobInfo,
+    its first task's, with display_id "5_[11-100%10]" and folded_tasks set (garrison/model/arrayfold.py)
+    """
     @_builtins.property
     def users(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -986,10 +991,11 @@ class ListJobsRequest(_message.Message):
         partitions: _abc.Iterable[_builtins.str] | None = ...,
         accounts: _abc.Iterable[_builtins.str] | None = ...,
         names: _abc.Iterable[_builtins.str] | None = ...,
+        fold_pending_arrays: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accounts", b"accounts", "job_ids", b"job_ids", "names", b"names", "partitions", b"partitions", "states", b"states", "users", b"users"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accounts", b"accounts", "fold_pending_arrays", b"fold_pending_arrays", "job_ids", b"job_ids", "names", b"names", "partitions", b"partitions", "states", b"states", "users", b"users"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1125,6 +1131,7 @@ class JobInfo(_message.Message):
     ARRAY_TASK_ID_FIELD_NUMBER: _builtins.int
     NOW_FIELD_NUMBER: _builtins.int
     ARRAY_MAX_RUNNING_FIELD_NUMBER: _builtins.int
+    FOLDED_TASKS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     display_id: _builtins.str
     name: _builtins.str
@@ -1149,6 +1156,8 @@ class JobInfo(_message.Message):
     """the controller's clock, so clients show elapsed time without trusting their own"""
     array_max_running: _builtins.int
     """an array task's %N: tasks of its array running at once"""
+    folded_tasks: _builtins.int
+    """ListJobs' fold_pending_arrays: the pending tasks this row stands for (0: one job)"""
     @_builtins.property
     def node_list(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -1183,10 +1192,11 @@ class JobInfo(_message.Message):
         array_task_id: _builtins.int | None = ...,
         now: _builtins.float = ...,
         array_max_running: _builtins.int | None = ...,
+        folded_tasks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_max_running", b"_array_max_running", "_array_task_id", b"_array_task_id", "_exit_code", b"_exit_code", "array_job_id", b"array_job_id", "array_max_running", b"array_max_running", "array_task_id", b"array_task_id", "exit_code", b"exit_code", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_max_running", b"_array_max_running", "_array_task_id", b"_array_task_id", "_exit_code", b"_exit_code", "account", b"account", "array_job_id", b"array_job_id", "array_max_running", b"array_max_running", "array_task_id", b"array_task_id", "attempts", b"attempts", "display_id", b"display_id", "end_time", b"end_time", "exit_code", b"exit_code", "gpus", b"gpus", "job_id", b"job_id", "name", b"name", "node_list", b"node_list", "nodes", b"nodes", "now", b"now", "partition", b"partition", "priority", b"priority", "reason", b"reason", "restart_count", b"restart_count", "spec", b"spec", "start_time", b"start_time", "state", b"state", "submit_time", b"submit_time", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_max_running", b"_array_max_running", "_array_task_id", b"_array_task_id", "_exit_code", b"_exit_code", "account", b"account", "array_job_id", b"array_job_id", "array_max_running", b"array_max_running", "array_task_id", b"array_task_id", "attempts", b"attempts", "display_id", b"display_id", "end_time", b"end_time", "exit_code", b"exit_code", "folded_tasks", b"folded_tasks", "gpus", b"gpus", "job_id", b"job_id", "name", b"name", "node_list", b"node_list", "nodes", b"nodes", "now", b"now", "partition", b"partition", "priority", b"priority", "reason", b"reason", "restart_count", b"restart_count", "spec", b"spec", "start_time", b"start_time", "state", b"state", "submit_time", b"submit_time", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__array_job_id: _TypeAlias = _typing.Literal["array_job_id"]  # noqa: Y015
     _WhichOneofArgType__array_job_id: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id"]  # noqa: Y015
