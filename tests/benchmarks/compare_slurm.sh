@@ -2,6 +2,8 @@
 # Side by side in one run: Slurm (Debian's slurm-wlm with fake GPUs, ../shared/slurm-anchor) and Garrison,
 # the same trivial one-GPU jobs on the same 4 x 8 fake GPUs, on this machine, taking turns.
 #   bash tests/benchmarks/compare_slurm.sh [N] [ROUNDS]   (needs ../shared/slurm-anchor)
+#   WRITE_DOCS=1 bash tests/benchmarks/compare_slurm.sh ...  also rewrites docs/performance.md's table (between
+#   its compare_slurm markers) from this run
 # Like with like:
 #   cli_loop:  a shell loop of N `sbatch` calls         against a shell loop of N `gsub` calls
 #   library:   Slurm's default way in (the sbatch loop) against N submissions through Garrison's client library
@@ -51,9 +53,10 @@ for round in $(seq "$ROUNDS"); do
     | sed "s/^/r${round}_garrison_/"
 done | tee "$LOG"
 
-"$PY" - "$LOG" "$N" <<'EOF'
-import re, statistics, sys
-log, n = sys.argv[1], sys.argv[2]
+"$PY" - "$LOG" "$N" "${WRITE_DOCS:-}" "$HERE/docs/performance.md" <<'EOF'
+import datetime, re, statistics, sys
+log, n, write_docs, docs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+table: list[str] = []
 figures: dict[str, list[float]] = {}
 for line in open(log):
     match = re.match(r"r\d+_(\w+): ([0-9.]+)\s*$", line)
@@ -72,6 +75,12 @@ def show(name: str, key: str, unit: str) -> float | None:
     print(f"{name}: {statistics.median(values):.1f}  ({min(values):.1f}-{max(values):.1f} {unit})")
     return statistics.median(values)
 
+def cell(key: str) -> str:
+    values = figures.get(key)
+    if not values:
+        return "n/a"
+    return f"{statistics.median(values):.1f}" + (f" ({min(values):.1f}-{max(values):.1f})" if len(values) > 1 else "")
+
 # Throughput, jobs/s end to end: higher is better, ratio = Garrison / Slurm.
 for name, ours, theirs in (
     ("cli_loop", f"garrison_cli_{n}_throughput_jobs_per_s", "slurm_seq_throughput_jobs_per_s"),
@@ -80,8 +89,11 @@ for name, ours, theirs in (
 ):
     slurm = show(f"slurm_{name}_jobs_per_s", theirs, "jobs/s")
     garrison = show(f"garrison_{name}_jobs_per_s", ours, "jobs/s")
+    ratio = f"{garrison / slurm:.2f}x" if slurm and garrison else "n/a"
     if slurm and garrison:
         print(f"{name}_ratio: {garrison / slurm:.2f}")
+    table.append(f"| {name}: jobs/s end to end ({'sbatch loop' if name != 'array' else 'array'} for Slurm) "
+                 f"| {cell(theirs)} | {cell(ours)} | {ratio} |")
 # One command as a user runs it, ms: lower is better, ratio = Slurm / Garrison (above 1: Garrison faster).
 for ours, theirs in (("gsub", "sbatch"), ("gjob", "scontrol_show_job"), ("gqueue", "squeue")):
     slurm = show(f"{theirs}_median_ms", f"slurm_{theirs}_wall_ms_median", "ms")
@@ -90,6 +102,29 @@ for ours, theirs in (("gsub", "sbatch"), ("gjob", "scontrol_show_job"), ("gqueue
     show(f"{ours}_cpu_ms", f"garrison_{ours}_cpu_ms_median", "ms")
     if slurm and garrison:
         print(f"{ours}_ratio: {slurm / garrison:.2f}")
+    table.append(f"| `{theirs.replace('_', ' ')}` / `{ours}`: wall ms (CPU ms) | {cell(f'slurm_{theirs}_wall_ms_median')} "
+                 f"({cell(f'slurm_{theirs}_cpu_ms_median')}) | {cell(f'garrison_{ours}_wall_ms_median')} "
+                 f"({cell(f'garrison_{ours}_cpu_ms_median')}) | "
+                 f"{f'{slurm / garrison:.2f}x' if slurm and garrison else 'n/a'} faster |")
 show("slurm_idle_submit_to_start_median_s", "slurm_idle_latency_script_median_s", "s")
 show("garrison_idle_submit_to_start_median_ms", "garrison_idle_submit_to_start_median_ms", "ms")
+table.append(f"| idle submit-to-start, median | {cell('slurm_idle_latency_script_median_s')} s | "
+             f"{cell('garrison_idle_submit_to_start_median_ms')} ms | |")
+markdown = "\n".join([
+    f"`compare_slurm.sh {n} {rounds}` on {datetime.date.today()}: medians over {rounds} rounds (min-max).",
+    "",
+    "| | Slurm 22.05 | Garrison | Garrison's multiple |",
+    "|---|---|---|---|",
+    *table,
+])
+print(markdown)
+if write_docs:
+    begin, end = "<!-- compare_slurm:begin -->", "<!-- compare_slurm:end -->"
+    text = open(docs).read()
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        open(docs, "w").write(head + begin + "\n" + markdown + "\n" + end + rest.split(end, 1)[1])
+        print(f"wrote the table into {docs}")
+    else:
+        print(f"{docs} has no {begin} ... {end} block: not written", file=sys.stderr)
 EOF
