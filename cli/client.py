@@ -14,7 +14,15 @@ import socket
 import struct
 import sys
 
-from garrison.cli.fastpath import CACHE_FORMAT, cached_endpoints, endpoint_cache_file
+from garrison.cli.fastpath import (
+    CACHE_FORMAT,
+    cached_endpoints,
+    config_identity,
+    config_path,
+    controller_address,
+    endpoint_cache_file,
+    remember_config_address,
+)
 from garrison.plainmsg import PLAIN_METHOD_SUFFIX, PlainMessage
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms, on every CLI call
@@ -111,7 +119,7 @@ def _error_for(code: int, details: str, address: str) -> CliError:
 
 class Client:
     def __init__(self, address: str | None = None) -> None:
-        self.address = address or os.environ.get("GARRISON_CONTROLLER") or self._address_from_config()
+        self.address = address or controller_address() or self._address_from_config()
         self._channel: Any = None
         self._stubs: dict[Any, Any] = {}
         self._tls = False
@@ -119,13 +127,17 @@ class Client:
 
     @staticmethod
     def _address_from_config() -> str:
-        # Imported only here: most calls find the controller in GARRISON_CONTROLLER.
+        # Imported only here: most calls find the controller in GARRISON_CONTROLLER, or cached (cli/fastpath.py)
         from garrison.config import ConfigError, controller_address_from_env
 
+        path = config_path()
+        identity = config_identity(path)  # before reading: a change while we read is seen next time
         try:
-            return controller_address_from_env()
+            address = controller_address_from_env()
         except ConfigError as exc:
             raise CliError(f"cannot find the controller: {exc}") from None
+        remember_config_address(path, identity, address)
+        return address
 
     def close(self) -> None:
         if self._local is not None:

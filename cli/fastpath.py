@@ -35,13 +35,79 @@ SBATCH_DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
 SBATCH_USAGE_EXIT = 1
 
 
+def _cache_home() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "garrison")
+
+
+def _file_safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in text)[:80]
+
+
+CONFIG_CACHE_FORMAT = "garrison-config-address 1"
+DEFAULT_CONFIG_PATH = "/etc/garrison/garrison.toml"  # garrison/config/schema.py's, without importing it
+
+
+def config_path() -> str:
+    """The configuration file the CLI reads the controller's address from (garrison/config/loading.py)."""
+    return os.environ.get("GARRISON_CONFIG") or DEFAULT_CONFIG_PATH
+
+
+def config_identity(path: str) -> str | None:
+    """What changes when the file does: its device, inode, size and modification time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def config_cache_file(path: str) -> str:
+    return os.path.join(_cache_home(), f"config-{os.geteuid()}-{_file_safe(path)}.cache")
+
+
+def cached_config_address(path: str) -> str | None:
+    """The controller address the configuration file at ``path`` held when cli/client.py last read it, if the
+    file has not changed since (reading TOML costs the CLI more than the rest of a call: tomllib imports re)."""
+    identity = config_identity(path)
+    if identity is None:
+        return None
+    try:
+        with open(config_cache_file(path), encoding="utf-8") as cached:
+            lines = cached.read().split("\n")
+    except (OSError, ValueError):
+        return None
+    if len(lines) == 4 and lines[0] == CONFIG_CACHE_FORMAT and lines[1] == path and lines[2] == identity:
+        return lines[3] or None
+    return None
+
+
+def remember_config_address(path: str, identity: str | None, address: str) -> None:
+    """Cache ``address`` as what the file at ``path``, as it was when read (``identity``), says."""
+    fields = (CONFIG_CACHE_FORMAT, path, identity or "", address)
+    if identity is None or any("\n" in field for field in fields):
+        return
+    cache = config_cache_file(path)
+    try:
+        os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+        tmp = f"{cache}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write("\n".join(fields))
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only home: the next call reads the file again
+
+
+def controller_address() -> str | None:
+    """GARRISON_CONTROLLER, else the configuration file's address where it is cached; None otherwise."""
+    return os.environ.get("GARRISON_CONTROLLER") or cached_config_address(config_path())
+
+
 def endpoint_cache_file(address: str) -> str:
     """Where the CLI caches what the controller at ``address`` told it of its sockets (cli/client.py writes
     it after a Hello). The address, made file-name safe, names the file; the file also holds the address in
     full, and is only believed when that matches (names of two addresses may coincide)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    safe = "".join(c if c.isalnum() or c in ".-" else "_" for c in address)[:80]
-    return os.path.join(base, "garrison", f"controller-{os.geteuid()}-{safe}.cache")
+    return os.path.join(_cache_home(), f"controller-{os.geteuid()}-{_file_safe(address)}.cache")
 
 
 def cached_endpoints(address: str) -> dict[str, str] | None:
@@ -59,9 +125,10 @@ def cached_endpoints(address: str) -> dict[str, str] | None:
 def _local_connection() -> tuple[str, Any] | None:
     """The controller's address and a connection to its local socket, where the fast path may use them."""
     environ = os.environ
-    address = environ.get("GARRISON_CONTROLLER")
-    if (not address or environ.get("GARRISON_TRANSPORT") == "grpc" or environ.get("GARRISON_TOKEN")
-            or environ.get("GARRISON_TOKEN_FILE")):
+    if environ.get("GARRISON_TRANSPORT") == "grpc" or environ.get("GARRISON_TOKEN") or environ.get("GARRISON_TOKEN_FILE"):
+        return None
+    address = controller_address()
+    if not address:
         return None
     endpoints = cached_endpoints(address)
     if endpoints is None or not endpoints["local_socket"]:

@@ -264,3 +264,26 @@ def test_the_launcher_imports_none_of_the_parser(controller, tmp_path) -> None: 
     heavy = {"site", "re", "enum", "argparse", "dataclasses", "garrison.cmdline.submission", "google.protobuf", "grpc"}
     assert not heavy & imported, sorted(heavy & imported)
     assert os.path.basename(gsub) == "gsub"
+
+
+def test_the_address_from_the_configuration_file_is_cached_until_the_file_changes(controller, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Without GARRISON_CONTROLLER the address is in the configuration file, whose TOML the fast path cannot
+    afford to read: the full path caches it (keyed by the file's identity), and a changed file is read again."""
+    config = tmp_path / "garrison.toml"
+    config.write_text(controller.config.read_text())
+    env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path / "cache"), "GARRISON_CONFIG": str(config),
+           "PYTHONPROFILEIMPORTTIME": "1"}
+    gsub = launcher("gsub")
+
+    def submit() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([gsub, "--wrap", "true"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+
+    first, second = submit(), submit()
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert "garrison.config" in first.stderr  # the full path read the file (and learnt the local socket)
+    assert "garrison.config" not in second.stderr and "garrison.cli.fastpath" in second.stderr
+    # The file changes (here: an address nobody serves): the cached address is not believed any more.
+    config.write_text(controller.config.read_text().replace(controller.address, "127.0.0.1:1"))
+    moved = submit()
+    assert moved.returncode != 0 and "127.0.0.1:1" in moved.stderr
