@@ -22,12 +22,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / "bin"
 
-# command -> (module, function): the function runs the command with sys.argv
-LAUNCHERS: dict[str, tuple[str, str]] = {
-    "gsub": ("garrison.cli.fastpath", "gsub_main"),
-    "garrison-sbatch": ("garrison.cli.fastpath", "sbatch_main"),
-    "gqueue": ("garrison.cli.fastpath", "gqueue_main"),
-    "gjob": ("garrison.cli.fastpath", "gjob_main"),
+# command -> (module, function, full path): the function runs the command with sys.argv, falling back to the
+# full path's module (its main()) for what the fast path does not handle
+LAUNCHERS: dict[str, tuple[str, str, str]] = {
+    "gsub": ("garrison.cli.fastpath", "gsub_main", "garrison.cli.gsub"),
+    "garrison-sbatch": ("garrison.cli.fastpath", "sbatch_main", "garrison.cli.slurm.sbatch"),
+    "gqueue": ("garrison.cli.fastpath", "gqueue_main", "garrison.cli.gqueue"),
+    "gjob": ("garrison.cli.fastpath", "gjob_main", "garrison.cli.gjob"),
 }
 
 TEMPLATE = '''#!/bin/sh
@@ -81,7 +82,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="fail if a launcher differs from what would be written")
     check = parser.parse_args().check
     stale = []
-    for name, (module, function) in LAUNCHERS.items():
+    for name, (module, function, _) in LAUNCHERS.items():
         target = BIN / name
         text = render(name, module, function)
         if check:
