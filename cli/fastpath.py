@@ -1,16 +1,20 @@
-"""gsub and sbatch on the controller host in ~20 ms: the command line sent whole, nothing parsed here.
+"""gsub, sbatch, gqueue and gjob on the controller host in ~20 ms: one request on the local socket, and
+nothing imported that a bare interpreter has not loaded.
 
 Why: a bare interpreter starts in ~10 ms, and parsing gsub's options here would cost ~40 ms more in imports
 (argparse, re, dataclasses, the job model). The controller has all of them loaded already: on its local
-socket this module sends the command line itself (SubmitCommandLine, controller/rpc/commandline.py), and the
-controller runs the very parser gsub runs. A script file, or a script on standard input, is read here, with
-the caller's rights, when the controller asks for it. What comes back is printed exactly as gsub prints it.
+socket this module sends gsub's command line itself (SubmitCommandLine, controller/rpc/commandline.py), and
+the controller runs the very parser gsub runs. A script file, or a script on standard input, is read here,
+with the caller's rights, when the controller asks for it. What comes back is printed exactly as gsub prints
+it. gqueue (the options it reads, into a pipe) and gjob (one job id) ask ListJobs and GetJob in plain JSON and
+print with cli/render.py, which imports nothing heavy either.
 
 This module imports only what the interpreter has built in (``_socket``, ``_json``, ``binascii``); ``os``
-and ``sys`` are loaded at start-up anyway. Whenever it cannot be sure of doing what gsub's full path would
-(no controller address in the environment, no cached local socket, a token or gRPC asked for, an older
-controller), ``submit`` returns False before anything was submitted, and the caller runs the full path
-(cli/gsub.py), which also fills the endpoint cache this one reads.
+and ``sys`` are loaded at start-up anyway. Whenever it cannot be sure of doing what a command's full path
+would (no controller address known without reading TOML, no cached local socket, a token or gRPC asked for,
+an option it does not read, an older controller), it returns False before anything was submitted, and the
+caller runs the full path (cli/gsub.py, cli/gqueue.py, cli/gjob.py), which also fills the caches this one
+reads: the controller's sockets per address, and the configuration file's address per file identity.
 """
 
 from __future__ import annotations

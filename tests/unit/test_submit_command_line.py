@@ -287,3 +287,23 @@ def test_the_address_from_the_configuration_file_is_cached_until_the_file_change
     config.write_text(controller.config.read_text().replace(controller.address, "127.0.0.1:1"))
     moved = submit()
     assert moved.returncode != 0 and "127.0.0.1:1" in moved.stderr
+
+
+_JSON_VALUES = st.recursive(
+    st.booleans() | st.integers(min_value=-(2**63), max_value=2**64) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES)
+def test_the_fast_paths_json_reads_and_writes_as_json_does(value: object) -> None:
+    """cli/fastpath.py writes and reads JSON without the json module (it imports re): the same text, the same
+    values, any unicode (surrogates included) escaped as json.dumps escapes it."""
+    import json
+
+    from garrison.cli.fastpath import _dumps, _loads
+
+    assert _dumps(value) == json.dumps(value, separators=(",", ":"))
+    assert _loads(json.dumps({"v": value}).encode()) == {"v": value}
