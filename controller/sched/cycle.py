@@ -132,4 +132,5 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
         reservations=tuple(state.reservations),
         preempts=tuple(state.preempts),
         blocked_by=state.blocked_by,
+        wake_at=state.wake_at,
     )
