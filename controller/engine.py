@@ -269,7 +269,11 @@ class Engine:
         """Each pending job's reason as gqueue shows it, from the last plan; in chunks, paced, since a cycle
         over 100,000 newly pending tasks changes them all (controller/bulk.py's Pacer)."""
         pacer = Pacer()
-        for count, (job_id, reason) in enumerate(waiting.items(), 1):
+        # Only the reasons that differ from those recorded (a set difference, in C): a cycle over 50,000 jobs
+        # that still wait for what they waited for changes nothing here. A job whose reason is recorded has
+        # had its Job's reason set with it, and a job that leaves the queue loses its record (ClusterState).
+        changed = waiting.items() - self.state.wait_reasons.items()
+        for count, (job_id, reason) in enumerate(changed, 1):
             job = self.state.jobs.get(job_id)
             if job is None or job.state != JobState.PENDING:
                 continue  # cancelled, purged or started since the snapshot: no reason to keep for it
