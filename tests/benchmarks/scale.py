@@ -40,7 +40,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers.polling import wait_until  # noqa: E402
+from helpers.polling import WaitTimeout, wait_until  # noqa: E402
 from helpers.ports import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -64,16 +64,20 @@ def cpu_pct_over(process: psutil.Process, seconds: float) -> float:
     return (cpu_seconds(process) - before) / (time.monotonic() - started) * 100
 
 
-def settle(process: psutil.Process, timeout_s: float = 300.0) -> float:
+def settle(process: psutil.Process, timeout_s: float = 120.0) -> float:
     """Wait until the controller has worked off what it was given (a window of SETTLE_WINDOW_S below
-    SETTLED_CPU_PCT of a core); the last window's figure."""
+    SETTLED_CPU_PCT of a core); the last window's figure. A controller that never settles (one that plans
+    over and over, as before issue 23) is measured as it is, after saying so."""
     last: list[float] = []
 
     def quiet() -> bool:
         last.append(cpu_pct_over(process, SETTLE_WINDOW_S))
         return last[-1] < SETTLED_CPU_PCT
 
-    wait_until(quiet, timeout_s, what="the controller to settle", interval_s=0.0, max_interval_s=0.0)
+    try:
+        wait_until(quiet, timeout_s, what="the controller to settle", interval_s=0.0, max_interval_s=0.0)
+    except WaitTimeout:
+        print(f"not_settled_cpu_pct: {last[-1]:.1f}")
     return last[-1]
 
 
