@@ -7,7 +7,7 @@ timer's purge of finished jobs, which now visits only the jobs due (a heap), nev
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -210,3 +210,31 @@ def test_finished_jobs_are_purged_after_the_retention_and_no_sooner(engine: Engi
     clock.advance(10)
     assert engine.state.purge_finished(clock.now(), 10) == [second]
     assert set(engine.state.jobs) == {pending}
+
+
+def test_the_scheduler_loop_wakes_for_a_change_and_only_then(engine: Engine, clock: ManualClock,
+                                                            link: KeptLink) -> None:
+    """The real loop: it plans when the state changes (a submission, a job's end), without waiting for the
+    interval, which the manual clock never reaches here."""
+
+    async def scenario() -> None:
+        async def until(what: str, condition: Callable[[], bool]) -> None:
+            deadline = asyncio.get_running_loop().time() + 30
+            while not condition():
+                assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+                await asyncio.sleep(0.01)  # polling a condition under a deadline, not a fixed wait
+
+        engine.start()
+        first = submit(engine, gpus=2)
+        await until("the first job to launch", lambda: launched(link) == [first])
+        second = submit(engine, gpus=2)
+        await until("a cycle for the second job", lambda: engine.cycle_due() is None
+                    and engine.state.wait_reasons.get(second) is not None)
+        cycles = engine.cycle_count
+        engine.agent_message(link, AttemptStarted(first, 0))  # type: ignore[arg-type]
+        engine.agent_message(link, AttemptFinished(NodeResult(first, 0, (RankOutcome(0, 0), RankOutcome(1, 0)))))  # type: ignore[arg-type]
+        await until("the second job to launch", lambda: launched(link) == [first, second])
+        assert engine.cycle_count > cycles
+        await engine.stop()
+
+    asyncio.run(scenario())
