@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import attrgetter
 
 from garrison.controller.sched.backfill import Reservation
 from garrison.controller.sched.capacity import Capacity
@@ -86,6 +87,9 @@ class SchedulerConfig:
         _pipeline(self.scorer_weights)  # unknown scorer names fail here, not in the first cycle
 
 
+_JOB_ID = attrgetter("job_id")
+
+
 @lru_cache(maxsize=16)
 def _pipeline(scorer_weights: tuple[tuple[str, int], ...]) -> Pipeline:
     return build_pipeline(scorer_weights)
@@ -131,7 +135,7 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     return Plan(
         starts=tuple(state.starts),
         waiting=waiting,
-        order=tuple(j.job_id for j in queue),
+        order=tuple(map(_JOB_ID, queue)),
         priorities=priorities,
         estimated_starts=state.estimated,
         reservations=tuple(state.reservations),
