@@ -49,6 +49,7 @@ from garrison.controller.commands import (
     TestSubmitResult,
     Welcome,
 )
+from garrison.controller.cycles import CycleDue
 from garrison.controller.dependency import format_dependency, parse_dependency
 from garrison.controller.instructions import EndSession, ReleaseGang
 from garrison.controller.policy import Policy
@@ -104,6 +105,7 @@ def _matches(job: Job, selection: JobFilter) -> bool:
 MAX_BEGIN_AHEAD_S = 366 * 86400  # gsub --begin
 TEST_JOB_ID = MAX_ID + 1  # gsub --test-only's job: an id no real job can have
 TEST_ONLY_MAX_RESERVATIONS = 500
+STORE_RETRY_CYCLE_S = 1.0  # a plan the database would not take is planned again this soon
 MAX_CYCLE_REST_S = 5.0  # the longest rest after a long scheduling cycle
 REASONS_PER_TURN = 2000  # pending jobs' reasons updated per turn of the event loop  # jobs a --test-only estimate plans ahead of the tested one, at most
 
@@ -121,7 +123,11 @@ class Engine:
         self.clock = clock
         self.sessions: dict[str, AgentLink] = {}
         self.admin_uids = {0, os.getuid()}
+        # Set whenever the state's generation moves (ClusterState.scheduling_inputs_changed): the scheduler
+        # loop then asks CycleDue whether a cycle is due, and otherwise sleeps until the clock makes one due.
         self._wake = asyncio.Event()
+        self.due = CycleDue(config.schedule_interval_s)
+        state.generation_listeners.append(self._wake.set)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sched")
         self._tasks: list[asyncio.Task[None]] = []
         self.cycle_count = 0
@@ -180,42 +186,78 @@ class Engine:
             log.warning("usage not saved at shutdown, the database is unavailable: %s", error.cause)
 
     def request_schedule(self) -> None:
-        self._wake.set()
+        """Something a cycle reads has changed (the state's own mutators say so themselves; this is for the
+        callers that know better, and costs at most one cycle)."""
+        self.state.scheduling_inputs_changed()
+
+    def cycle_due(self) -> str | None:
+        """Why a scheduling cycle is due now (controller/cycles.py), or None."""
+        return self.due.why(self.state.generation, self.clock.now())
 
     async def _scheduler_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.config.schedule_interval_s)
-            self._wake.clear()
+            if self.cycle_due() is None:
+                # Nothing a cycle reads has changed: sleep until something does, or the clock makes a cycle
+                # due. (No await between the check and the clear: a change cannot slip in between.)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.due.seconds_to_wait(self.clock.now()))
+                continue
             try:
-                snapshot = self.policy.snapshot()
-                if not snapshot.pending:
-                    continue
-                started = time.perf_counter()
-                now = self.clock.now()
-                plan = await loop.run_in_executor(
-                    self._pool, self._compute_plan, snapshot, now, self.policy.scheduler
-                )
-                self.last_cycle_ms = (time.perf_counter() - started) * 1000
-                self.cycle_count += 1
-                self.policy.remember(snapshot, plan, now)
-                self._apply_plan(plan)
-                metrics.observe_scheduling_cycle(time.perf_counter() - started)
-                await self._record_wait_reasons(plan.waiting)
-                # A cycle over 100,000 pending jobs takes seconds of CPU, which its thread shares with the
-                # event loop (one GIL): rest as long as it took, so that requests get at least half.
-                await asyncio.sleep(min(self.last_cycle_ms / 1000, MAX_CYCLE_REST_S))
+                if await self.run_cycle():
+                    # A cycle over 100,000 pending jobs takes seconds of CPU, which its thread shares with the
+                    # event loop (one GIL): rest as long as it took, so that requests get at least half.
+                    await asyncio.sleep(min(self.last_cycle_ms / 1000, MAX_CYCLE_REST_S))
             except StoreUnavailable as error:  # nothing of the plan was kept; the next cycle plans again
                 self._store_unavailable("scheduling cycle", error)
+                # The plan was not applied and the state has not moved, so nothing else would make a cycle due
+                # before the interval: plan again soon, as the interval of 1 s used to.
+                self.due.retry_at(self.clock.now() + STORE_RETRY_CYCLE_S)
             except Exception:  # a bug in one cycle must not stop scheduling for good
                 log.exception("scheduling cycle failed")
+                await asyncio.sleep(1.0)  # nor spin on the same snapshot
+
+    async def run_cycle(self) -> Plan | None:
+        """One scheduling cycle: snapshot, plan (off the event loop), apply, wait reasons. None when nothing
+        is pending (there is nothing to plan, which counts as planned)."""
+        generation = self.state.generation
+        now = self.clock.now()
+        snapshot = self.policy.snapshot()
+        if not snapshot.pending:
+            self.due.planned(generation, now, None)
+            return None
+        log.debug("scheduling cycle: %s", self.cycle_due())
+        started = time.perf_counter()
+        plan, cpu_s = await asyncio.get_running_loop().run_in_executor(
+            self._pool, self._compute_plan_timed, snapshot, now, self.policy.scheduler
+        )
+        self.last_cycle_ms = (time.perf_counter() - started) * 1000
+        applying = time.thread_time()
+        self.cycle_count += 1
+        self.due.planned(generation, now, plan.wake_at)
+        self.policy.remember(snapshot, plan, now)
+        before = self.state.generation
+        if self._apply_plan(plan) and len(plan.starts) < self.policy.scheduler.max_starts_per_cycle:
+            self.due.applied(before, self.state.generation)
+        cpu_s += time.thread_time() - applying
+        metrics.observe_scheduling_cycle(time.perf_counter() - started, cpu_s)
+        await self._record_wait_reasons(plan.waiting)
+        return plan
 
     @staticmethod
     def _compute_plan(snapshot: Snapshot, now: float, config: SchedulerConfig) -> Plan:
         return schedule(snapshot, now, config)
 
-    def _apply_plan(self, plan: Plan) -> None:
+    @staticmethod
+    def _compute_plan_timed(snapshot: Snapshot, now: float, config: SchedulerConfig) -> tuple[Plan, float]:
+        """The plan, and the CPU time its thread spent on it."""
+        began = time.thread_time()
+        plan = schedule(snapshot, now, config)
+        return plan, time.thread_time() - began
+
+    def _apply_plan(self, plan: Plan) -> bool:
+        """Apply what still holds of the plan; True when all of it did and it asked for no preemption (the
+        state is then what the plan counted on)."""
         now = self.clock.now()
         # The ledger accepts what still holds of the (possibly stale) plan; the rest is dropped, with why.
         result, instructions = self.state.apply_plan(plan, now)
@@ -230,12 +272,20 @@ class Engine:
             except StoreUnavailable as error:  # this victim is left running; a later cycle chooses again
                 self._store_unavailable("preemption", error)
         self.execute(instructions)
+        return not result.rejected and not plan.preempts
 
     async def _record_wait_reasons(self, waiting: Mapping[int, str]) -> None:
         """Each pending job's reason as gqueue shows it, from the last plan; in chunks, paced, since a cycle
         over 100,000 newly pending tasks changes them all (controller/bulk.py's Pacer)."""
         pacer = Pacer()
-        for count, (job_id, reason) in enumerate(waiting.items(), 1):
+        # Only the reasons that differ from those recorded: a cycle over 50,000 jobs that still wait for what
+        # they waited for changes nothing here (a dict comparison, in C, and no more; else a set difference).
+        # A job whose reason is recorded has had its Job's reason set with it, and a job that leaves the
+        # queue loses its record (ClusterState).
+        if waiting == self.state.wait_reasons:
+            return
+        changed = waiting.items() - self.state.wait_reasons.items()
+        for count, (job_id, reason) in enumerate(changed, 1):
             job = self.state.jobs.get(job_id)
             if job is None or job.state != JobState.PENDING:
                 continue  # cancelled, purged or started since the snapshot: no reason to keep for it
