@@ -17,7 +17,9 @@ of them can start. Then it measures, and prints even when the figures are bad:
 - gqueue_all_ms: `gqueue` listing every job, as a user runs it (a fresh process, output to /dev/null),
   the median of 3;
 - rss_mb_before_restart, rss_mb_after_restart: the controller's resident memory, settled, before a restart
-  and after it (the restarted one loads every job from the store);
+  and after it (the restarted one loads every job from the store); rss_kb_per_pending_job_*: the same, less
+  the controller's memory before the pending jobs were submitted (rss_mb_without_pending), per pending job
+  (the goal: at most 2 KB);
 - restart_serving_s: from starting the controller again (SIGTERM to the old one, then the same command)
   until it answers Hello; restart_listing_s: until it has answered ListJobs of every job too.
 """
@@ -145,6 +147,9 @@ def main() -> int:
             running = pb.ListJobsRequest(states=["RUNNING"], job_ids=[str(j) for j in filler])
             wait_until(lambda: len(client.call("ListJobs", running).jobs) == len(filler), 120,
                        what="the cluster to fill")
+            settle(controller)
+            empty_rss = controller.memory_info().rss  # the cluster's own jobs only: what each pending one adds
+            print(f"rss_mb_without_pending: {empty_rss / 2**20:.0f}")
             started = time.monotonic()
             left = args.pending
             while left > 0:
@@ -183,7 +188,9 @@ def main() -> int:
                 gqueue_ms.append((time.perf_counter() - began) * 1000)
             print(f"gqueue_all_ms: {statistics.median(gqueue_ms):.0f}")
             settle(controller)
-            print(f"rss_mb_before_restart: {controller.memory_info().rss / 2**20:.0f}")
+            before_rss = controller.memory_info().rss
+            print(f"rss_mb_before_restart: {before_rss / 2**20:.0f}")
+            print(f"rss_kb_per_pending_job_before_restart: {(before_rss - empty_rss) / args.pending / 1024:.2f}")
 
         # The restart: the same command `garrison up` runs, started the moment the old controller is gone.
         command = controller.cmdline()
@@ -209,7 +216,10 @@ def main() -> int:
         print(f"restart_listing_s: {time.monotonic() - began:.2f}")
         new = psutil.Process(restarted.pid)
         settle(new)
-        print(f"rss_mb_after_restart: {new.memory_info().rss / 2**20:.0f}")
+        after_rss = new.memory_info().rss
+        print(f"rss_mb_after_restart: {after_rss / 2**20:.0f}")
+        # Against the first controller's figure without them: a restarted one loads the same few others.
+        print(f"rss_kb_per_pending_job_after_restart: {(after_rss - empty_rss) / args.pending / 1024:.2f}")
     finally:
         subprocess.run([str(BIN / "garrison"), "down", "--state-dir", str(state_dir)], env=env, capture_output=True)
         if restarted is not None and restarted.poll() is None:
