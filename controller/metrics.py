@@ -86,6 +86,21 @@ PLAN_REJECTIONS = Counter(
     ["kind", "reason"], registry=REGISTRY,
 )
 
+REPORT_GROUPS = Counter(
+    "garrison_agent_report_groups",
+    "Group commits: store transactions that made two or more agents' reports durable at once.",
+    registry=REGISTRY,
+)
+REPORTS_GROUPED = Counter(
+    "garrison_agent_reports_grouped", "Agents' reports written in a group commit of two or more.", registry=REGISTRY
+)
+
+
+def record_report_group(size: int) -> None:
+    """A group commit of ``size`` agents' reports (engine.flush_reports)."""
+    REPORT_GROUPS.inc()
+    REPORTS_GROUPED.inc(size)
+
 
 def record_plan_rejection(kind: str, reason: str) -> None:
     """``kind``: start or preemption; ``reason``: the ledger's Rejected name (GPUS_TAKEN, MEMORY_SHORT...)."""

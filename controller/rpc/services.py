@@ -455,7 +455,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         async def read() -> None:
             try:
                 async for message in request_iterator:
-                    self.engine.agent_message(session, agent_event_from_pb(message))
+                    # Grouped: this turn's reports of every agent are written in one transaction.
+                    self.engine.agent_message(session, agent_event_from_pb(message), grouped=True)
             except (asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.AbortError):
                 pass
             except MalformedStreamMessage as exc:

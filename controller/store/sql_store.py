@@ -22,7 +22,7 @@ from garrison.model.domain import Attempt, Job, JobSpec, JobState, Node, NodeSta
 
 from . import schema
 from .engine import create_sqlite_reader, is_sqlite
-from .errors import outages_as_unavailable
+from .errors import JobIdsTaken, outages_as_unavailable
 from .interface import AttemptStop, JobQuery, LoadedState, StoreChanges, UsageRow
 from .policy_tables import PolicyTables
 from .schema import COUNTER_ROW_ID
@@ -211,6 +211,21 @@ class SqlStore(PolicyTables, StepTables):
             next_free: int = connection.execute(bump).scalar_one()
         return next_free - count
 
+    def _take_job_ids(self, connection: Connection, first: int, end: int) -> None:
+        """Move the counter from ``first`` to ``end`` in the caller's transaction, or raise JobIdsTaken (the
+        transaction then rolls back). The WHERE makes it safe against another writer of the counter, as the
+        row lock (PostgreSQL) or the write lock (SQLite) makes allocate_job_ids safe."""
+        if not first < end:
+            raise ValueError(f"cannot take job ids {first}..{end - 1}")
+        counters = schema.counters
+        moved = connection.execute(
+            update(counters)
+            .where(counters.c.id == COUNTER_ROW_ID, counters.c.next_job_id == first)
+            .values(next_job_id=end)
+        )
+        if moved.rowcount != 1:
+            raise JobIdsTaken(f"job ids from {first} were taken by another writer")
+
     def save_jobs(self, jobs: Sequence[Job]) -> None:
         if jobs:
             self.write(StoreChanges(jobs=jobs))
@@ -222,6 +237,8 @@ class SqlStore(PolicyTables, StepTables):
         # its transaction has committed.
         with self._spec_lock:
             with self._write() as connection:
+                if changes.job_ids is not None:
+                    self._take_job_ids(connection, *changes.job_ids)
                 new_specs = self._write_jobs(connection, changes.jobs)
                 for node in {node.name: node for node in changes.nodes}.values():
                     self._write_node(connection, node)

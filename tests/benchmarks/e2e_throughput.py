@@ -124,6 +124,35 @@ def idle_latency(client, out_dir: Path, count: int) -> list[float]:  # type: ign
     return result
 
 
+# Which of the cluster's processes is which, by a word of its command line (cli/up.py, the agent's fork
+# server). Supervisors and the jobs' own processes are counted through the fork server: it reaps the
+# supervisors, and each supervisor (a subreaper) reaps the job's processes, so their CPU time is the fork
+# server's children's time.
+PROCESS_KINDS = (("garrison.controller.main", "controller"), ("garrison.nodeagent.main", "agents"),
+                 ("supervisor.forkserver", "forkservers"))
+
+
+def cpu_by_kind(state_dir: Path) -> dict[str, float]:
+    """CPU seconds so far of the cluster's processes under ``state_dir``, by kind (PROCESS_KINDS); the fork
+    servers' reaped children as ``supervisors_and_jobs``."""
+    import psutil
+
+    totals = {kind: 0.0 for _, kind in PROCESS_KINDS} | {"supervisors_and_jobs": 0.0}
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or ())
+        kind = next((kind for word, kind in PROCESS_KINDS if word in cmdline), None)
+        if kind is None or str(state_dir) not in cmdline:
+            continue
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        totals[kind] += times.user + times.system
+        if kind == "forkservers":
+            totals["supervisors_and_jobs"] += times.children_user + times.children_system
+    return totals
+
+
 def byte_compile() -> None:
     """Write the package's bytecode, as installing it does (pip compiles a wheel's modules): with
     PYTHONDONTWRITEBYTECODE set, an editable checkout would otherwise recompile every module the CLI
@@ -180,6 +209,8 @@ def main() -> int:
     parser.add_argument("--cli-calls", type=int, default=20, help="0: do not time the CLI")
     parser.add_argument("--idle-jobs", type=int, default=20, help="0: skip the idle-latency part")
     parser.add_argument("--modes", default="cli,library,array", help="which of cli, library, array to run")
+    parser.add_argument("--cpu", action="store_true",
+                        help="also print each batch's CPU time per job by process kind (psutil)")
     args = parser.parse_args()
 
     state_dir = Path(tempfile.mkdtemp(prefix="gbench-", dir="/tmp"))
@@ -205,7 +236,14 @@ def main() -> int:
                 out_dir = state_dir / f"out-{name}"
                 out_dir.mkdir()
                 os.chmod(out_dir, 0o777)
+                cpu_before = cpu_by_kind(state_dir) if args.cpu else {}
                 figures = run_batch(client, out_dir, args.jobs, name, env)
+                if args.cpu:
+                    cpu_after = cpu_by_kind(state_dir)
+                    for kind, seconds in cpu_after.items():
+                        figures[f"cpu_ms_per_job_{kind}"] = (seconds - cpu_before[kind]) * 1000 / args.jobs
+                    figures["cpu_ms_per_job_total"] = sum(
+                        (cpu_after[kind] - cpu_before[kind]) * 1000 / args.jobs for kind in cpu_after)
                 for key, value in figures.items():
                     print(f"{name}_{args.jobs}_{key}: {value:.1f}")
             out_dir = state_dir / "out-idle"
