@@ -233,8 +233,11 @@ def test_a_controller_killed_during_a_preemptions_grace_keeps_it(long_grace_clus
     signals = c.work / "signals"
     victim = c.submit(
         "-q", "low", "-G", "8", "-t", "10", "-o", "/dev/null", "--wrap",
-        f"trap 'echo USR1 $(date +%s.%N) >> {signals}' USR1; "
-        f"trap 'echo TERM $SLURM_RESTART_COUNT $(date +%s.%N) >> {signals}; exit 143' TERM; "
+        # The times from /proc/uptime with the shell's own read: a $(date) child started inside the trap can be
+        # killed by a second SIGTERM to the job's processes (the agent's and a restarted controller's), leaving
+        # the line without its time.
+        f"trap 'read t _ < /proc/uptime; echo USR1 $t >> {signals}' USR1; "
+        f"trap 'read t _ < /proc/uptime; echo TERM $SLURM_RESTART_COUNT $t >> {signals}; exit 143' TERM; "
         f"echo START $SLURM_RESTART_COUNT >> {signals}; "
         "while [ $SLURM_RESTART_COUNT -eq 0 ]; do sleep 0.1; done",
     )
