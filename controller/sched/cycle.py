@@ -29,7 +29,7 @@ from garrison.controller.sched.backfill import Reservation
 from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.cycle_state import Candidacy, CycleState, Memo, time_limit_of
 from garrison.controller.sched.feasibility import IdleCluster
-from garrison.controller.sched.framework import placement_key
+from garrison.controller.sched.framework import Request, placement_key
 from garrison.controller.sched.pipeline import (
     DEFAULT_SCORER_WEIGHTS,
     GATES,
@@ -43,7 +43,8 @@ from garrison.controller.sched.plan import Plan, Preempt, Reason, Start
 from garrison.controller.sched.preemption import DEFAULT_MAX_GRACE_S
 from garrison.controller.sched.priority import NO_WEIGHTS, PriorityContext, PriorityWeights
 from garrison.controller.sched.quota import QuotaTally
-from garrison.controller.sched.snapshot import Snapshot
+from garrison.controller.sched.snapshot import PendingJob, Snapshot
+from garrison.model.accounts import PartitionDef
 
 __all__ = ["Plan", "Preempt", "Reason", "Reservation", "SchedulerConfig", "Start", "schedule", "time_limit_of"]
 
@@ -84,6 +85,13 @@ class SchedulerConfig:
         _pipeline(self.scorer_weights)  # unknown scorer names fail here, not in the first cycle
 
 
+# Per job id: (the job view and partition they were derived from, its time limit, its Request, the
+# Request's placement key). A memo of pure functions of the view, so the core stays pure: used only for the
+# very view and partition objects it was computed from. A pending job's view is the same object from one
+# snapshot to the next until the job changes, so a deep queue does not rebuild its requests every cycle.
+_REQUESTS: dict[int, tuple[PendingJob, PartitionDef | None, int, Request, tuple[object, ...]]] = {}
+
+
 @lru_cache(maxsize=16)
 def _pipeline(scorer_weights: tuple[tuple[str, int], ...]) -> Pipeline:
     return build_pipeline(scorer_weights)
@@ -110,18 +118,30 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
 
     waiting = state.waiting
     partitions = state.partitions
+    requests = _REQUESTS
     for job in queue:
         partition = partitions.get(job.partition)
-        limit = time_limit_of(job, partition)
+        known = requests.get(job.job_id)
+        if known is not None and known[0] is job and known[1] is partition:
+            limit, request, key = known[2], known[3], known[4]
+        else:
+            limit = time_limit_of(job, partition)
+            request = request_for(job.job_id, job.spec, job.partition, limit)
+            key = placement_key(request)
+            requests[job.job_id] = (job, partition, limit, request, key)
         gated = GATES(state, job, partition, limit)
         if gated is not None:
             waiting[job.job_id] = gated
             continue
-        request = request_for(job.job_id, job.spec, job.partition, limit)
-        candidacy = Candidacy(job, limit, request, placement_key(request), now + limit)
+        candidacy = Candidacy(job, limit, request, key, now + limit)
         for phase in PHASES:
             if phase(state, candidacy):
                 break
+    if len(requests) > 2 * len(queue) + 1024:
+        # Jobs that left the queue: keep only the ones pending now.
+        pending = {job.job_id for job in queue}
+        for job_id in [job_id for job_id in requests if job_id not in pending]:
+            del requests[job_id]
 
     return Plan(
         starts=tuple(state.starts),
