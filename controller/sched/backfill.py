@@ -134,26 +134,34 @@ class Timeline:
             _NodeHost(view.cpus, view.memory_mb, capacity.free_cpus[i], capacity.free_memory[i], now)
             for i, view in enumerate(capacity.views)
         ]
+        free_at = self.free_at
         for index, free in enumerate(capacity.free):
-            busy = set(range(capacity.views[index].gpu_count)) - free
-            for gpu in busy:
-                self.free_at[index][gpu] = INFINITY
+            gpu_count = capacity.views[index].gpu_count
+            if len(free) < gpu_count:
+                free_at[index] = dict.fromkeys((g for g in range(gpu_count) if g not in free), INFINITY)
         by_time: dict[tuple[float, int], list[int]] = defaultdict(list)
+        index_of, hosts = capacity.index_of, self.hosts
         for job in running:
             end = now if job.stopping else max(now, job.expected_end)
             for node_alloc in job.allocation.nodes:
-                found = capacity.index_of.get(node_alloc.node)
+                found = index_of.get(node_alloc.node)
                 if found is None:
                     continue
                 releases = by_time[(end, found)]  # an event even when only CPUs or memory come free
+                busy = free_at[found]
                 for gpu in node_alloc.gpus:
-                    if self.free_at[found].get(gpu) == INFINITY:
-                        self.free_at[found][gpu] = end
+                    if busy.get(gpu) == INFINITY:
+                        busy[gpu] = end
                         releases.append(gpu)
-                self.hosts[found].explain(node_alloc.cpus, node_alloc.mem_mb, end)
+                if node_alloc.cpus or node_alloc.mem_mb:
+                    hosts[found].explain(node_alloc.cpus, node_alloc.mem_mb, end)
         self.events = sorted((t, i, tuple(sorted(g))) for (t, i), g in by_time.items())
-        # GPUs usable from now on, per node (free now and not held by a start or reservation)
-        self.usable_now = [len(self._usable_at(i, now)) for i in range(len(capacity.views))]
+        # GPUs usable from now on, per node (free now and not held by a start or reservation): every GPU
+        # but those busy past now (a GPU busy for a reason the snapshot does not give stays INFINITY).
+        self.usable_now = [
+            capacity.views[i].gpu_count - sum(1 for until in free_at[i].values() if until > now)
+            for i in range(len(capacity.views))
+        ]
 
     def started(self, allocation: Allocation, until: float) -> None:
         """A job of this cycle started on ``allocation`` now (its GPUs are already out of the capacity's free
