@@ -30,6 +30,7 @@ from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.cycle_state import Candidacy, CycleState, Memo, time_limit_of
 from garrison.controller.sched.feasibility import IdleCluster
 from garrison.controller.sched.framework import Request, placement_key
+from garrison.controller.sched.phases.gates import is_plain
 from garrison.controller.sched.pipeline import (
     DEFAULT_SCORER_WEIGHTS,
     GATES,
@@ -44,7 +45,7 @@ from garrison.controller.sched.preemption import DEFAULT_MAX_GRACE_S
 from garrison.controller.sched.priority import NO_WEIGHTS, PriorityContext, PriorityWeights
 from garrison.controller.sched.quota import QuotaTally
 from garrison.controller.sched.snapshot import PendingJob, Snapshot
-from garrison.model.accounts import PartitionDef
+from garrison.model.accounts import Accounting, PartitionDef
 
 __all__ = ["Plan", "Preempt", "Reason", "Reservation", "SchedulerConfig", "Start", "schedule", "time_limit_of"]
 
@@ -85,11 +86,14 @@ class SchedulerConfig:
         _pipeline(self.scorer_weights)  # unknown scorer names fail here, not in the first cycle
 
 
-# Per job id: (the job view and partition they were derived from, its time limit, its Request, the
-# Request's placement key). A memo of pure functions of the view, so the core stays pure: used only for the
-# very view and partition objects it was computed from. A pending job's view is the same object from one
-# snapshot to the next until the job changes, so a deep queue does not rebuild its requests every cycle.
-_REQUESTS: dict[int, tuple[PendingJob, PartitionDef | None, int, Request, tuple[object, ...]]] = {}
+# Per job id: (the job view, partition and accounting they were derived from, its time limit, its Request,
+# the Request's placement key, whether it is plain: phases/gates.is_plain). A memo of pure functions of
+# those objects, so the core stays pure: used only for the very objects it was computed from. A pending
+# job's view is the same object from one snapshot to the next until the job changes, so a deep queue does
+# not rebuild its requests, nor rerun the gates that cannot change, every cycle.
+_REQUESTS: dict[
+    int, tuple[PendingJob, PartitionDef | None, Accounting, int, Request, tuple[object, ...], bool]
+] = {}
 
 
 @lru_cache(maxsize=16)
@@ -119,17 +123,27 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     waiting = state.waiting
     partitions = state.partitions
     requests = _REQUESTS
+    quotas = state.quotas
     for job in queue:
         partition = partitions.get(job.partition)
         known = requests.get(job.job_id)
-        if known is not None and known[0] is job and known[1] is partition:
-            limit, request, key = known[2], known[3], known[4]
+        if known is not None and known[0] is job and known[1] is partition and known[2] is accounting:
+            limit, request, key, plain = known[3], known[4], known[5], known[6]
         else:
             limit = time_limit_of(job, partition)
             request = request_for(job.job_id, job.spec, job.partition, limit)
             key = placement_key(request)
-            requests[job.job_id] = (job, partition, limit, request, key)
-        gated = GATES(state, job, partition, limit)
+            plain = is_plain(state, job, partition, limit)
+            requests[job.job_id] = (job, partition, accounting, limit, request, key, plain)
+        if plain:
+            # The gates that can stop a plain job (gates.py, in the same order): quotas, then bounded work.
+            gated = quotas.blocked_by(job, job.spec.total_gpus(), limit) if quotas.enabled else None
+            if gated is None and ((not config.backfill and job.partition in state.blocked_partitions)
+                                  or state.failed >= config.max_job_test
+                                  or len(state.starts) >= config.max_starts_per_cycle):
+                gated = Reason.PRIORITY
+        else:
+            gated = GATES(state, job, partition, limit)
         if gated is not None:
             waiting[job.job_id] = gated
             continue
