@@ -123,7 +123,8 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     waiting = state.waiting
     partitions = state.partitions
     requests = _REQUESTS
-    quotas = state.quotas
+    quotas, memo = state.quotas, state.memo
+    settled, reservations = config.backfill and not config.preemption, config.reservations
     for job in queue:
         partition = partitions.get(job.partition)
         known = requests.get(job.job_id)
@@ -147,7 +148,22 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
         if gated is not None:
             waiting[job.job_id] = gated
             continue
-        candidacy = Candidacy(job, limit, request, key, now + limit)
+        end = now + limit
+        if settled and len(state.reservations) >= reservations:
+            # Past the reservations, with preemption off, a job whose look-alike (same placement key) already
+            # failed to start for a run ending no later, and was told why it waits, fails the same way and
+            # waits for the same reason: its phases would each answer as they did for the look-alike
+            # (place_now: does not fit; never_here: the idle verdict of the same key; reserve_later: the
+            # same memo). A deep queue of look-alikes then costs a few lookups per job.
+            memo.sync()
+            blocked = memo.blocked.get(key)
+            if blocked is not None and (not capacity.might_fit(request) or memo.known_not_to_fit(key, end)):
+                state.failed += 1
+                waiting[job.job_id] = blocked[0]
+                if blocked[1] is not None:
+                    state.blocked_by[job.job_id] = blocked[1]
+                continue
+        candidacy = Candidacy(job, limit, request, key, end)
         for phase in PHASES:
             if phase(state, candidacy):
                 break
