@@ -40,7 +40,8 @@ class Capacity:
         self.reserved_cpus: dict[int, dict[int, tuple[float, int]]] = {}
         # node index -> (reservation start, host memory MB the node can lend to jobs still running then, job id)
         self.memory_room: dict[int, list[tuple[float, int, int]]] = {}
-        self.max_gpus = max((v.gpu_count for v in self.views), default=0)
+        self.gpu_counts: list[int] = [len(v.gpu_names) for v in self.views]  # NodeView.gpu_count, read once
+        self.max_gpus = max(self.gpu_counts, default=0)
         self.buckets: dict[str, list[set[int]]] = {}
         for i, view in enumerate(self.views):
             if not self.ready[i]:
@@ -107,7 +108,7 @@ class Capacity:
         view = self.views[index]
         match = self.matching(index, request.gpu_type, request.gpu_mem_mib)
         free = self.free[index]
-        usable = free if len(match) == view.gpu_count else free & match
+        usable = free if len(match) == self.gpu_counts[index] else free & match
         reserved = self.reserved.get(index)
         if reserved:
             usable = {g for g in usable if g not in reserved or reserved[g][0] >= end_time}
