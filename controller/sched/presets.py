@@ -27,6 +27,8 @@ GARRISON_WEIGHTS = PriorityWeights(
     time_limit=30_000,
     short_limit_s=3600,
     long_limit_s=7 * 86400,
+    overdue=100_000,
+    overdue_after_s=2 * 86400,
 )
 RESERVATIONS = 8
 

@@ -42,15 +42,31 @@ class PriorityWeights:
     max_age_s: float = 7 * 86400
     short_limit_s: float = 3600  # a time limit this short or shorter: time-limit factor 1
     long_limit_s: float = 7 * 86400  # this long or longer: time-limit factor 0
+    # The bound on any job's wait (0: none). A job pending longer than overdue_after_s gains ``overdue``
+    # points per further overdue_after_s of waiting, without a cap, on top of its other factors: the age
+    # factor saturates at max_age_s and can be outrun by the time-limit factor of every newer short job;
+    # this cannot, so an overdue job rises above every job that is not, and overdue jobs among themselves
+    # go mostly by how long they have waited.
+    overdue: int = 0
+    overdue_after_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("age", "fair_share", "qos", "job_size", "partition", "time_limit"):
+        for name in ("age", "fair_share", "qos", "job_size", "partition", "time_limit", "overdue"):
             if getattr(self, name) < 0:
                 raise ValueError(f"priority weight {name} must not be negative")
         if self.max_age_s <= 0:
             raise ValueError("priority max age must be positive")
         if not 0 < self.short_limit_s < self.long_limit_s:
             raise ValueError("priority time limits must satisfy 0 < short < long")
+        if self.overdue_after_s < 0 or (self.overdue and not self.overdue_after_s):
+            raise ValueError("priority overdue_after_s must be positive when the overdue weight is set")
+
+
+def overdue_factor(waited_s: float, overdue_after_s: float) -> float:
+    """0 until a job has waited ``overdue_after_s``, then 1 more for every further ``overdue_after_s``."""
+    if overdue_after_s <= 0 or waited_s <= overdue_after_s:
+        return 0.0
+    return (waited_s - overdue_after_s) / overdue_after_s + 1.0
 
 
 NO_WEIGHTS = PriorityWeights(age=0, fair_share=0, qos=0, job_size=0, partition=0)  # plain arrival order
@@ -76,6 +92,7 @@ class PriorityFactors:
     total: int
     time_limit: float = 0.0
     nice: int = 0
+    overdue: float = 0.0
 
 
 class PriorityOrder:
@@ -119,10 +136,12 @@ class PriorityContext:
         size = min(1.0, job.spec.total_gpus() / self.total_gpus)
         part = self.partition_factor.get(job.partition, 0.0)
         short = time_limit_factor(self._limit(job), w.short_limit_s, w.long_limit_s)
+        overdue = overdue_factor(self.now - job.submit_time, w.overdue_after_s) if w.overdue else 0.0
         total = round(w.age * age + w.fair_share * fair + w.qos * qos + w.job_size * size + w.partition * part
-                      + w.time_limit * short)
+                      + w.time_limit * short + w.overdue * overdue)
         nice = job.spec.nice
-        return PriorityFactors(age, fair, qos, size, part, job.priority, total + job.priority - nice, short, nice)
+        return PriorityFactors(age, fair, qos, size, part, job.priority, total + job.priority - nice, short, nice,
+                               overdue)
 
     def _limit(self, job: PendingJob) -> float:
         if job.time_limit_s is not None:
@@ -144,6 +163,7 @@ class PriorityContext:
         fair_share = self.fair_share
         static = _static_parts(self._static_fingerprint())
         age_w, fair_w = w.age, w.fair_share
+        overdue_w, overdue_after = w.overdue, w.overdue_after_s
         out: dict[int, int] = {}
         for job in jobs:
             known = static.get(job.job_id)
@@ -155,6 +175,8 @@ class PriorityContext:
             waited = now - job.submit_time
             age = 0.0 if waited <= 0 else (1.0 if waited >= max_age else waited / max_age)
             value = age_w * age + fixed
+            if overdue_w and waited > overdue_after:
+                value += overdue_w * ((waited - overdue_after) / overdue_after + 1.0)
             if fair_w:
                 account = job.account or job.spec.account or "default"
                 value += fair_w * fair_share.get((account, job.user), 1.0)

@@ -141,6 +141,28 @@ def test_a_shorter_time_limit_goes_first_until_the_longer_job_has_aged_past_its_
         assert schedule(snap(nodes, later, [running(9, {"a": (0,)})]), NOW, config).order == order
 
 
+def test_an_overdue_job_cannot_be_outrun_by_newer_short_jobs() -> None:
+    """Past overdue_after_s a job gains the overdue weight per further overdue_after_s, without a cap: it
+    goes ahead of every job that is not overdue, and overdue jobs go mostly by how long they waited."""
+    weights = PriorityWeights(age=30_000, max_age_s=30 * 86400, fair_share=0, qos=0, job_size=0, partition=0,
+                              time_limit=30_000, overdue=100_000, overdue_after_s=2 * 86400)
+    config = replace(GARRISON, weights=weights)
+    nodes = [busy(node("a", gpus=1), running(9, {"a": (0,)}))]
+    week, hour, day = 7 * 86400, 3600, 86400
+    jobs = [pending(1, submit=NOW - 2 * day + 60, limit=week, gpus=1),  # not yet overdue
+            pending(2, submit=NOW - 3 * day, limit=week, gpus=1),  # overdue by a day
+            pending(3, submit=NOW - 4 * day, limit=week, gpus=1),  # overdue by two days
+            pending(4, submit=NOW, limit=hour, gpus=1)]  # the full time-limit bonus
+    plan = schedule(snap(nodes, jobs, [running(9, {"a": (0,)})]), NOW, config)
+    assert plan.order == (3, 2, 4, 1)
+    assert plan.priorities[2] == 3_000 + round(100_000 * 1.5)
+    pricing = PriorityContext(snap(nodes, jobs), NOW, weights)
+    assert pricing.priorities(jobs) == {j.job_id: pricing.factors(j).total for j in jobs}
+    assert pricing.factors(jobs[0]).overdue == 0.0 and pricing.factors(jobs[2]).overdue == 2.0
+    with pytest.raises(ValueError, match="overdue_after_s"):
+        PriorityWeights(overdue=1)
+
+
 def test_priority_factors_match_the_fast_path_and_use_the_partition_default_limit() -> None:
     acct = accounting(partitions=(PartitionDef("main", default=True, default_time_s=4 * 3600),))
     jobs = [pending(1, limit=None, gpus=1), pending(2, limit=3600, gpus=2), pending(3, limit=10 * 86400, gpus=1)]
