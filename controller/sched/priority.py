@@ -49,6 +49,11 @@ class PriorityWeights:
     # go mostly by how long they have waited.
     overdue: int = 0
     overdue_after_s: float = 0.0
+    # ... and not before it has waited this share of the longest wait in the queue now (0: the fixed bound
+    # alone). A fixed bound is either below the waits of a saturated cluster (then nearly every job is
+    # overdue, and the queue is FIFO) or above those of a lighter one (then it bounds nothing); a share of
+    # the current longest wait follows the load: only the longest waiters go first, in the order they came.
+    overdue_share: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("age", "fair_share", "qos", "job_size", "partition", "time_limit", "overdue"):
@@ -60,6 +65,8 @@ class PriorityWeights:
             raise ValueError("priority time limits must satisfy 0 < short < long")
         if self.overdue_after_s < 0 or (self.overdue and not self.overdue_after_s):
             raise ValueError("priority overdue_after_s must be positive when the overdue weight is set")
+        if not 0 <= self.overdue_share < 1:
+            raise ValueError("priority overdue_share must be at least 0 and below 1")
 
 
 def overdue_factor(waited_s: float, overdue_after_s: float) -> float:
@@ -122,6 +129,11 @@ class PriorityContext:
         self.default_qos = accounting.default_qos
         # A job without a time limit of its own gets its partition's default (as the cycle does).
         self.default_limit = {p.name: p.default_time_s for p in accounting.partitions}
+        # When a job becomes overdue this cycle: the fixed bound, or the share of the longest wait now.
+        self.overdue_after = weights.overdue_after_s
+        if weights.overdue and weights.overdue_share and snapshot.pending:
+            longest = now - min(job.submit_time for job in snapshot.pending)
+            self.overdue_after = max(self.overdue_after, weights.overdue_share * longest)
         self.fair_share: dict[tuple[str, str], float] = {}
         if weights.fair_share:
             associations = {(job.account_name, job.user) for job in snapshot.pending}
@@ -136,7 +148,7 @@ class PriorityContext:
         size = min(1.0, job.spec.total_gpus() / self.total_gpus)
         part = self.partition_factor.get(job.partition, 0.0)
         short = time_limit_factor(self._limit(job), w.short_limit_s, w.long_limit_s)
-        overdue = overdue_factor(self.now - job.submit_time, w.overdue_after_s) if w.overdue else 0.0
+        overdue = overdue_factor(self.now - job.submit_time, self.overdue_after) if w.overdue else 0.0
         total = round(w.age * age + w.fair_share * fair + w.qos * qos + w.job_size * size + w.partition * part
                       + w.time_limit * short + w.overdue * overdue)
         nice = job.spec.nice
@@ -163,7 +175,7 @@ class PriorityContext:
         fair_share = self.fair_share
         static = _static_parts(self._static_fingerprint())
         age_w, fair_w = w.age, w.fair_share
-        overdue_w, overdue_after = w.overdue, w.overdue_after_s
+        overdue_w, overdue_after = w.overdue, self.overdue_after
         out: dict[int, int] = {}
         for job in jobs:
             known = static.get(job.job_id)

@@ -163,6 +163,24 @@ def test_an_overdue_job_cannot_be_outrun_by_newer_short_jobs() -> None:
         PriorityWeights(overdue=1)
 
 
+def test_the_overdue_bound_follows_the_longest_wait_in_the_queue() -> None:
+    """With overdue_share, a job is overdue only once it has waited that share of the longest wait now: on a
+    saturated cluster only the longest waiters go first, not every job past the fixed bound."""
+    day, week, hour = 86400, 7 * 86400, 3600
+    weights = PriorityWeights(age=0, fair_share=0, qos=0, job_size=0, partition=0, time_limit=30_000,
+                              overdue=100_000, overdue_after_s=1 * day, overdue_share=0.5)
+    jobs = [pending(1, submit=NOW - 10 * day, limit=week, gpus=1),  # the longest wait: overdue
+            pending(2, submit=NOW - 4 * day, limit=week, gpus=1),  # past 1 day, under half of 10: not overdue
+            pending(3, submit=NOW - 6 * day, limit=week, gpus=1),  # past half of 10 days: overdue
+            pending(4, submit=NOW, limit=hour, gpus=1)]
+    pricing = PriorityContext(snap([node("a")], jobs), NOW, weights)
+    assert [pricing.factors(j).overdue > 0 for j in jobs] == [True, False, True, False]
+    assert pricing.priorities(jobs) == {j.job_id: pricing.factors(j).total for j in jobs}
+    plan = schedule(snap([busy(node("a", gpus=1), running(9, {"a": (0,)}))], jobs, [running(9, {"a": (0,)})]), NOW,
+                    replace(GARRISON, weights=weights))
+    assert plan.order == (1, 3, 4, 2)
+
+
 def test_priority_factors_match_the_fast_path_and_use_the_partition_default_limit() -> None:
     acct = accounting(partitions=(PartitionDef("main", default=True, default_time_s=4 * 3600),))
     jobs = [pending(1, limit=None, gpus=1), pending(2, limit=3600, gpus=2), pending(3, limit=10 * 86400, gpus=1)]
