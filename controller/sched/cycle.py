@@ -117,7 +117,10 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
         quotas=QuotaTally(accounting, snapshot.running, snapshot.usage, now, default_qos),
         default_qos=default_qos, array_running=array_running, partitions=accounting.partition_map,
     )
-    priorities = PriorityContext(snapshot, now, config.weights).priorities(snapshot.pending)
+    pricing = PriorityContext(snapshot, now, config.weights)
+    priorities = pricing.priorities(snapshot.pending)
+    if config.weights.overdue:
+        state.overdue_after = pricing.overdue_after
     queue = sorted(snapshot.pending, key=lambda j: QUEUE_ORDER.key(j.job_id, j.submit_time, priorities[j.job_id]))
 
     waiting = state.waiting

@@ -28,7 +28,7 @@ GARRISON_WEIGHTS = PriorityWeights(
     short_limit_s=3600,
     long_limit_s=7 * 86400,
     overdue=100_000,
-    overdue_after_s=2 * 86400,
+    overdue_after_s=4 * 86400,
 )
 RESERVATIONS = 8
 

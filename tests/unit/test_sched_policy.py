@@ -394,8 +394,19 @@ def test_a_reservation_waits_for_memory_held_by_a_longer_job() -> None:
 
 def test_reservations_beyond_the_window_are_not_made() -> None:
     nodes, jobs, run = backfill_case()
+    jobs = [replace(j, submit_time=NOW - 60) for j in jobs]  # not overdue: those are reserved for whatever the window
     plan = schedule(snap(nodes, jobs, run), NOW, replace(GARRISON, window_s=500))
     assert plan.reservations == () and 1 not in plan.estimated_starts
+
+
+def test_an_overdue_job_gets_its_reservation_beyond_the_window() -> None:
+    """The window bounds reserving for the many; a job past the overdue bound is reserved for however far
+    away its start is, so backfill cannot push the longest waiters back for ever."""
+    nodes, jobs, run = backfill_case()
+    overdue_after = GARRISON.weights.overdue_after_s
+    jobs[0] = replace(jobs[0], submit_time=NOW - overdue_after - 60)
+    plan = schedule(snap(nodes, jobs, run), NOW, replace(GARRISON, window_s=500))
+    assert [r.job_id for r in plan.reservations] == [1] and plan.estimated_starts[1] >= NOW + 1000
 
 
 def test_bounded_work_leaves_the_rest_waiting_on_priority() -> None:
