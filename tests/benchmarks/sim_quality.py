@@ -78,11 +78,13 @@ class Variant:
 
 
 SHIPPED = Variant("garrison")
+# Along the trade-off: a shorter bound (waits nearer FIFO's), a longer one (more JCT, longer waits), none
+# (the previous preset: shortest limits first, age worth 30 days), and the shipped bound with 1 reservation.
 FRONTIER = (
-    Variant("overdue-1d", (("overdue_after_s", 1 * DAY),)),
-    Variant("overdue-4d", (("overdue_after_s", 4 * DAY),)),
+    Variant("overdue-2d", (("overdue_after_s", 2 * DAY),)),
+    Variant("overdue-8d", (("overdue_after_s", 8 * DAY),)),
     Variant("no-overdue", (("overdue", 0), ("overdue_after_s", 0.0))),
-    Variant("overdue-2d-1-reservation", (), (("reservations", 1),)),
+    Variant("overdue-4d-1-reservation", (), (("reservations", 1),)),
 )
 
 
