@@ -1,8 +1,8 @@
 """Multifactor priority, like Slurm's priority/multifactor: a weighted sum of factors in [0, 1].
 
     priority = w_age * age + w_fairshare * fairshare + w_qos * qos + w_size * size + w_partition * partition
-               + w_time_limit * time_limit + the admin's adjustment (gcontrol update JOB --priority)
-               - the owner's nice value (gsub --nice)
+               + w_time_limit * time_limit + w_overdue * overdue
+               + the admin's adjustment (gcontrol update JOB --priority) - the owner's nice value (gsub --nice)
 
 - age: time pending over ``max_age_s``, capped at 1;
 - fairshare: fairshare.py's classic factor for the job's (account, user);
@@ -17,6 +17,10 @@
   jobs submitted less than ``w_time_limit / w_age * max_age_s`` after it (30 days with the garrison
   weights), plus what fair share and QoS add to theirs, as with any multifactor priority. Only the limit
   counts, which users choose, never the true run time.
+
+- overdue: 0 until the job has waited ``overdue_after_s`` (or ``overdue_share`` of the longest wait in the
+  queue now, if later), then 1 plus one more per further ``overdue_after_s``, without a cap: the bound on
+  any job's wait, which no other factor can outrun. Computed from the snapshot and ``now`` alone, like age.
 
 With every weight 0 the queue is plain arrival order (FIFO).
 """
