@@ -14,6 +14,15 @@ import socket
 import struct
 import sys
 
+from garrison.cli.fastpath import (
+    CACHE_FORMAT,
+    cached_endpoints,
+    config_identity,
+    config_path,
+    controller_address,
+    endpoint_cache_file,
+    remember_config_address,
+)
 from garrison.plainmsg import PLAIN_METHOD_SUFFIX, PlainMessage
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms, on every CLI call
@@ -28,7 +37,6 @@ DEFAULT_DEADLINE_S = 30.0
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 HEADER = struct.Struct("!I")
-CACHE_FORMAT = "garrison-controller-endpoints 1"  # first line of the per-address cache file
 
 # grpc.StatusCode values, so the local path can map errors without importing grpc.
 OK, INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE, UNAUTHENTICATED = 0, 3, 5, 7, 14, 16
@@ -85,11 +93,6 @@ def _token_requested() -> bool:
     return bool(os.environ.get("GARRISON_TOKEN") or os.environ.get("GARRISON_TOKEN_FILE"))
 
 
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "garrison")
-
-
 # The controller's answer when its database cannot take the change (its StoreUnavailable.MESSAGE; the two are
 # checked to agree): the controller was reached, nothing was changed, and the same command may be retried.
 DATABASE_UNAVAILABLE = "the database is unavailable, retry"
@@ -116,7 +119,7 @@ def _error_for(code: int, details: str, address: str) -> CliError:
 
 class Client:
     def __init__(self, address: str | None = None) -> None:
-        self.address = address or os.environ.get("GARRISON_CONTROLLER") or self._address_from_config()
+        self.address = address or controller_address() or self._address_from_config()
         self._channel: Any = None
         self._stubs: dict[Any, Any] = {}
         self._tls = False
@@ -124,13 +127,17 @@ class Client:
 
     @staticmethod
     def _address_from_config() -> str:
-        # Imported only here: most calls find the controller in GARRISON_CONTROLLER.
+        # Imported only here: most calls find the controller in GARRISON_CONTROLLER, or cached (cli/fastpath.py)
         from garrison.config import ConfigError, controller_address_from_env
 
+        path = config_path()
+        identity = config_identity(path)  # before reading: a change while we read is seen next time
         try:
-            return controller_address_from_env()
+            address = controller_address_from_env()
         except ConfigError as exc:
             raise CliError(f"cannot find the controller: {exc}") from None
+        remember_config_address(path, identity, address)
+        return address
 
     def close(self) -> None:
         if self._local is not None:
@@ -147,35 +154,24 @@ class Client:
     # ---------------------------------------------------------------------------------------------
     # What the controller told us about itself, cached per address
 
-    def _cache_file(self) -> str:
-        # The address, made file-name safe, names the file; the file also holds the address in full, and
-        # is only believed when that matches (names of two addresses may coincide). No hashlib, json or
-        # pathlib: together they cost ~15 ms of imports on every call.
-        safe = "".join(c if c.isalnum() or c in ".-" else "_" for c in self.address)[:80]
-        return os.path.join(_cache_dir(), f"controller-{os.geteuid()}-{safe}.cache")
-
     def _endpoints(self, refresh: bool = False) -> dict[str, str]:
-        cache = self._cache_file()
         if not refresh:
-            try:
-                with open(cache, encoding="utf-8") as cached:
-                    lines = cached.read().split("\n")
-                if len(lines) == 4 and lines[0] == CACHE_FORMAT and lines[1] == self.address:
-                    return {"credential_socket": lines[2], "local_socket": lines[3]}
-            except (OSError, ValueError):
-                pass
+            cached = cached_endpoints(self.address)
+            if cached is not None:
+                return cached
         from garrison.protos.v1 import garrison_pb2 as pb
 
         hello = self._grpc_call("Hello", pb.HelloRequest(), authenticated=False)
         endpoints = {"credential_socket": hello.credential_socket, "local_socket": hello.local_socket}
+        cache = endpoint_cache_file(self.address)
         fields = (CACHE_FORMAT, self.address, hello.credential_socket, hello.local_socket)
         if any("\n" in field for field in fields):
             return endpoints  # not representable one per line: ask again next time
         try:
             os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
             tmp = f"{cache}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as cached:
-                cached.write("\n".join(fields))
+            with open(tmp, "w", encoding="utf-8") as out:
+                out.write("\n".join(fields))
             os.replace(tmp, cache)
         except OSError:
             pass  # a read-only home only costs one extra RPC per call

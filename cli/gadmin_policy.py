@@ -16,8 +16,8 @@ from typing import Any
 import click
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail
-from garrison.cli.parsing import UsageError, parse_time_limit
 from garrison.cli.render import format_duration, plain_table, rich_table
+from garrison.cmdline.parsing import UsageError, parse_time_limit
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
-from garrison.cli.parsing import UsageError
-from garrison.cli.submission import HelpRequested, _given_options, parse_submission
+from garrison.cmdline.parsing import UsageError
+from garrison.cmdline.submission import HelpRequested, _given_options, parse_submission
 from garrison.model.jobspec import JobSpec, LaunchMode
 
 PROG = "galloc"

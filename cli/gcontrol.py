@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail
-from garrison.cli.parsing import UsageError, parse_nice, parse_time_limit
+from garrison.cmdline.parsing import UsageError, parse_nice, parse_time_limit
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 

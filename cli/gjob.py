@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from garrison.cli.client import Client, CliError, fail
+from garrison.cli.fastpath import WHY_NOT_LOOKED_AT
 from garrison.cli.render import job_detail
 
 
@@ -42,7 +43,7 @@ def _why_pending(client: Client, job_id: str) -> str:
     response = client.service_call(admin_pb2_grpc.AdminStub, "QueueDetails",
                                    adminpb.QueueDetailsRequest(job_ids=[job_id], explain=True))
     sentences = [s for detail in response.jobs for s in detail.explanation]
-    return "   Why=" + ("; ".join(sentences) if sentences else "not looked at by a scheduling cycle yet")
+    return "   Why=" + ("; ".join(sentences) if sentences else WHY_NOT_LOOKED_AT)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""gqueue: show the queue (squeue's counterpart). Its options are parsed with argparse (cli/argparser.py),
+"""gqueue: show the queue (squeue's counterpart). Its options are parsed with argparse (garrison/cmdline/argparser.py),
 not click like the other commands': it runs often and in loops, and must start fast."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import argparse
 import getpass
 import sys
 
-from garrison.cli.argparser import Parser, UsageError
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
-from garrison.cli.render import JOB_COLUMNS, fold_pending_arrays, job_row, jobs_json, plain_table, rich_table
+from garrison.cli.fastpath import list_request, queue_states, split_values
+from garrison.cli.render import JOB_COLUMNS, job_row, jobs_json, plain_table, rich_table
+from garrison.cmdline.argparser import Parser, UsageError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms
 if TYPE_CHECKING:
@@ -55,32 +56,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# What squeue shows when asked for no state: "pending, running, and completing jobs".
-ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
-
-
-def _states(given: list[str], job_ids: list[str]) -> list[str]:
-    """The states to ask for; [] means every state. Asked for by id, a job shows whatever its state, as in
-    squeue -j."""
-    states = [s.upper() for s in _split(given)]
-    if "ALL" in states:
-        return []
-    if states or job_ids:
-        return states
-    return list(ACTIVE_STATES)
-
-
-def _split(values: list[str]) -> list[str]:
-    return [v for value in values for v in value.split(",") if v]
-
-
 def gqueue(argv: list[str]) -> None:
     try:
         args = parser().parse_args(argv)
     except UsageError as exc:
         fail("gqueue", CliError(f"{exc} (see gqueue --help)", EXIT_USAGE))
-    wanted_users = _split(args.users) + ([getpass.getuser()] if args.me else [])
-    filters = JobFilters(_split(args.names), _split(args.partitions), _split(args.accounts))
+    wanted_users = split_values(args.users) + ([getpass.getuser()] if args.me else [])
+    filters = JobFilters(split_values(args.names), split_values(args.partitions), split_values(args.accounts))
     layout = None
     if args.format is not None:
         if args.show_start or args.show_priority or args.as_json:
@@ -98,7 +80,7 @@ def gqueue(argv: list[str]) -> None:
     if args.iterate is None:
         _show(args, wanted_users, filters, layout)
         return
-    from garrison.cli.parsing import parse_count  # only here: its imports cost every gqueue call ~7 ms
+    from garrison.cmdline.parsing import parse_count  # only here: its imports cost every gqueue call ~7 ms
 
     try:
         interval = parse_count(args.iterate, minimum=1)
@@ -119,14 +101,15 @@ def gqueue(argv: list[str]) -> None:
 def _show(args: argparse.Namespace, wanted_users: list[str], filters: JobFilters, layout: Any) -> None:
     """One look at the queue, in the form the options ask for."""
     if args.show_start or args.show_priority:
-        _pending_view(wanted_users, _split(args.jobs), filters, args.as_json, args.show_priority, args.noheader)
+        _pending_view(wanted_users, split_values(args.jobs), filters, args.as_json, args.show_priority, args.noheader)
         return
-    job_ids = _split(args.jobs)
+    job_ids = split_values(args.jobs)
     if args.show_steps:
         _steps_view(wanted_users, job_ids, filters, args.as_json, args.noheader)
         return
     # The plain form (garrison/plainmsg.py): the queue's one call never imports protobuf.
-    request = {"users": wanted_users, "states": _states(args.states, job_ids), "job_ids": job_ids, **filters.fields()}
+    request = list_request(wanted_users, queue_states(args.states, job_ids), job_ids, filters.fields(),
+                           fold=not (args.expand_arrays or args.as_json))
     try:
         with Client() as client:
             response = client.call_plain("ListJobs", request)
@@ -135,7 +118,7 @@ def _show(args: argparse.Namespace, wanted_users: list[str], filters: JobFilters
     if args.as_json:
         print(jobs_json(response.jobs))
         return
-    jobs = list(response.jobs) if args.expand_arrays else fold_pending_arrays(response.jobs)
+    jobs = list(response.jobs)
     if layout is not None:
         text = layout.render(jobs, header=not args.noheader)
         if text:

@@ -21,8 +21,8 @@ import sys
 import threading
 import time
 
-from garrison.cli.argparser import Parser, UsageError
 from garrison.cli.client import EXIT_USAGE, HEADER, OK, Client, CliError, fail
+from garrison.cmdline.argparser import Parser, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def _gpus_per_task(text: str | None) -> int | None:
     """--gpus-per-task N or TYPE:N (srun's spelling, as in sbatch): a step's GPUs are the job's, of its type."""
     if text is None:
         return None
-    from garrison.cli.parsing import parse_gpu_request
+    from garrison.cmdline.parsing import parse_gpu_request
 
     try:
         return parse_gpu_request(text)[1]

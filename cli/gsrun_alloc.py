@@ -43,15 +43,14 @@ def allocation_options(args: argparse.Namespace) -> list[str]:
 
 def request_allocation(client: Client, args: argparse.Namespace) -> int:
     """Submit the allocation and wait until it runs; its job id."""
-    from garrison.cli.gsub import build_request
-    from garrison.cli.parsing import UsageError
-    from garrison.cli.submission import parse_submission
+    from garrison.cmdline.parsing import UsageError
+    from garrison.cmdline.submission import parse_submission, submit_request
 
     try:
         submission = parse_submission(allocation_options(args), os.environ, os.getcwd())
     except UsageError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    job_id = int(client.call_plain("SubmitJob", build_request(submission)).job_id)
+    job_id = int(client.call_plain("SubmitJob", submit_request(submission)).job_id)
     try:
         return _wait_running(client, job_id)
     except BaseException:

@@ -6,29 +6,13 @@ import os
 import sys
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
-from garrison.cli.parsing import UsageError
-from garrison.cli.submission import HelpRequested, Submission, parse_submission
+from garrison.cmdline.parsing import UsageError
+from garrison.cmdline.submission import HelpRequested, parse_submission, submit_request, with_default_output
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
-
-
-def build_request(submission: Submission) -> dict[str, Any]:
-    """The SubmitJobRequest message in its plain form (garrison/plainmsg.py): gsub never imports protobuf."""
-    from garrison.wire.convert_spec import spec_to_plain
-
-    request: dict[str, Any] = {"spec": spec_to_plain(submission.spec)}
-    if submission.hold:
-        request["hold"] = True
-    if submission.test_only:
-        request["test_only"] = True
-    if submission.array is not None:
-        request["array_indices"] = list(submission.array.indices)
-        if submission.array.max_running is not None:
-            request["array_max_running"] = submission.array.max_running
-    return request
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,7 +43,7 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
               f"{'it' if len(submission.ignored) == 1 else 'them'}", file=sys.stderr)
     try:
         with Client() as client:
-            response = client.call_plain("SubmitJob", build_request(submission))
+            response = client.call_plain("SubmitJob", submit_request(submission))
     except CliError as exc:
         fail(prog, exc)
     if submission.test_only:
@@ -71,16 +55,6 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
         print(f"Submitted batch job {response.job_id}")
     if submission.wait:
         _wait(str(response.job_id), prog)
-
-
-def with_default_output(submission: Submission, default: str | None, array_default: str | None) -> Submission:
-    """``submission`` writing to ``default`` (``array_default`` for an array) when it names no -o file."""
-    if submission.spec.output is not None or default is None:
-        return submission
-    from dataclasses import replace
-
-    pattern = array_default if submission.array is not None and array_default else default
-    return replace(submission, spec=replace(submission.spec, output=pattern))
 
 
 def _wait(job_id: str, prog: str = "gsub") -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 import time
 
-from garrison.cli.argparser import UsageError
 from garrison.cli.render import elapsed, format_duration, job_row
+from garrison.cmdline.argparser import UsageError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs gqueue ~5 ms
 if TYPE_CHECKING:

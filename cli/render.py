@@ -3,15 +3,15 @@ terminals, JSON for scripts. No I/O here, so every view is testable as text."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Sequence
 
 from garrison.cli.usage_format import measured, usage_line
+from garrison.model.arrayfold import fold, folded_id
+from garrison.model.arrayfold import index_ranges as index_ranges  # sacct's, too
 
 TYPE_CHECKING = False  # not typing's: importing typing costs gqueue ~5 ms
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from typing import Any
 
 JOB_COLUMNS = ("JOBID", "PARTITION", "NAME", "USER", "ACCOUNT", "STATE", "TIME", "GPUS", "NODES(REASON)")
@@ -58,26 +58,14 @@ def job_row(job: Any) -> tuple[str, ...]:
     )
 
 
-def index_ranges(indices: Sequence[int]) -> str:
-    """``[1, 2, 3, 5, 7, 8]`` -> ``"1-3,5,7-8"``: array task ids as squeue writes them."""
-    runs: list[list[int]] = []
-    for index in sorted(set(indices)):
-        if runs and index == runs[-1][1] + 1:
-            runs[-1][1] = index
-        else:
-            runs.append([index, index])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
 class FoldedArray:
     """The pending tasks of one array that wait for the same reason, shown as one row the way squeue shows
-    them: ``5_[11-100%10]`` (``%10``: at most ten run at once). Reads like its first task otherwise."""
+    them (garrison/model/arrayfold.py). Reads like its first task otherwise."""
 
     def __init__(self, tasks: Sequence[Any]) -> None:
         self._first = tasks[0]
         limit = self._first.array_max_running if self._first.HasField("array_max_running") else 0
-        ranges = index_ranges([task.array_task_id for task in tasks])
-        self.display_id = f"{self._first.array_job_id}_[{ranges}{f'%{limit}' if limit else ''}]"
+        self.display_id = folded_id(self._first.array_job_id, [task.array_task_id for task in tasks], limit)
         self.tasks = tuple(tasks)
 
     def __getattr__(self, name: str) -> Any:
@@ -87,25 +75,16 @@ class FoldedArray:
         return bool(self._first.HasField(name))
 
 
+def _pending_array_group(job: Any) -> tuple[int, str, str] | None:
+    if job.state != "PENDING" or not job.HasField("array_job_id") or not job.HasField("array_task_id"):
+        return None
+    return (job.array_job_id, job.reason, job.partition)
+
+
 def fold_pending_arrays(jobs: Sequence[Any]) -> list[Any]:
-    """squeue's view of job arrays: the pending tasks of an array that wait for the same reason become one
-    row (``FoldedArray``), at the place of the first; a task that has started, or waits for another reason,
-    keeps a row of its own. A lone pending task stays as it is."""
-    groups: dict[tuple[int, str, str], list[Any]] = {}
-    order: list[Any] = []
-    for job in jobs:
-        if job.state != "PENDING" or not job.HasField("array_job_id") or not job.HasField("array_task_id"):
-            order.append(job)
-            continue
-        key = (job.array_job_id, job.reason, job.partition)
-        group = groups.get(key)
-        if group is None:
-            groups[key] = group = []
-            order.append(group)
-        group.append(job)
-    return [
-        item if not isinstance(item, list) else item[0] if len(item) == 1 else FoldedArray(item) for item in order
-    ]
+    """squeue's view of job arrays (garrison/model/arrayfold.py), on listed jobs: each array's pending tasks
+    that wait for the same reason become one row (``FoldedArray``); a lone pending task stays as it is."""
+    return [FoldedArray(item) if isinstance(item, list) else item for item in fold(jobs, _pending_array_group)]
 
 
 def plain_table(headers: Sequence[str], rows: Sequence[Sequence[str]], header: bool = True) -> str:
@@ -153,6 +132,8 @@ def job_json(job: Any) -> dict[str, Any]:
 
 
 def jobs_json(jobs: Sequence[Any]) -> str:
+    import json  # here: json imports re, ~6 ms of a gqueue that does not print JSON
+
     return json.dumps({"jobs": [job_json(j) for j in jobs]}, indent=2)
 
 
@@ -263,10 +244,11 @@ def job_detail(job: Any) -> str:
             f"   Attempt {att.attempt}: {state} start={_ts(att.start_time)} end={_ts(att.end_time)} "
             f"exit={code} {where}" + (f" reason={att.reason}" if att.reason else "")
         )
-        if measured(att.usage) is not None:  # sstat's figures while it runs, sacct's once it has ended
+        usage = measured(att.usage if att.HasField("usage") else None)
+        if usage is not None:  # sstat's figures while it runs, sacct's once it has ended
             end = att.end_time or job.now or time.time()
             cpus = sum(len(a.cpus) for a in att.allocation)
-            lines.append(f"     {usage_line(att.usage, max(end - att.start_time, 0.0), cpus)}")
+            lines.append(f"     {usage_line(usage, max(end - att.start_time, 0.0), cpus)}")
     return "\n".join(lines)
 
 

@@ -57,7 +57,6 @@ def _controller_section(state_dir: Path, port: int, allow_root: bool, database: 
             "heartbeat_timeout_s = 10.0",
             # A local cluster's node lease: a silent node's jobs move on 15 + 5 + 3 s after it fell silent.
             "node_lease_s = 15.0",
-            "schedule_interval_s = 0.5",
             "kill_wait_s = 5.0",
             "finished_job_retention_s = 600.0",
             f"allow_root_jobs = {'true' if allow_root else 'false'}",

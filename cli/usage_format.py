@@ -13,8 +13,9 @@ NOT_MEASURED = "-"
 
 
 def measured(usage: Any | None) -> Any | None:
-    """The message if it holds any figure, else None (an unset submessage reads as all-empty)."""
-    if usage is None or not usage.ListFields():
+    """The message if it holds any figure, else None (an unset submessage reads as all-empty). A plain
+    message (garrison/plainmsg.py) holds a sub-message only where it was set."""
+    if usage is None or (hasattr(usage, "ListFields") and not usage.ListFields()):
         return None
     return usage
 

@@ -80,6 +80,14 @@ class NewJobs:
     first: int
     count: int
     make: Callable[[int], Job]
+    # Whether the transaction that stores the jobs also takes their ids from the store's counter
+    # (StoreChanges.job_ids); False: they were reserved already (allocate_job_ids).
+    take_ids: bool = False
+
+    @property
+    def job_ids(self) -> tuple[int, int] | None:
+        """What the storing transaction takes from the counter (PendingWrites.job_ids)."""
+        return (self.first, self.first + self.count) if self.take_ids else None
 
     def build(self, start: int = 0, stop: int | None = None) -> list[Job]:
         return [self.make(i) for i in range(start, self.count if stop is None else min(stop, self.count))]
@@ -99,7 +107,8 @@ class BulkWriter:
     async def add_jobs(self, new: NewJobs, hold: bool = False) -> None:
         """Make and store a submission's jobs (held by their user with ``hold``), then put them in memory."""
         if new.count <= CHUNK_JOBS:
-            with self.state.atomically():  # the jobs and their hold, in one transaction
+            with self.state.atomically() as pending:  # the ids, the jobs and their hold, in one transaction
+                pending.job_ids = new.job_ids
                 self.state.add_jobs(new.build())
                 if hold:
                     self.state.hold(range(new.first, new.first + new.count), by_admin=False)
@@ -121,6 +130,7 @@ class BulkWriter:
     def _store_in_chunks(self, new: NewJobs, hold: bool) -> list[list[Job]]:
         """On the store's thread: the submission marked unfinished, its jobs made and saved a chunk per
         transaction, then marked finished (see the module's docstring)."""
+        assert not new.take_ids, "a submission in chunks reserves its ids first (allocate_job_ids)"
         store = self.state.store
         store.begin_submission(new.first, new.count)
         made = []

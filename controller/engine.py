@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from garrison.config import ControllerConfig
@@ -49,6 +50,7 @@ from garrison.controller.commands import (
     TestSubmitResult,
     Welcome,
 )
+from garrison.controller.cycles import CycleDue
 from garrison.controller.dependency import format_dependency, parse_dependency
 from garrison.controller.instructions import EndSession, ReleaseGang
 from garrison.controller.policy import Policy
@@ -71,7 +73,7 @@ from garrison.controller.step_commands import (
     StepTasksExited,
 )
 from garrison.controller.steps import StepManager
-from garrison.controller.store.errors import StoreUnavailable
+from garrison.controller.store.errors import JobIdsTaken, StoreUnavailable
 from garrison.controller.submitcaps import check_submit_cap
 from garrison.controller.userjobs import UserJobs
 from garrison.controller.validate import Resolved, ValidationError, validate_submission
@@ -80,6 +82,8 @@ from garrison.model.jobrefs import MAX_ID, JobLookup, parse_job_ref
 from garrison.model.launch import LaunchDescription
 
 log = logging.getLogger("garrison.controller")
+
+Report = AttemptStarted | CheckpointMarked | AttemptFinished | RunningUsageReported  # what changes jobs
 
 
 class PermissionDenied(Exception):
@@ -104,6 +108,7 @@ def _matches(job: Job, selection: JobFilter) -> bool:
 MAX_BEGIN_AHEAD_S = 366 * 86400  # gsub --begin
 TEST_JOB_ID = MAX_ID + 1  # gsub --test-only's job: an id no real job can have
 TEST_ONLY_MAX_RESERVATIONS = 500
+STORE_RETRY_CYCLE_S = 1.0  # a plan the database would not take is planned again this soon
 MAX_CYCLE_REST_S = 5.0  # the longest rest after a long scheduling cycle
 REASONS_PER_TURN = 2000  # pending jobs' reasons updated per turn of the event loop  # jobs a --test-only estimate plans ahead of the tested one, at most
 
@@ -121,7 +126,11 @@ class Engine:
         self.clock = clock
         self.sessions: dict[str, AgentLink] = {}
         self.admin_uids = {0, os.getuid()}
+        # Set whenever the state's generation moves (ClusterState.scheduling_inputs_changed): the scheduler
+        # loop then asks CycleDue whether a cycle is due, and otherwise sleeps until the clock makes one due.
         self._wake = asyncio.Event()
+        self.due = CycleDue(config.schedule_interval_s)
+        state.generation_listeners.append(self._wake.set)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sched")
         self._tasks: list[asyncio.Task[None]] = []
         self.cycle_count = 0
@@ -138,6 +147,10 @@ class Engine:
         state.job_observers.append(self.user_jobs.job_changed)
         # Agents' reports waiting for the database to take writes again (controller/agent_backlog.py).
         self.backlog = AgentBacklog(config.store_retry_s)
+        # Agents' reports of this turn of the event loop, applied together at its end (flush_reports).
+        self._turn_reports: list[tuple[AgentLink, Report, float]] = []
+        # The store's job id counter as this controller last moved it; None: not known (``_job_ids``).
+        self._next_job_id: int | None = None
         self._outage_logged_at = -math.inf
 
         # Job steps (gsrun): started in running jobs, their output routed to their clients.
@@ -180,42 +193,78 @@ class Engine:
             log.warning("usage not saved at shutdown, the database is unavailable: %s", error.cause)
 
     def request_schedule(self) -> None:
-        self._wake.set()
+        """Something a cycle reads has changed (the state's own mutators say so themselves; this is for the
+        callers that know better, and costs at most one cycle)."""
+        self.state.scheduling_inputs_changed()
+
+    def cycle_due(self) -> str | None:
+        """Why a scheduling cycle is due now (controller/cycles.py), or None."""
+        return self.due.why(self.state.generation, self.clock.now())
 
     async def _scheduler_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.config.schedule_interval_s)
-            self._wake.clear()
+            if self.cycle_due() is None:
+                # Nothing a cycle reads has changed: sleep until something does, or the clock makes a cycle
+                # due. (No await between the check and the clear: a change cannot slip in between.)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.due.seconds_to_wait(self.clock.now()))
+                continue
             try:
-                snapshot = self.policy.snapshot()
-                if not snapshot.pending:
-                    continue
-                started = time.perf_counter()
-                now = self.clock.now()
-                plan = await loop.run_in_executor(
-                    self._pool, self._compute_plan, snapshot, now, self.policy.scheduler
-                )
-                self.last_cycle_ms = (time.perf_counter() - started) * 1000
-                self.cycle_count += 1
-                self.policy.remember(snapshot, plan, now)
-                self._apply_plan(plan)
-                metrics.observe_scheduling_cycle(time.perf_counter() - started)
-                await self._record_wait_reasons(plan.waiting)
-                # A cycle over 100,000 pending jobs takes seconds of CPU, which its thread shares with the
-                # event loop (one GIL): rest as long as it took, so that requests get at least half.
-                await asyncio.sleep(min(self.last_cycle_ms / 1000, MAX_CYCLE_REST_S))
+                if await self.run_cycle():
+                    # A cycle over 100,000 pending jobs takes seconds of CPU, which its thread shares with the
+                    # event loop (one GIL): rest as long as it took, so that requests get at least half.
+                    await asyncio.sleep(min(self.last_cycle_ms / 1000, MAX_CYCLE_REST_S))
             except StoreUnavailable as error:  # nothing of the plan was kept; the next cycle plans again
                 self._store_unavailable("scheduling cycle", error)
+                # The plan was not applied and the state has not moved, so nothing else would make a cycle due
+                # before the interval: plan again soon, as the interval of 1 s used to.
+                self.due.retry_at(self.clock.now() + STORE_RETRY_CYCLE_S)
             except Exception:  # a bug in one cycle must not stop scheduling for good
                 log.exception("scheduling cycle failed")
+                await asyncio.sleep(1.0)  # nor spin on the same snapshot
+
+    async def run_cycle(self) -> Plan | None:
+        """One scheduling cycle: snapshot, plan (off the event loop), apply, wait reasons. None when nothing
+        is pending (there is nothing to plan, which counts as planned)."""
+        generation = self.state.generation
+        now = self.clock.now()
+        snapshot = self.policy.snapshot()
+        if not snapshot.pending:
+            self.due.planned(generation, now, None)
+            return None
+        log.debug("scheduling cycle: %s", self.cycle_due())
+        started = time.perf_counter()
+        plan, cpu_s = await asyncio.get_running_loop().run_in_executor(
+            self._pool, self._compute_plan_timed, snapshot, now, self.policy.scheduler
+        )
+        self.last_cycle_ms = (time.perf_counter() - started) * 1000
+        applying = time.thread_time()
+        self.cycle_count += 1
+        self.due.planned(generation, now, plan.wake_at)
+        self.policy.remember(snapshot, plan, now)
+        before = self.state.generation
+        if self._apply_plan(plan) and len(plan.starts) < self.policy.scheduler.max_starts_per_cycle:
+            self.due.applied(before, self.state.generation)
+        cpu_s += time.thread_time() - applying
+        metrics.observe_scheduling_cycle(time.perf_counter() - started, cpu_s)
+        await self._record_wait_reasons(plan.waiting)
+        return plan
 
     @staticmethod
     def _compute_plan(snapshot: Snapshot, now: float, config: SchedulerConfig) -> Plan:
         return schedule(snapshot, now, config)
 
-    def _apply_plan(self, plan: Plan) -> None:
+    @staticmethod
+    def _compute_plan_timed(snapshot: Snapshot, now: float, config: SchedulerConfig) -> tuple[Plan, float]:
+        """The plan, and the CPU time its thread spent on it."""
+        began = time.thread_time()
+        plan = schedule(snapshot, now, config)
+        return plan, time.thread_time() - began
+
+    def _apply_plan(self, plan: Plan) -> bool:
+        """Apply what still holds of the plan; True when all of it did and it asked for no preemption (the
+        state is then what the plan counted on)."""
         now = self.clock.now()
         # The ledger accepts what still holds of the (possibly stale) plan; the rest is dropped, with why.
         result, instructions = self.state.apply_plan(plan, now)
@@ -230,12 +279,20 @@ class Engine:
             except StoreUnavailable as error:  # this victim is left running; a later cycle chooses again
                 self._store_unavailable("preemption", error)
         self.execute(instructions)
+        return not result.rejected and not plan.preempts
 
     async def _record_wait_reasons(self, waiting: Mapping[int, str]) -> None:
         """Each pending job's reason as gqueue shows it, from the last plan; in chunks, paced, since a cycle
         over 100,000 newly pending tasks changes them all (controller/bulk.py's Pacer)."""
         pacer = Pacer()
-        for count, (job_id, reason) in enumerate(waiting.items(), 1):
+        # Only the reasons that differ from those recorded: a cycle over 50,000 jobs that still wait for what
+        # they waited for changes nothing here (a dict comparison, in C, and no more; else a set difference).
+        # A job whose reason is recorded has had its Job's reason set with it, and a job that leaves the
+        # queue loses its record (ClusterState).
+        if waiting == self.state.wait_reasons:
+            return
+        changed = waiting.items() - self.state.wait_reasons.items()
+        for count, (job_id, reason) in enumerate(changed, 1):
             job = self.state.jobs.get(job_id)
             if job is None or job.state != JobState.PENDING:
                 continue  # cancelled, purged or started since the snapshot: no reason to keep for it
@@ -406,20 +463,57 @@ class Engine:
     def submit(self, principal: Principal, command: SubmitCommand) -> Submitted:
         """A submission written in one transaction: for a small one (controller/bulk.py's CHUNK_JOBS or
         fewer jobs), or where no event loop runs; the RPC layer calls ``submit_async``."""
-        new, held = self._new_jobs(principal, command)
-        with self.state.atomically():  # the jobs and their hold, in one transaction
-            jobs = new.build()
-            self.state.add_jobs(jobs)
-            if held:
-                self.state.hold([job.job_id for job in jobs], by_admin=False)
-        return self._submitted(principal, new, held)
+        for _ in range(2):  # a second time only if another writer took the ids (JobIdsTaken)
+            new, held = self._new_jobs(principal, command)
+            with self._ids_taken_again(), self.state.atomically() as pending:  # ids, jobs and hold in one
+                pending.job_ids = new.job_ids
+                jobs = new.build()
+                self.state.add_jobs(jobs)
+                if held:
+                    self.state.hold([job.job_id for job in jobs], by_admin=False)
+            if self._next_job_id is not None:
+                return self._submitted(principal, new, held)
+        raise AssertionError("job ids reserved with allocate_job_ids were taken")
 
     async def submit_async(self, principal: Principal, command: SubmitCommand) -> Submitted:
         """A submission; a large array's tasks are written in chunks, so others' requests are answered
         meanwhile (controller/bulk.py)."""
-        new, held = self._new_jobs(principal, command)
-        await self.bulk.add_jobs(new, hold=held)
-        return self._submitted(principal, new, held)
+        for _ in range(2):  # a second time only if another writer took the ids (JobIdsTaken)
+            new, held = self._new_jobs(principal, command)
+            with self._ids_taken_again():
+                await self.bulk.add_jobs(new, hold=held)
+            if self._next_job_id is not None:
+                return self._submitted(principal, new, held)
+        raise AssertionError("job ids reserved with allocate_job_ids were taken")
+
+    @contextlib.contextmanager
+    def _ids_taken_again(self) -> Iterator[None]:
+        """Around storing a submission: if it fails, the store's job id counter is in doubt (a commit whose
+        outcome is unknown may have moved it), so the next submission reserves its ids from the store again
+        (``_job_ids``). JobIdsTaken (another writer moved the counter) is swallowed: ``_next_job_id`` is
+        None after it, and the caller submits again."""
+        try:
+            yield
+        except JobIdsTaken:
+            log.warning("job ids were taken by another writer of the store; reserving them again")
+            self._next_job_id = None
+        except BaseException:
+            self._next_job_id = None
+            raise
+
+    def _job_ids(self, count: int) -> tuple[int, bool]:
+        """The first of ``count`` consecutive ids for a submission, and whether its own transaction takes them
+        from the store's counter (the controller knows the counter's value: one transaction fewer per
+        submission). A large array, stored in several transactions, and the first submission after a start
+        or a failed write reserve them in a transaction of their own first (ids lost to a failed submission
+        are then never reused)."""
+        if count <= CHUNK_JOBS and self._next_job_id is not None:
+            first = self._next_job_id
+            self._next_job_id = first + count
+            return first, True
+        first = self.state.store.allocate_job_ids(count)
+        self._next_job_id = first + count
+        return first, False
 
     def _new_jobs(self, principal: Principal, command: SubmitCommand) -> tuple[NewJobs, bool]:
         """The checked submission's jobs (one, or an array's tasks with consecutive ids), not stored yet."""
@@ -427,7 +521,7 @@ class Engine:
         check_submit_cap(self.user_jobs, principal.user, len(indices) or 1, self.config.max_submit_jobs)
         now = self.clock.now()
         count = len(indices) or 1
-        first = self.state.store.allocate_job_ids(count)  # ids lost to a failed submit are never reused
+        first, take_ids = self._job_ids(count)
         common = dict(
             spec=resolved.spec,
             user=principal.user,
@@ -444,8 +538,8 @@ class Engine:
             def task(i: int) -> Job:
                 return Job(job_id=first + i, array_job_id=first, array_task_id=indices[i], **common)  # type: ignore[arg-type]
 
-            return NewJobs(first, count, task), command.hold
-        return NewJobs(first, 1, lambda _: Job(job_id=first, **common)), command.hold  # type: ignore[arg-type]
+            return NewJobs(first, count, task, take_ids), command.hold
+        return NewJobs(first, 1, lambda _: Job(job_id=first, **common), take_ids), command.hold  # type: ignore[arg-type]
 
     def _submitted(self, principal: Principal, new: NewJobs, held: bool) -> Submitted:
         """What follows a submission once its jobs are stored (and held) and in memory."""
@@ -634,6 +728,7 @@ class Engine:
         return self.policy.node_partitions(name)
 
     def agent_connected(self, session: AgentLink, registration: Registration) -> None:
+        self.flush_reports()  # what the old stream reported comes before what the registration reconciles
         old = self.sessions.get(session.node)
         if old is not None and old is not session:
             old.close()
@@ -683,7 +778,10 @@ class Engine:
         if math.isfinite(when) and when > 0:
             self.state.checkpointed(job_id, attempt, min(when, now))
 
-    def agent_message(self, session: AgentLink, event: AgentEvent) -> None:
+    def agent_message(self, session: AgentLink, event: AgentEvent, grouped: bool = False) -> None:
+        """One message of an agent's stream. With ``grouped`` (the agents' streams, controller/rpc), a report
+        that changes jobs is applied at the end of the event loop's turn, in one transaction with the other
+        reports of that turn (``flush_reports``); without, at once in a transaction of its own."""
         if self.sessions.get(session.node) is not session:
             return  # a stream that has been replaced by a newer connection
         now = self.clock.now()
@@ -695,6 +793,8 @@ class Engine:
             session.close()
             return
         if isinstance(event, AttemptStarted | CheckpointMarked | AttemptFinished | RunningUsageReported):
+            if grouped and not self.backlog.waiting(session.node) and self._group_report(session, event, now):
+                return
             # In order behind the node's reports still waiting for the database, if any.
             self.backlog.deliver(session.node, lambda: self._apply_report(session.node, event, now), now)
         elif isinstance(event, StillAlive):
@@ -702,20 +802,76 @@ class Engine:
         elif isinstance(event, StepOutputReceived | StepTasksExited | StepNodeFinished):
             self.steps.agent_event(session.node, event)
 
-    def _apply_report(
-        self, node: str, event: AttemptStarted | CheckpointMarked | AttemptFinished | RunningUsageReported, now: float
-    ) -> None:
+    def _group_report(self, session: AgentLink, event: Report, now: float) -> bool:
+        """Keep a report for this turn's group commit (``flush_reports``); False where no event loop runs (a
+        caller outside the daemon), and the report is applied at once instead."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        if not self._turn_reports:
+            loop.call_soon(self.flush_reports)
+        self._turn_reports.append((session, event, now))
+        return True
+
+    def flush_reports(self) -> None:
+        """Apply the reports kept during the last turn of the event loop in one store transaction (group
+        commit): a started and a finished job cost one commit for all of them, not one each, as the agents'
+        reports are the bulk of the controller's writes. Each agent's reports stay in the order it sent
+        them, and a result is still acknowledged only once durable: the acknowledgements are sent after the
+        commit. If the transaction fails (the database is down, or one report raised), memory is as it was
+        before the group (controller/transaction.py), and each report is applied again on its own as before:
+        one the store refuses waits in the backlog, in order, and one that fails fails alone."""
+        reports, self._turn_reports = self._turn_reports, []
+        if len(reports) > 1:
+            try:
+                with self.state.atomically():
+                    effects = [self._report_effects(session.node, event, now) for session, event, now in reports]
+            except Exception:  # noqa: BLE001 - nothing of the group was kept: each report alone, below
+                log.debug("a group of %d reports was refused; applying them one by one", len(reports))
+            else:
+                metrics.record_report_group(len(reports))
+                self._after_reports([ins for instructions, _ in effects for ins in instructions],
+                                    any(ended for _, ended in effects))
+                return
+        for session, event, now in reports:
+            if self.sessions.get(session.node) is not session:
+                continue  # its stream ended meanwhile: the agent reports it again when it registers
+            try:
+                self.backlog.deliver(session.node, functools.partial(self._apply_report, session.node, event, now), now)
+            except Exception:
+                # What the stream's reader did with a report that raised before reports were grouped.
+                log.exception("agent stream from %s failed", session.node)
+                session.close()
+
+    def _apply_report(self, node: str, event: Report, now: float) -> None:
         """An agent's report, applied all or nothing (StoreUnavailable: nothing changed, nothing sent)."""
+        with self.state.atomically():
+            instructions, ended = self._report_effects(node, event, now)
+        self._after_reports(instructions, ended)
+
+    def _report_effects(self, node: str, event: Report, now: float) -> tuple[list[Instruction], bool]:
+        """A report's change to memory, inside the caller's transaction: the instructions to send once it has
+        committed, and whether an attempt ended on the node (so a cycle may start something)."""
         if isinstance(event, AttemptStarted):
-            self.execute(self.state.node_started(node, event.job_id, event.attempt))
-        elif isinstance(event, CheckpointMarked):
+            return self.state.node_started(node, event.job_id, event.attempt), False
+        if isinstance(event, CheckpointMarked):
             self._checkpointed(event.job_id, event.attempt, event.time, now)
-        elif isinstance(event, RunningUsageReported):
+            return [], False
+        if isinstance(event, RunningUsageReported):
             self.state.running_usage(node, event.job_id, event.attempt, event.usage)
-        else:
-            self.execute(self.state.node_finished(node, event.result, now))
-            self.steps.check_jobs()
+            return [], False
+        return self.state.node_finished(node, event.result, now), True
+
+    def _after_reports(self, instructions: list[Instruction], ended: bool) -> None:
+        """What follows reports once they are durable: acknowledgements and releases sent, and a cycle."""
+        self.execute(instructions)
+        if ended:
             self.request_schedule()
+            try:
+                self.steps.check_jobs()
+            except StoreUnavailable as error:  # the steps of ended jobs are ended on a later tick
+                self._store_unavailable("job steps", error)
 
     def with_running_usage(self, job: Job) -> Job:
         """The job as gjob shows it: its running attempt with what its nodes have reported it used so far
@@ -730,6 +886,7 @@ class Engine:
         return replace(job, attempts=attempts)
 
     def agent_disconnected(self, session: AgentLink) -> None:
+        self.flush_reports()  # the stream's last reports are applied (and acknowledged) as if read earlier
         if self.sessions.get(session.node) is session:
             del self.sessions[session.node]
             self.backlog.drop(session.node)  # the agent reports them again when it reconnects

@@ -11,6 +11,7 @@ timers intervene. Node arrivals and losses are controller/reconcile.py's; Cluste
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -73,6 +74,15 @@ class JobLifecycle:
         # (before is None for a new job): metrics and job event logs. They must not raise or block.
         self.job_observers: list[Callable[[Job | None, Job], None]] = []
         self._pending: PendingWrites | None = None  # the operation under way (controller/transaction.py)
+        # Bumped by every change a scheduling cycle could see (jobs, holds, live attempts, nodes, policy): the
+        # engine plans again only when it has moved since its last cycle's snapshot (controller/cycles.py).
+        # The listeners (the engine's wake-up) are called on every bump; they must be cheap and not raise.
+        self.generation = 0
+        # (end time, job id) of the jobs that ended, oldest first, so that the timer's purge of the old ones
+        # looks at those due rather than at every job in memory (50,000 pending ones, 5 times a second). An
+        # entry whose job has changed since (or was rolled back) is dropped when it comes up.
+        self._ended: list[tuple[float, int]] = []
+        self.generation_listeners: list[Callable[[], None]] = []
 
     @contextlib.contextmanager
     def atomically(self) -> Iterator[PendingWrites]:
@@ -103,6 +113,8 @@ class JobLifecycle:
             self.ledger.queued[job.job_id] = len(job.attempts)
         else:
             self.ledger.queued.pop(job.job_id, None)
+            if job.state.is_terminal and job.end_time is not None:
+                heapq.heappush(self._ended, (job.end_time, job.job_id))
 
     def add_jobs(self, jobs: Sequence[Job]) -> None:
         self._save(jobs)
@@ -113,13 +125,22 @@ class JobLifecycle:
         for job in jobs:
             self._observe(self.jobs.get(job.job_id), job)
             self._remember(job)
+    def scheduling_inputs_changed(self) -> None:
+        """Something a scheduling cycle reads has changed (or is about to): a cycle is due. Called before the
+        change, so a change that is then rolled back costs one needless cycle, never a missed one."""
+        self.generation += 1
+        for listener in self.generation_listeners:
+            listener()
+
     def _job_changing(self, job_id: int) -> None:
         """Before a job, its queue entry, hold or wait reason changes: the operation's checkpoint journals it."""
+        self.scheduling_inputs_changed()
         if self._pending is not None:
             self._pending.checkpoint.job_changing(job_id)
 
     def _live_changing(self, live: LiveAttempt) -> None:
         """Before a live attempt's fields change: the operation's checkpoint journals them."""
+        self.scheduling_inputs_changed()
         if self._pending is not None:
             self._pending.checkpoint.live_changing(live)
 
@@ -505,11 +526,12 @@ class JobLifecycle:
 
     def purge_finished(self, now: float, retention_s: float) -> list[int]:
         """Forget (in memory) terminal jobs older than the retention; the store keeps them."""
-        old = [
-            j.job_id
-            for j in self.jobs.values()
-            if j.state.is_terminal and j.end_time is not None and now - j.end_time > retention_s
-        ]
-        for job_id in old:
-            del self.jobs[job_id]
+        old: list[int] = []
+        ended = self._ended
+        while ended and now - ended[0][0] > retention_s:
+            end_time, job_id = heapq.heappop(ended)
+            job = self.jobs.get(job_id)
+            if job is not None and job.state.is_terminal and job.end_time == end_time:
+                del self.jobs[job_id]
+                old.append(job_id)
         return old

@@ -105,7 +105,8 @@ async def serve(config: GarrisonConfig) -> None:
                                   revoked_file=cfg.tls_revoked_agents)
     pb_grpc.add_AgentLinkServicer_to_server(agent_link, server)
     spb_grpc.add_SecurityServicer_to_server(SecurityService(engine, auth, tokens), server)
-    admin_grpc.add_AdminServicer_to_server(AdminService(engine, auth), server)
+    admin_service = AdminService(engine, auth)
+    admin_grpc.add_AdminServicer_to_server(admin_service, server)
     apb_grpc.add_AccountingServicer_to_server(AccountingService(engine.accounting_query, auth, clock, engine.is_admin), server)
     transport = listen(server, cfg, config.path)  # TLS, or plain text on loopback only
     await server.start()
@@ -116,7 +117,7 @@ async def serve(config: GarrisonConfig) -> None:
         frame_timeout_s=cfg.local_frame_timeout_s,
     )
     local = LocalServer(
-        cfg.local_socket, client_service, limits=local_limits,
+        cfg.local_socket, client_service, limits=local_limits, admin_servicer=admin_service,
         refused=lambda uid, why: refusals.refused(("RESOURCE_EXHAUSTED", "local socket", "uid", uid),
                                                   f"refused a local connection of uid {uid}: {why}"),
     ) if cfg.local_socket else None

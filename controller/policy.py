@@ -61,6 +61,7 @@ class Policy:
         return frozenset(p.name for p in self.accounting.partitions if p.has_node(name))
 
     def refresh_node_partitions(self) -> None:
+        self.state.scheduling_inputs_changed()
         for name in self.state.nodes:
             self.state.node_partitions[name] = self.node_partitions(name)
 

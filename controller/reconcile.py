@@ -55,6 +55,7 @@ class NodeReconciliation(JobLifecycle):
     def _save_node(self, node: Node) -> None:
         """Change a node: in memory at once, in the store when the operation commits (or not at all)."""
         with self.atomically() as pending:
+            self.scheduling_inputs_changed()
             pending.nodes[node.name] = node
             self.nodes[node.name] = node
             self.unsaved_nodes.discard(node.name)
@@ -110,6 +111,7 @@ class NodeReconciliation(JobLifecycle):
         if old is not None and old.state == NodeState.DRAIN:
             state, reason = old.state, old.reason
         node = Node(name=name, inventory=inventory, state=state, reason=reason, last_heartbeat=now)
+        self.scheduling_inputs_changed()
         self.nodes[name] = node
         self.node_partitions[name] = partitions
         self.gpu_owner.setdefault(name, {})
@@ -138,6 +140,7 @@ class NodeReconciliation(JobLifecycle):
                 if job is not None and attempt < len(job.attempts):
                     allocation = job.attempts[attempt].allocation
                 if allocation is not None and name in allocation.node_names:
+                    self.scheduling_inputs_changed()
                     self.ledger.own_leftover(job_id, attempt, allocation, name)
                 instructions.append(SignalAttempt(name, job_id, attempt, "kill"))
                 continue
@@ -168,13 +171,15 @@ class NodeReconciliation(JobLifecycle):
     def heartbeat(self, name: str, now: float) -> bool:
         """A message from the node's current stream. True when the node had been given up for silent
         (expire_heartbeats) while that stream stayed open (an agent stalled for a while): it is alive, and
-        must register again so that what it runs is reconciled with what moved on without it."""
+        must register again so that what it runs is reconciled with what moved on without it. (A heartbeat
+        changes nothing a scheduling cycle reads, so it does not make one due.)"""
         node = self.nodes.get(name)
         if node is not None:
             self.nodes[name] = replace(node, last_heartbeat=now)
         return node is not None and name not in self.connected
 
     def disconnect(self, name: str) -> None:
+        self.scheduling_inputs_changed()
         self.connected.discard(name)
 
     def _lose_node(self, live: LiveAttempt, name: str, reason: str, now: float) -> list[Instruction]:
@@ -237,5 +242,6 @@ class NodeReconciliation(JobLifecycle):
                         "has run out, %.1fs after it was last heard from)", node.name, silent_s,
                         self.fence_delay_s)
             self._save_node(replace(node, state=NodeState.DOWN, reason="not responding"))
+        self.scheduling_inputs_changed()
         self.connected.discard(node.name)
         return [EndSession(node.name, "missed heartbeats")]

@@ -131,10 +131,11 @@ class PendingWrites:
     nodes: dict[str, Node] = dataclasses.field(default_factory=dict)
     stops: dict[tuple[int, int], AttemptStop] = dataclasses.field(default_factory=dict)
     observed: list[tuple[Job | None, Job]] = dataclasses.field(default_factory=list)  # for the job observers
+    job_ids: tuple[int, int] | None = None  # a submission's ids, taken from the counter (StoreChanges.job_ids)
 
     def changes(self) -> StoreChanges:
         return StoreChanges(jobs=list(self.jobs.values()), holds=dict(self.holds), nodes=list(self.nodes.values()),
-                            stops=list(self.stops.values()))
+                            stops=list(self.stops.values()), job_ids=self.job_ids)
 
 
 P = ParamSpec("P")

@@ -22,7 +22,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -116,6 +116,11 @@ class Agent:
         self.outbox: asyncio.Queue[pb.AgentMessage] | None = None
         self.heartbeat_interval_s = 5.0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
+        # Acknowledged attempts' job directories and cgroups are removed on a thread of their own, which the
+        # stream's reader does not wait for: removing a directory of a dozen files is a quarter of the
+        # agent's work per job, and the launches, releases and signals read after an acknowledgement (and
+        # the launch threads) would otherwise wait behind it. One thread: removals need no parallelism.
+        self._cleanup = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cleanup")
         self._checking: set[tuple[int, int]] = set()  # attempts whose result is being read now
         self._check_again: set[tuple[int, int]] = set()
         self._lookups: set[asyncio.Task[None]] = set()
@@ -123,6 +128,18 @@ class Agent:
         # Job steps (gsrun): their own supervisors, output streamed from their files (nodeagent/steps.py).
         self.steps = StepRunner(self.state_dir, allow_root_jobs, self._send, self._outbox_size,
                                 lambda: self.jobs.forkserver, self.jobs.step_cgroup, self.jobs.slurm_path)
+
+    def _in_background(self, work: Callable[..., object], *args: object) -> None:
+        """Run ``work`` on the cleanup thread; nobody waits for it, so its failure is logged here."""
+
+        def log_failure(future: concurrent.futures.Future[object]) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                log.error("%s%r failed", getattr(work, "__name__", work), args, exc_info=future.exception())
+
+        try:
+            self._cleanup.submit(work, *args).add_done_callback(log_failure)
+        except RuntimeError:  # shut down: the agent is stopping, and the work is done again after it starts
+            pass
 
     def _outbox_size(self) -> int:
         return self.outbox.qsize() if self.outbox is not None else 1 << 30
@@ -140,6 +157,7 @@ class Agent:
         forkserver = self._start_forkserver()
         notify = self._open_notify_socket()
         loop.add_reader(notify.fileno(), self._on_notify, notify)
+        self._in_background(self.jobs.remove_leftover_removals)
         rescan = asyncio.create_task(self._rescan_loop())
         step_poll = asyncio.create_task(self._step_loop())
         try:
@@ -150,6 +168,9 @@ class Agent:
             loop.remove_reader(notify.fileno())
             notify.close()
             self._pool.shutdown(wait=False)
+            # Removals not done yet are done again: the renamed ones at the next start, the others when the
+            # controller acknowledges their results again after this agent has registered anew.
+            self._cleanup.shutdown(wait=False, cancel_futures=True)
             if forkserver is not None:
                 forkserver.terminate()
                 forkserver.wait()
@@ -445,7 +466,7 @@ class Agent:
         elif kind == "ack":
             key = (message.ack.job_id, message.ack.attempt)
             self.active.discard(key)
-            await asyncio.get_running_loop().run_in_executor(self._pool, self.jobs.acknowledge, *key)
+            self._in_background(self.jobs.acknowledge, *key)
 
     async def _launch(self, msg: pb.LaunchJob) -> None:
         key = (msg.job_id, msg.attempt)

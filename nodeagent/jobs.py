@@ -75,6 +75,10 @@ class RefusedLaunch(Exception):
     """This node will not start the attempt (e.g. a root job where root jobs are not allowed)."""
 
 
+# An acknowledged attempt's job directory while it is removed: never an attempt's name (parse_dir_name).
+REMOVING_SUFFIX = ".removing"
+
+
 class JobManager:
     def __init__(
         self,
@@ -366,8 +370,27 @@ class JobManager:
         if leftover is not None and any(os.path.isdir(path) for path in leftover.values()):
             self.containment.destroy(leftover)
         job_dir = self.job_dir(job_id, attempt)
-        if job_dir.exists():
-            shutil.rmtree(job_dir, ignore_errors=True)
+        # Renamed first, in one step: from then on no scan (a reconnect's report, the lease's stop) sees the
+        # attempt half removed, its status.json gone and so "running". An agent that dies before the rmtree
+        # has ended leaves the renamed directory to remove_leftover_removals.
+        doomed = job_dir.with_name(job_dir.name + REMOVING_SUFFIX)
+        try:
+            os.rename(job_dir, doomed)
+        except FileNotFoundError:
+            return  # acknowledged before (a result reported again after a reconnect)
+        except OSError:
+            doomed = job_dir  # a leftover of the same name in the way: remove the attempt where it is
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def remove_leftover_removals(self) -> int:
+        """Remove the job directories an earlier agent renamed to remove and did not finish removing (see
+        acknowledge); returns how many."""
+        removed = 0
+        for entry in os.scandir(self.jobs_dir):
+            if entry.name.endswith(REMOVING_SUFFIX) and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed += 1
+        return removed
 
     def scan(self) -> tuple[list[tuple[int, int]], list[AttemptResult]]:
         """(running attempts, finished results not yet acknowledged): what a reconnect reports."""

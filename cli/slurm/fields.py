@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 
-from garrison.cli.argparser import UsageError
+from garrison.cmdline.argparser import UsageError
 
 TYPE_CHECKING = False  # not typing's, nor dataclasses: squeue starts as fast as gqueue (~10 ms less)
 if TYPE_CHECKING:

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from garrison.cli.argparser import Parser, UsageError
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
 from garrison.cli.slurm.fields import (
     FieldList,
@@ -27,6 +26,7 @@ from garrison.cli.slurm.fields import (
     split_list,
     state_names,
 )
+from garrison.cmdline.argparser import Parser, UsageError
 
 PROG = "sacct"
 # Every field sacct prints here, with its default width (negative: left-justified), as sacct's table has them.

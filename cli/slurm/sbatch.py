@@ -8,16 +8,16 @@ The same parser, directives and submission as gsub, with sbatch's differences: t
 
 from __future__ import annotations
 
-from garrison.cli.client import EXIT_FAILURE, run_command
+from garrison.cli.client import run_command
+from garrison.cli.fastpath import SBATCH as PROG
+from garrison.cli.fastpath import SBATCH_DEFAULT_ARRAY_OUTPUT as DEFAULT_ARRAY_OUTPUT
+from garrison.cli.fastpath import SBATCH_DEFAULT_OUTPUT as DEFAULT_OUTPUT
+from garrison.cli.fastpath import SBATCH_USAGE_EXIT
 from garrison.cli.gsub import submit
-
-PROG = "sbatch"
-DEFAULT_OUTPUT = "slurm-%j.out"
-DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
 
 
 def _sbatch(args: list[str]) -> None:
-    submit(args, PROG, usage_exit=EXIT_FAILURE, default_output=DEFAULT_OUTPUT,
+    submit(args, PROG, usage_exit=SBATCH_USAGE_EXIT, default_output=DEFAULT_OUTPUT,
            default_array_output=DEFAULT_ARRAY_OUTPUT, honour_quiet=True)
 
 

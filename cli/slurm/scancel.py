@@ -11,9 +11,9 @@ import argparse
 import getpass
 import sys
 
-from garrison.cli.argparser import Parser, UsageError
 from garrison.cli.client import EXIT_FAILURE, CliError, fail
 from garrison.cli.gcancel import cancel_jobs
+from garrison.cmdline.argparser import Parser, UsageError
 
 PROG = "scancel"
 # squeue's short state names, which scancel -t takes too (scancel -t PD).

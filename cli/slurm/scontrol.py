@@ -301,7 +301,7 @@ def _requeue_own_job(ids: list[str], quiet: bool) -> None:
 
 
 def _update(words: Sequence[str], quiet: bool) -> None:
-    from garrison.cli.parsing import UsageError, parse_nice, parse_time_limit
+    from garrison.cmdline.parsing import UsageError, parse_nice, parse_time_limit
 
     ids, fields = parse_update(words)
     values: dict[str, Any] = {}

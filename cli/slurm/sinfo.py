@@ -10,10 +10,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from garrison.cli.argparser import Parser, UsageError
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
 from garrison.cli.render import format_duration as duration
 from garrison.cli.slurm.fields import PercentFormat, split_list
+from garrison.cmdline.argparser import Parser, UsageError
 
 PROG = "sinfo"
 DEFAULT_FORMAT = "%9P %.5a %.10l %.6D %.6t %N"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import getpass
 import sys
 
-from garrison.cli.argparser import Parser, UsageError
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
 from garrison.cli.queue_format import time_left_text, time_limit_text
 from garrison.cli.render import elapsed
@@ -24,6 +23,7 @@ from garrison.cli.slurm.fields import (
     split_list,
     state_names,
 )
+from garrison.cmdline.argparser import Parser, UsageError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms of a command that runs in loops
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ def squeue(argv: list[str]) -> None:
             sort_jobs([], args.sort)  # reject a bad --sort before asking the controller
         interval = None
         if args.iterate is not None:
-            from garrison.cli.parsing import parse_count
+            from garrison.cmdline.parsing import parse_count
 
             interval = parse_count(args.iterate, minimum=1)
         _node_filter(args.nodelist)  # a bad host list is a usage error before any call

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from garrison.cli.argparser import Parser, UsageError
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
 from garrison.cli.slurm.fields import FieldList, split_list
+from garrison.cmdline.argparser import Parser, UsageError
 
 PROG = "sstat"
 KNOWN_FIELDS = {

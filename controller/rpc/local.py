@@ -48,6 +48,7 @@ from google.protobuf.message import DecodeError
 from garrison.auth import principal_for
 from garrison.model.domain import Principal
 from garrison.plainmsg import PLAIN_METHOD_SUFFIX, PlainError, dump_plain, parse_plain
+from garrison.protos.v1 import admin_pb2 as adminpb
 from garrison.protos.v1 import garrison_pb2 as pb
 
 log = logging.getLogger("garrison.controller.local")
@@ -80,6 +81,7 @@ STREAM_END = 255  # the status byte of a stream's last frame
 REQUEST_TYPES: dict[str, type[Any]] = {
     "Hello": pb.HelloRequest,
     "SubmitJob": pb.SubmitJobRequest,
+    "SubmitCommandLine": pb.SubmitCommandLineRequest,
     "CancelJobs": pb.CancelJobsRequest,
     "ListJobs": pb.ListJobsRequest,
     "GetJob": pb.GetJobRequest,
@@ -88,6 +90,8 @@ REQUEST_TYPES: dict[str, type[Any]] = {
     "ReleaseAllocation": pb.ReleaseAllocationRequest,
     "ListSteps": pb.ListStepsRequest,
     "CancelStep": pb.CancelStepRequest,
+    # Of the Admin service, the one gjob asks of a pending job (its explanation), which any user may ask
+    "QueueDetails": adminpb.QueueDetailsRequest,
 }
 
 
@@ -169,9 +173,11 @@ class LocalServer:
         principal_of: Callable[[int, int], Principal] = principal_for,
         limits: LocalLimits | None = None,
         refused: Callable[[int, str], None] | None = None,
+        admin_servicer: Any = None,
     ) -> None:
         self.path = path
         self.servicer = servicer
+        self.admin_servicer = admin_servicer  # serves the Admin methods in REQUEST_TYPES
         self.principal_of = principal_of
         self.budget = ConnectionBudget(limits or LocalLimits())
         # Told (uid, why) of each refusal past a limit; the controller logs them, rate-limited.
@@ -268,7 +274,10 @@ class LocalServer:
         except Exception:
             return self._frame(_status_byte(grpc.StatusCode.INVALID_ARGUMENT), b"malformed request")
         try:
-            response = await getattr(self.servicer, method)(request, LocalContext(principal))
+            servicer = self.admin_servicer if request_type.DESCRIPTOR.file is adminpb.DESCRIPTOR else self.servicer
+            if servicer is None:
+                return self._frame(_status_byte(grpc.StatusCode.UNIMPLEMENTED), f"no {method} here".encode())
+            response = await getattr(servicer, method)(request, LocalContext(principal))
         except LocalAbort as abort:
             return self._frame(_status_byte(abort.code), abort.details.encode())
         answer = dump_plain(response) if plain else response.SerializeToString()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,6 +25,7 @@ from garrison.controller.limits import (
 )
 from garrison.controller.ratelimit import AuthFailureLimiter, RateLimited, RateLimiter, RefusalLog, peer_host
 from garrison.controller.rpc import steps_service
+from garrison.controller.rpc.commandline import parse_command_line, submitted_response
 from garrison.controller.rpc.convert_allocations import allocation_status_to_pb, release_result_to_pb
 from garrison.controller.rpc.convert_requests import (
     agent_event_from_pb,
@@ -44,7 +45,8 @@ from garrison.controller.steps import StepNotFound, StepPermissionDenied
 from garrison.controller.store.errors import StoreUnavailable
 from garrison.controller.submitcaps import SubmitLimitExceeded
 from garrison.controller.validate import ValidationError
-from garrison.model.domain import Principal
+from garrison.model.arrayfold import fold, folded_id
+from garrison.model.domain import Job, JobState, Principal
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 from garrison.tls import (
@@ -113,6 +115,26 @@ def _log_refusal(servicer: Any, context: grpc.aio.ServicerContext, method: str, 
         log.warning("%s", line)
     else:
         refusals.refused((code.name, "from", who), line)
+
+
+def pending_array_group(job: Job) -> tuple[int, str, str] | None:
+    """The row a job shares in a folded listing (garrison/model/arrayfold.py): a pending array task's array,
+    reason and partition; None for anything else."""
+    if job.state is not JobState.PENDING or job.array_job_id is None or job.array_task_id is None:
+        return None
+    return (job.array_job_id, job.reason, job.partition)
+
+
+def folded_job_to_pb(row: Job | Sequence[Job], now: float) -> pb.JobInfo:
+    """One row of a folded listing: a job, or the pending tasks of one array as their first task's JobInfo."""
+    if isinstance(row, Job):
+        return convert.job_to_pb(row, now)
+    info = convert.job_to_pb(row[0], now)
+    assert row[0].array_job_id is not None
+    info.display_id = folded_id(row[0].array_job_id, [task.array_task_id or 0 for task in row],
+                                row[0].spec.array_max_running)
+    info.folded_tasks = len(row)
+    return info
 
 
 def mapped_errors(handler: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
@@ -247,11 +269,23 @@ class ControllerService(pb_grpc.ControllerServicer):
 
     @mapped_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext) -> pb.SubmitJobResponse:
-        principal = self.auth.principal(context)
+        return await self._submit(self.auth.principal(context), request)
+
+    async def _submit(self, principal: Principal, request: pb.SubmitJobRequest) -> pb.SubmitJobResponse:
         command = submit_command_from_pb(request)
         if request.test_only:
             return submit_estimate_to_pb(await self.engine.test_submit(principal, command))
         return submitted_to_pb(await self.engine.submit_async(principal, command))
+
+    @mapped_errors
+    async def SubmitCommandLine(
+        self, request: pb.SubmitCommandLineRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SubmitCommandLineResponse:
+        principal = self.auth.principal(context)
+        parsed = parse_command_line(request)
+        if isinstance(parsed, pb.SubmitCommandLineResponse):
+            return parsed
+        return submitted_response(parsed.submission, await self._submit(principal, parsed.request))
 
     @mapped_errors
     async def CancelJobs(self, request: pb.CancelJobsRequest, context: grpc.aio.ServicerContext) -> pb.CancelJobsResponse:
@@ -272,7 +306,9 @@ class ControllerService(pb_grpc.ControllerServicer):
         check_filters(request)
         jobs = self.engine.list_jobs(job_filter_from_pb(request))
         now = self.engine.clock.now()
-        return pb.ListJobsResponse(jobs=[convert.job_to_pb(j, now) for j in jobs])
+        if not request.fold_pending_arrays:
+            return pb.ListJobsResponse(jobs=[convert.job_to_pb(j, now) for j in jobs])
+        return pb.ListJobsResponse(jobs=[folded_job_to_pb(row, now) for row in fold(jobs, pending_array_group)])
 
     @mapped_errors
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.JobInfo:
@@ -419,7 +455,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         async def read() -> None:
             try:
                 async for message in request_iterator:
-                    self.engine.agent_message(session, agent_event_from_pb(message))
+                    # Grouped: this turn's reports of every agent are written in one transaction.
+                    self.engine.agent_message(session, agent_event_from_pb(message), grouped=True)
             except (asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.AbortError):
                 pass
             except MalformedStreamMessage as exc:

@@ -21,9 +21,12 @@ pipeline.py, one small file each under phases/, sharing one CycleState (cycle_st
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import attrgetter
 
 from garrison.controller.sched.backfill import Reservation
 from garrison.controller.sched.capacity import Capacity
@@ -95,6 +98,8 @@ _REQUESTS: dict[
     int, tuple[PendingJob, PartitionDef | None, Accounting, int, Request, tuple[object, ...], bool]
 ] = {}
 
+_JOB_ID = attrgetter("job_id")
+
 
 @lru_cache(maxsize=16)
 def _pipeline(scorer_weights: tuple[tuple[str, int], ...]) -> Pipeline:
@@ -128,7 +133,11 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     requests = _REQUESTS
     quotas, memo = state.quotas, state.memo
     settled, reservations = config.backfill and not config.preemption, config.reservations
-    for job in queue:
+    for position, job in enumerate(queue):
+        if state.failed >= config.max_job_test or len(state.starts) >= config.max_starts_per_cycle:
+            # The cycle's bounded work is done: the rest get their gates' reasons, once per shape of job.
+            _bounded_tail(state, queue, position)
+            break
         partition = partitions.get(job.partition)
         known = requests.get(job.job_id)
         if known is not None and known[0] is job and known[1] is partition and known[2] is accounting:
@@ -140,11 +149,10 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
             plain = is_plain(state, job, partition, limit)
             requests[job.job_id] = (job, partition, accounting, limit, request, key, plain)
         if plain:
-            # The gates that can stop a plain job (gates.py, in the same order): quotas, then bounded work.
+            # The gates that can stop a plain job (gates.py, in the same order): quotas, then, without
+            # backfill, a blocked partition (the bounded work is checked at the top of the loop).
             gated = quotas.blocked_by(job, job.spec.total_gpus(), limit) if quotas.enabled else None
-            if gated is None and ((not config.backfill and job.partition in state.blocked_partitions)
-                                  or state.failed >= config.max_job_test
-                                  or len(state.starts) >= config.max_starts_per_cycle):
+            if gated is None and not config.backfill and job.partition in state.blocked_partitions:
                 gated = Reason.PRIORITY
         else:
             gated = GATES(state, job, partition, limit)
@@ -179,10 +187,49 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     return Plan(
         starts=tuple(state.starts),
         waiting=waiting,
-        order=tuple(j.job_id for j in queue),
+        order=tuple(map(_JOB_ID, queue)),
         priorities=priorities,
         estimated_starts=state.estimated,
         reservations=tuple(state.reservations),
         preempts=tuple(state.preempts),
         blocked_by=state.blocked_by,
+        wake_at=state.wake_at,
     )
+
+
+def _bounded_tail(state: CycleState, queue: Sequence[PendingJob], first: int) -> None:
+    """The gates' reasons for the jobs from ``queue[first]`` on, once the cycle's bounded work is done
+    (``max_job_test`` placements failed, or ``max_starts_per_cycle`` jobs started): the gates place none of
+    them (at the least, Reason.PRIORITY), so nothing the gates read changes any more, and a job's reason
+    depends only on what the gates read of it (partition, account, QoS, time limit; user and GPUs where
+    quotas are set), save for its own hold, dependency, begin time and array limit. The gates run once per
+    such shape: in a deep queue of look-alike jobs, a few attribute reads and a dict lookup per job."""
+    waiting = state.waiting
+    partitions = state.partitions
+    quotas = state.quotas.enabled
+    # Without quotas the gates read a time limit only to compare it with partitions' and QoS's maximums, so
+    # what counts of it is which of those it exceeds (with quotas, GPU-hours, all of it).
+    accounting = state.snapshot.accounting
+    maximums = sorted({p.max_time_s for p in accounting.partitions}
+                      | {q.max_time_s for q in accounting.qos if q.max_time_s is not None})
+    by_shape: dict[tuple[object, ...], str] = {}
+    for job in queue[first:]:
+        spec = job.spec
+        if (job.held or job.dependencies is not None or spec.begin_time is not None
+                or (job.array_job_id is not None and spec.array_max_running is not None)):
+            partition = partitions.get(job.partition)
+            waiting[job.job_id] = GATES(state, job, partition, time_limit_of(job, partition)) or Reason.PRIORITY
+            continue
+        limit = job.time_limit_s
+        if limit is None:
+            limit = time_limit_of(job, partitions.get(job.partition))
+        if quotas:
+            shape: tuple[object, ...] = (job.partition, job.account, spec.account, job.qos, spec.qos, limit, job.user,
+                                         spec.total_gpus())
+        else:
+            shape = (job.partition, job.account, spec.account, job.qos, spec.qos, bisect_left(maximums, limit))
+        reason = by_shape.get(shape)
+        if reason is None:
+            partition = partitions.get(job.partition)
+            reason = by_shape[shape] = GATES(state, job, partition, limit) or Reason.PRIORITY
+        waiting[job.job_id] = reason

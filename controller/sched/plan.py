@@ -56,3 +56,6 @@ class Plan:
     reservations: tuple[Reservation, ...] = ()
     preempts: tuple[Preempt, ...] = ()  # only when the config enables preemption
     blocked_by: dict[int, int] = field(default_factory=dict)  # job id -> the job whose reservation is in its way
+    # The earliest moment at which the clock alone would change this plan (a begin time a job waits for);
+    # None: nothing but a change of the state or the slow drift of priorities would (controller/cycles.py).
+    wake_at: float | None = None

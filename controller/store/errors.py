@@ -28,6 +28,12 @@ class StoreUnavailable(Exception):
         self.cause = cause  # the driver's words, for the controller's log only
 
 
+class JobIdsTaken(Exception):
+    """A write that was to take job ids from the counter (``StoreChanges.job_ids``) found the counter moved
+    on: someone else took ids since the controller last read it. Nothing was written; the caller reserves
+    ids again with ``allocate_job_ids``."""
+
+
 def is_outage(error: BaseException) -> bool:
     """Whether a SQLAlchemy error means the database could not do the work, rather than refused it."""
     if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:

@@ -45,9 +45,13 @@ class StoreChanges:
     holds: Mapping[int, bool | None] = field(default_factory=dict)  # job id -> held by an admin; None: released
     nodes: Sequence[Node] = ()
     stops: Sequence[AttemptStop] = ()
+    # (first, end): job ids first..end-1 taken from the counter in this same transaction, which the counter
+    # must still read ``first`` for (else ``JobIdsTaken``, and nothing is written). A submission's ids so
+    # cost no transaction of their own (allocate_job_ids): the controller knows the counter's value.
+    job_ids: tuple[int, int] | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.jobs or self.holds or self.nodes or self.stops)
+        return bool(self.jobs or self.holds or self.nodes or self.stops or self.job_ids)
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,8 @@ class Store(Protocol):
         ...
 
     def write(self, changes: StoreChanges) -> None:
-        """Write jobs (with their attempts), holds, nodes and attempt stops in one transaction."""
+        """Write jobs (with their attempts), holds, nodes and attempt stops in one transaction, and move the
+        job id counter on (``changes.job_ids``; ``errors.JobIdsTaken`` if it had moved on already)."""
         ...
 
     def begin_submission(self, first_job_id: int, count: int) -> None:

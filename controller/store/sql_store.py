@@ -22,7 +22,7 @@ from garrison.model.domain import Attempt, Job, JobSpec, JobState, Node, NodeSta
 
 from . import schema
 from .engine import create_sqlite_reader, is_sqlite
-from .errors import outages_as_unavailable
+from .errors import JobIdsTaken, outages_as_unavailable
 from .interface import AttemptStop, JobQuery, LoadedState, StoreChanges, UsageRow
 from .policy_tables import PolicyTables
 from .schema import COUNTER_ROW_ID
@@ -166,7 +166,6 @@ class SqlStore(PolicyTables, StepTables):
                     schema.job_attempts.c.job_id, schema.job_attempts.c.attempt
                 )
             ).all()
-            job_rows = connection.execute(select(schema.jobs).order_by(schema.jobs.c.job_id)).all()
             spec_rows = connection.execute(select(schema.job_specs)).all()
             node_rows = connection.execute(select(schema.nodes).order_by(schema.nodes.c.name)).all()
             stop_rows = connection.execute(
@@ -174,9 +173,12 @@ class SqlStore(PolicyTables, StepTables):
                 .join(schema.jobs, schema.jobs.c.job_id == schema.attempt_stops.c.job_id)
                 .where(schema.jobs.c.state == JobState.COMPLETING.value)
             ).all()
+            specs = self._specs_from_rows(spec_rows)
+            # The jobs streamed from the cursor into Jobs, not fetched whole first: 50,000 rows held at once
+            # left the restarted controller's heap (which does not shrink) ~25 MB larger.
+            job_rows = connection.execute(select(*_JOB_COLUMNS).order_by(schema.jobs.c.job_id))
+            loaded_jobs = _jobs_from_rows(job_rows, attempt_rows, specs)
 
-        specs = self._specs_from_rows(spec_rows)
-        loaded_jobs = _jobs_from_rows(job_rows, attempt_rows, specs)
         loaded_nodes = [
             Node(
                 name=row.name,
@@ -209,6 +211,21 @@ class SqlStore(PolicyTables, StepTables):
             next_free: int = connection.execute(bump).scalar_one()
         return next_free - count
 
+    def _take_job_ids(self, connection: Connection, first: int, end: int) -> None:
+        """Move the counter from ``first`` to ``end`` in the caller's transaction, or raise JobIdsTaken (the
+        transaction then rolls back). The WHERE makes it safe against another writer of the counter, as the
+        row lock (PostgreSQL) or the write lock (SQLite) makes allocate_job_ids safe."""
+        if not first < end:
+            raise ValueError(f"cannot take job ids {first}..{end - 1}")
+        counters = schema.counters
+        moved = connection.execute(
+            update(counters)
+            .where(counters.c.id == COUNTER_ROW_ID, counters.c.next_job_id == first)
+            .values(next_job_id=end)
+        )
+        if moved.rowcount != 1:
+            raise JobIdsTaken(f"job ids from {first} were taken by another writer")
+
     def save_jobs(self, jobs: Sequence[Job]) -> None:
         if jobs:
             self.write(StoreChanges(jobs=jobs))
@@ -220,6 +237,8 @@ class SqlStore(PolicyTables, StepTables):
         # its transaction has committed.
         with self._spec_lock:
             with self._write() as connection:
+                if changes.job_ids is not None:
+                    self._take_job_ids(connection, *changes.job_ids)
                 new_specs = self._write_jobs(connection, changes.jobs)
                 for node in {node.name: node for node in changes.nodes}.values():
                     self._write_node(connection, node)
@@ -361,13 +380,13 @@ class SqlStore(PolicyTables, StepTables):
             conditions.append(
                 or_(jobs_table.c.end_time.is_(None), jobs_table.c.end_time >= query.active_after)
             )
-        statement = select(jobs_table).where(*conditions).order_by(jobs_table.c.job_id)
+        statement = select(*_JOB_COLUMNS).where(*conditions).order_by(jobs_table.c.job_id)
         if query.limit is not None:
             statement = statement.limit(query.limit)
         attempts_table = schema.job_attempts
         with self._read_snapshot() as connection:
             job_rows = connection.execute(statement).all()
-            ids = [row.job_id for row in job_rows]
+            ids = [row[0] for row in job_rows]  # _JOB_COLUMNS: the job id first
             attempt_rows: list[Row[Any]] = []
             for start in range(0, len(ids), DELETE_BATCH):
                 attempt_rows += connection.execute(
@@ -375,7 +394,7 @@ class SqlStore(PolicyTables, StepTables):
                     .where(attempts_table.c.job_id.in_(ids[start : start + DELETE_BATCH]))
                     .order_by(attempts_table.c.job_id, attempts_table.c.attempt)
                 ).all()
-            keys = list({row.spec_key for row in job_rows})
+            keys = list({row[1] for row in job_rows})  # then the spec's key
             spec_rows: list[Row[Any]] = []
             for start in range(0, len(keys), DELETE_BATCH):
                 spec_rows += connection.execute(
@@ -463,39 +482,34 @@ def _attempt_from_row(row: Row[Any]) -> Attempt:
     )
 
 
-def _jobs_from_rows(
-    job_rows: Sequence[Row[Any]], attempt_rows: Sequence[Row[Any]], specs: dict[str, JobSpec]
-) -> list[Job]:
-    """Jobs from their rows, each with its attempts (``attempt_rows`` in attempt order) and its spec (by key).
+# The jobs table's columns a Job is built from, in the order _jobs_from_rows unpacks them.
+_JOB_COLUMNS = tuple(schema.jobs.c[name] for name in (
+    "job_id", "spec_key", "user_name", "uid", "gid", "account", "partition", "time_limit_s", "submit_time", "state",
+    "reason", "priority", "array_job_id", "array_task_id", "start_time", "end_time", "exit_code", "restart_count",
+))
+_JOB_STATES = {state.value: state for state in JobState}
 
-    The names that repeat over many rows (user, account, partition) are interned, so that 100,000 tasks of
-    one user hold one copy of each, as they did before a restart."""
+
+def _jobs_from_rows(
+    job_rows: Iterable[Any], attempt_rows: Sequence[Row[Any]], specs: dict[str, JobSpec]
+) -> list[Job]:
+    """Jobs from their rows (``_JOB_COLUMNS``), each with its attempts (``attempt_rows`` in attempt order) and
+    its spec (by key).
+
+    The names that repeat over many rows (user, account, partition, a pending job's reason) are interned, so that 100,000 tasks of
+    one user hold one copy of each, as they did before a restart. Rows are unpacked as tuples and Jobs built
+    positionally: reading 18 attributes of a SQLAlchemy Row by name, and keywords, cost a restarted
+    controller with 50,000 jobs seconds before it could serve (issue 23)."""
     attempts_by_job: defaultdict[int, list[Attempt]] = defaultdict(list)
     for row in attempt_rows:
         attempts_by_job[row.job_id].append(_attempt_from_row(row))
+    intern, states, no_attempts = sys.intern, _JOB_STATES, ()
     return [
-        Job(
-            job_id=row.job_id,
-            spec=specs[row.spec_key],
-            user=sys.intern(row.user_name),
-            uid=row.uid,
-            gid=row.gid,
-            account=sys.intern(row.account),
-            partition=sys.intern(row.partition),
-            time_limit_s=row.time_limit_s,
-            submit_time=row.submit_time,
-            state=JobState(row.state),
-            reason=row.reason,
-            priority=row.priority,
-            array_job_id=row.array_job_id,
-            array_task_id=row.array_task_id,
-            start_time=row.start_time,
-            end_time=row.end_time,
-            exit_code=row.exit_code,
-            attempts=tuple(attempts_by_job.get(row.job_id, ())),
-            restart_count=row.restart_count,
-        )
-        for row in job_rows
+        Job(job_id, specs[spec_key], intern(user), uid, gid, intern(account), intern(partition), time_limit_s,
+            submit_time, states[state], intern(reason), priority, array_job_id, array_task_id, start_time, end_time,
+            exit_code, tuple(attempts_by_job[job_id]) if job_id in attempts_by_job else no_attempts, restart_count)
+        for (job_id, spec_key, user, uid, gid, account, partition, time_limit_s, submit_time, state, reason, priority,
+             array_job_id, array_task_id, start_time, end_time, exit_code, restart_count) in job_rows
     ]
 
 

@@ -142,7 +142,9 @@ class ControllerConfig:
     # The node lease (fencing, docs/operations.md): a node's ranks run at most this long past the last
     # heartbeat the controller answered; a controller outage shorter than this kills nothing.
     node_lease_s: float = 60.0
-    schedule_interval_s: float = 1.0
+    # The longest time between scheduling cycles: changes trigger one at once (controller/cycles.py); this
+    # only recomputes what moves with the clock alone (priorities' age, fair share, quotas).
+    schedule_interval_s: float = 30.0
     kill_wait_s: float = 10.0
     # galloc renews its allocation's lease every third of this; a lease not renewed for this long (galloc
     # killed, its host gone) ends the allocation.

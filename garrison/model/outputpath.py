@@ -4,10 +4,12 @@ Pure; the agent expands them where the ranks start and gjob shows them expanded.
 
 from __future__ import annotations
 
-import re
+TYPE_CHECKING = False  # not typing's: gjob imports this module, and typing costs ~5 ms
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-_OUTPUT_SPECIFIER = re.compile(r"%(%|([0-9]*)([A-Za-z]))")
 _MAX_PAD_WIDTH = 32
+_DIGITS = "0123456789"
 
 
 def expand_output_pattern(
@@ -45,18 +47,43 @@ def expand_output_pattern(
     if node_name is not None:
         words["N"] = node_name
 
-    def substitute(match: re.Match[str]) -> str:
-        if match.group(1) == "%":
-            return "%"
-        width, letter = match.group(2), match.group(3)
+    def substitute(width: str, letter: str, written: str) -> str:
         if letter in numbers:
             # The width is capped so a typo like "%99999999j" cannot ask for a gigabyte of zeros.
             return str(numbers[letter]).zfill(min(int(width), _MAX_PAD_WIDTH) if width else 0)
         if letter in words:
             return words[letter]
-        return match.group(0)
+        return written
 
-    return _OUTPUT_SPECIFIER.sub(substitute, pattern)
+    return _expand_specifiers(pattern, substitute)
+
+
+def _expand_specifiers(pattern: str, substitute: Callable[[str, str, str], str]) -> str:
+    """``pattern`` with each ``%%`` made ``%`` and each ``%`` + digits + an ASCII letter replaced by
+    ``substitute(digits, letter, as written)``; any other ``%`` stays. By hand, not with re: gjob shows
+    output paths, and importing re costs it ~6 ms."""
+    out: list[str] = []
+    i, end = 0, len(pattern)
+    while i < end:
+        char = pattern[i]
+        if char != "%":
+            out.append(char)
+            i += 1
+            continue
+        if i + 1 < end and pattern[i + 1] == "%":
+            out.append("%")
+            i += 2
+            continue
+        letter_at = i + 1
+        while letter_at < end and pattern[letter_at] in _DIGITS:
+            letter_at += 1
+        if letter_at < end and pattern[letter_at].isascii() and pattern[letter_at].isalpha():
+            out.append(substitute(pattern[i + 1 : letter_at], pattern[letter_at], pattern[i : letter_at + 1]))
+            i = letter_at + 1
+        else:
+            out.append("%")
+            i += 1
+    return "".join(out)
 
 
 DEFAULT_OUTPUT = "garrison-%j.out"  # sbatch's slurm-%j.out, under our name

@@ -10,7 +10,7 @@ same launch schema into plain classes, and the tests check that the two agree.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeVar
 
 SupervisorState = Literal["starting", "running", "finished"]
@@ -49,6 +49,17 @@ def _string_map(value: dict[str, Any] | None) -> dict[str, str] | None:
     if not all(isinstance(key, str) and isinstance(item, str) for key, item in value.items()):
         raise ValueError("cgroup must map controller names to directories")
     return dict(value)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _shallow_dict(spec: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, the values themselves (JSON-ready: lists, dicts, str, int...)."""
+    names = _FIELD_NAMES.get(type(spec))
+    if names is None:
+        names = _FIELD_NAMES[type(spec)] = tuple(f.name for f in fields(spec))
+    return {name: getattr(spec, name) for name in names}
 
 
 @dataclass(frozen=True)
@@ -131,7 +142,12 @@ class LaunchSpec:
             raise ValueError("kill_wait_s must not be negative")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        # By hand rather than with dataclasses.asdict, and without an indent: asdict deep-copies every value
+        # (each rank's whole environment, string by string), and an indent makes json use its pure-Python
+        # encoder instead of its C one. Together they were a fifth of the agent's Python time per job.
+        document = _shallow_dict(self)
+        document["ranks"] = [_shallow_dict(rank) for rank in self.ranks]
+        return json.dumps(document, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> LaunchSpec:
@@ -222,7 +238,9 @@ class SupervisorStatus:
         return self.state == "finished"
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        document = _shallow_dict(self)  # as LaunchSpec.to_json: no deep copy
+        document["ranks"] = [_shallow_dict(rank) for rank in self.ranks]
+        return json.dumps(document)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> SupervisorStatus:

@@ -668,6 +668,161 @@ class SubmitJobRequest(_message.Message):
 Global___SubmitJobRequest: _TypeAlias = SubmitJobRequest  # noqa: Y015
 
 @_typing.final
+class SubmitCommandLineRequest(_message.Message):
+    """A gsub (or sbatch) command line as its caller gave it. The controller parses it exactly as gsub would, with
+    the same messages, then validates and submits the job as SubmitJob does. It never reads a file: a script
+    named on the command line is read by the caller, as that user, when the controller asks for it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvironmentEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ARGV_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    CWD_FIELD_NUMBER: _builtins.int
+    UMASK_FIELD_NUMBER: _builtins.int
+    PROG_FIELD_NUMBER: _builtins.int
+    DEFAULT_OUTPUT_FIELD_NUMBER: _builtins.int
+    DEFAULT_ARRAY_OUTPUT_FIELD_NUMBER: _builtins.int
+    SCRIPT_PATH_FIELD_NUMBER: _builtins.int
+    SCRIPT_FIELD_NUMBER: _builtins.int
+    SCRIPT_ERRNO_FIELD_NUMBER: _builtins.int
+    STDIN_READABLE_FIELD_NUMBER: _builtins.int
+    STDIN_FIELD_NUMBER: _builtins.int
+    cwd: _builtins.str
+    """relative paths (the script, -D, -o) are against it"""
+    umask: _builtins.int
+    prog: _builtins.str
+    """"gsub" or "sbatch": names a script read from standard input, and the messages"""
+    default_output: _builtins.str
+    """where a job naming no -o writes (sbatch: slurm-%j.out); "": the agent's default"""
+    default_array_output: _builtins.str
+    """the same for an array task (sbatch: slurm-%A_%a.out)"""
+    script_path: _builtins.str
+    """the script file the controller asked for (need_script)"""
+    script: _builtins.bytes
+    """its contents"""
+    script_errno: _builtins.int
+    """or the errno reading it failed with"""
+    stdin_readable: _builtins.bool
+    """standard input is neither a terminal nor closed: a script may be read from it"""
+    stdin: _builtins.bytes
+    """standard input, read whole (need_stdin)"""
+    @_builtins.property
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the options and arguments, without the program's name"""
+
+    @_builtins.property
+    def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """the caller's: --export, the SBATCH_*/GSUB_* input variables"""
+
+    def __init__(
+        self,
+        *,
+        argv: _abc.Iterable[_builtins.str] | None = ...,
+        environment: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        cwd: _builtins.str = ...,
+        umask: _builtins.int = ...,
+        prog: _builtins.str = ...,
+        default_output: _builtins.str = ...,
+        default_array_output: _builtins.str = ...,
+        script_path: _builtins.str = ...,
+        script: _builtins.bytes | None = ...,
+        script_errno: _builtins.int = ...,
+        stdin_readable: _builtins.bool = ...,
+        stdin: _builtins.bytes | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_script", b"_script", "_stdin", b"_stdin", "script", b"script", "stdin", b"stdin"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_script", b"_script", "_stdin", b"_stdin", "argv", b"argv", "cwd", b"cwd", "default_array_output", b"default_array_output", "default_output", b"default_output", "environment", b"environment", "prog", b"prog", "script", b"script", "script_errno", b"script_errno", "script_path", b"script_path", "stdin", b"stdin", "stdin_readable", b"stdin_readable", "umask", b"umask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__script: _TypeAlias = _typing.Literal["script"]  # noqa: Y015
+    _WhichOneofArgType__script: _TypeAlias = _typing.Literal["_script", b"_script"]  # noqa: Y015
+    _WhichOneofReturnType__stdin: _TypeAlias = _typing.Literal["stdin"]  # noqa: Y015
+    _WhichOneofArgType__stdin: _TypeAlias = _typing.Literal["_stdin", b"_stdin"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__script) -> _WhichOneofReturnType__script | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stdin) -> _WhichOneofReturnType__stdin | None: ...
+
+Global___SubmitCommandLineRequest: _TypeAlias = SubmitCommandLineRequest  # noqa: Y015
+
+@_typing.final
+class SubmitCommandLineResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMITTED_FIELD_NUMBER: _builtins.int
+    NEED_SCRIPT_FIELD_NUMBER: _builtins.int
+    NEED_STDIN_FIELD_NUMBER: _builtins.int
+    HELP_FIELD_NUMBER: _builtins.int
+    USAGE_ERROR_FIELD_NUMBER: _builtins.int
+    IGNORED_FIELD_NUMBER: _builtins.int
+    PARSABLE_FIELD_NUMBER: _builtins.int
+    TEST_ONLY_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
+    need_script: _builtins.str
+    """read this script file (an absolute path) and ask again with it"""
+    need_stdin: _builtins.bool
+    """read standard input and ask again with it"""
+    help: _builtins.str
+    """-h/--help: print this, exit 0"""
+    usage_error: _builtins.str
+    """a mistake on the command line or in a directive: print it, exit as a usage error"""
+    parsable: _builtins.bool
+    test_only: _builtins.bool
+    wait: _builtins.bool
+    """--wait: the caller waits for the job's end"""
+    @_builtins.property
+    def submitted(self) -> Global___SubmitJobResponse:
+        """submitted (with test_only: the estimate; nothing was submitted)"""
+
+    @_builtins.property
+    def ignored(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """sbatch options accepted and not acted on, for the caller's one warning"""
+
+    def __init__(
+        self,
+        *,
+        submitted: Global___SubmitJobResponse | None = ...,
+        need_script: _builtins.str = ...,
+        need_stdin: _builtins.bool = ...,
+        help: _builtins.str = ...,
+        usage_error: _builtins.str = ...,
+        ignored: _abc.Iterable[_builtins.str] | None = ...,
+        parsable: _builtins.bool = ...,
+        test_only: _builtins.bool = ...,
+        wait: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["help", b"help", "need_script", b"need_script", "need_stdin", b"need_stdin", "outcome", b"outcome", "submitted", b"submitted", "usage_error", b"usage_error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["help", b"help", "ignored", b"ignored", "need_script", b"need_script", "need_stdin", b"need_stdin", "outcome", b"outcome", "parsable", b"parsable", "submitted", b"submitted", "test_only", b"test_only", "usage_error", b"usage_error", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["submitted", "need_script", "need_stdin", "help", "usage_error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___SubmitCommandLineResponse: _TypeAlias = SubmitCommandLineResponse  # noqa: Y015
+
+@_typing.final
 class SubmitJobResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -804,6 +959,11 @@ class ListJobsRequest(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     ACCOUNTS_FIELD_NUMBER: _builtins.int
     NAMES_FIELD_NUMBER: _builtins.int
+    FOLD_PENDING_ARRAYS_FIELD_NUMBER: _builtins.int
+    fold_pending_arrays: _builtins.bool
+    """squeue's view: the pending tasks of one array that wait for the same reason come back as one JobInfo,
+    its first task's, with display_id "5_[11-100%10]" and folded_tasks set (garrison/model/arrayfold.py)
+    """
     @_builtins.property
     def users(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -831,10 +991,11 @@ class ListJobsRequest(_message.Message):
         partitions: _abc.Iterable[_builtins.str] | None = ...,
         accounts: _abc.Iterable[_builtins.str] | None = ...,
         names: _abc.Iterable[_builtins.str] | None = ...,
+        fold_pending_arrays: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accounts", b"accounts", "job_ids", b"job_ids", "names", b"names", "partitions", b"partitions", "states", b"states", "users", b"users"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accounts", b"accounts", "fold_pending_arrays", b"fold_pending_arrays", "job_ids", b"job_ids", "names", b"names", "partitions", b"partitions", "states", b"states", "users", b"users"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -970,6 +1131,7 @@ class JobInfo(_message.Message):
     ARRAY_TASK_ID_FIELD_NUMBER: _builtins.int
     NOW_FIELD_NUMBER: _builtins.int
     ARRAY_MAX_RUNNING_FIELD_NUMBER: _builtins.int
+    FOLDED_TASKS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     display_id: _builtins.str
     name: _builtins.str
@@ -994,6 +1156,8 @@ class JobInfo(_message.Message):
     """the controller's clock, so clients show elapsed time without trusting their own"""
     array_max_running: _builtins.int
     """an array task's %N: tasks of its array running at once"""
+    folded_tasks: _builtins.int
+    """ListJobs' fold_pending_arrays: the pending tasks this row stands for (0: one job)"""
     @_builtins.property
     def node_list(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -1028,10 +1192,11 @@ class JobInfo(_message.Message):
         array_task_id: _builtins.int | None = ...,
         now: _builtins.float = ...,
         array_max_running: _builtins.int | None = ...,
+        folded_tasks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_max_running", b"_array_max_running", "_array_task_id", b"_array_task_id", "_exit_code", b"_exit_code", "array_job_id", b"array_job_id", "array_max_running", b"array_max_running", "array_task_id", b"array_task_id", "exit_code", b"exit_code", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_max_running", b"_array_max_running", "_array_task_id", b"_array_task_id", "_exit_code", b"_exit_code", "account", b"account", "array_job_id", b"array_job_id", "array_max_running", b"array_max_running", "array_task_id", b"array_task_id", "attempts", b"attempts", "display_id", b"display_id", "end_time", b"end_time", "exit_code", b"exit_code", "gpus", b"gpus", "job_id", b"job_id", "name", b"name", "node_list", b"node_list", "nodes", b"nodes", "now", b"now", "partition", b"partition", "priority", b"priority", "reason", b"reason", "restart_count", b"restart_count", "spec", b"spec", "start_time", b"start_time", "state", b"state", "submit_time", b"submit_time", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_max_running", b"_array_max_running", "_array_task_id", b"_array_task_id", "_exit_code", b"_exit_code", "account", b"account", "array_job_id", b"array_job_id", "array_max_running", b"array_max_running", "array_task_id", b"array_task_id", "attempts", b"attempts", "display_id", b"display_id", "end_time", b"end_time", "exit_code", b"exit_code", "folded_tasks", b"folded_tasks", "gpus", b"gpus", "job_id", b"job_id", "name", b"name", "node_list", b"node_list", "nodes", b"nodes", "now", b"now", "partition", b"partition", "priority", b"priority", "reason", b"reason", "restart_count", b"restart_count", "spec", b"spec", "start_time", b"start_time", "state", b"state", "submit_time", b"submit_time", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__array_job_id: _TypeAlias = _typing.Literal["array_job_id"]  # noqa: Y015
     _WhichOneofArgType__array_job_id: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id"]  # noqa: Y015

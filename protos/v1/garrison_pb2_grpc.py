@@ -47,6 +47,11 @@ class ControllerStub:
                 request_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitJobRequest.SerializeToString,
                 response_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitJobResponse.FromString,
                 _registered_method=True)
+        self.SubmitCommandLine = channel.unary_unary(
+                '/garrison.v1.Controller/SubmitCommandLine',
+                request_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitCommandLineRequest.SerializeToString,
+                response_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitCommandLineResponse.FromString,
+                _registered_method=True)
         self.CancelJobs = channel.unary_unary(
                 '/garrison.v1.Controller/CancelJobs',
                 request_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.CancelJobsRequest.SerializeToString,
@@ -109,6 +114,14 @@ class ControllerServicer:
 
     def SubmitJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitCommandLine(self, request, context):
+        """gsub/sbatch's whole command line, parsed here (garrison/cmdline/submission.py) and submitted: for a client
+        on the controller host that cannot afford the imports of parsing it itself (cli/fastpath.py).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -185,6 +198,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.SubmitJob,
                     request_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitJobRequest.FromString,
                     response_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitJobResponse.SerializeToString,
+            ),
+            'SubmitCommandLine': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitCommandLine,
+                    request_deserializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitCommandLineRequest.FromString,
+                    response_serializer=garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitCommandLineResponse.SerializeToString,
             ),
             'CancelJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJobs,
@@ -289,6 +307,33 @@ class Controller:
             '/garrison.v1.Controller/SubmitJob',
             garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitJobRequest.SerializeToString,
             garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitCommandLine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/garrison.v1.Controller/SubmitCommandLine',
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitCommandLineRequest.SerializeToString,
+            garrison_dot_protos_dot_v1_dot_garrison__pb2.SubmitCommandLineResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,10 @@ class ControllerStub:
     Hello: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.HelloRequest, _garrison_pb2.HelloResponse]
     """Unauthenticated: the controller's version and where the local credential service listens."""
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.SubmitJobRequest, _garrison_pb2.SubmitJobResponse]
+    SubmitCommandLine: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.SubmitCommandLineRequest, _garrison_pb2.SubmitCommandLineResponse]
+    """gsub/sbatch's whole command line, parsed here (garrison/cmdline/submission.py) and submitted: for a client
+    on the controller host that cannot afford the imports of parsing it itself (cli/fastpath.py).
+    """
     CancelJobs: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.CancelJobsRequest, _garrison_pb2.CancelJobsResponse]
     ListJobs: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.ListJobsRequest, _garrison_pb2.ListJobsResponse]
     GetJob: _grpc.UnaryUnaryMultiCallable[_garrison_pb2.GetJobRequest, _garrison_pb2.JobInfo]
@@ -72,6 +76,10 @@ class ControllerAsyncStub(ControllerStub):
     Hello: _aio.UnaryUnaryMultiCallable[_garrison_pb2.HelloRequest, _garrison_pb2.HelloResponse]  # type: ignore[assignment]
     """Unauthenticated: the controller's version and where the local credential service listens."""
     SubmitJob: _aio.UnaryUnaryMultiCallable[_garrison_pb2.SubmitJobRequest, _garrison_pb2.SubmitJobResponse]  # type: ignore[assignment]
+    SubmitCommandLine: _aio.UnaryUnaryMultiCallable[_garrison_pb2.SubmitCommandLineRequest, _garrison_pb2.SubmitCommandLineResponse]  # type: ignore[assignment]
+    """gsub/sbatch's whole command line, parsed here (garrison/cmdline/submission.py) and submitted: for a client
+    on the controller host that cannot afford the imports of parsing it itself (cli/fastpath.py).
+    """
     CancelJobs: _aio.UnaryUnaryMultiCallable[_garrison_pb2.CancelJobsRequest, _garrison_pb2.CancelJobsResponse]  # type: ignore[assignment]
     ListJobs: _aio.UnaryUnaryMultiCallable[_garrison_pb2.ListJobsRequest, _garrison_pb2.ListJobsResponse]  # type: ignore[assignment]
     GetJob: _aio.UnaryUnaryMultiCallable[_garrison_pb2.GetJobRequest, _garrison_pb2.JobInfo]  # type: ignore[assignment]
@@ -109,6 +117,16 @@ class ControllerServicer(metaclass=_abc_1.ABCMeta):
         request: _garrison_pb2.SubmitJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_garrison_pb2.SubmitJobResponse, _abc.Awaitable[_garrison_pb2.SubmitJobResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SubmitCommandLine(
+        self,
+        request: _garrison_pb2.SubmitCommandLineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_garrison_pb2.SubmitCommandLineResponse, _abc.Awaitable[_garrison_pb2.SubmitCommandLineResponse]]:
+        """gsub/sbatch's whole command line, parsed here (garrison/cmdline/submission.py) and submitted: for a client
+        on the controller host that cannot afford the imports of parsing it itself (cli/fastpath.py).
+        """
 
     @_abc_1.abstractmethod
     def CancelJobs(

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """End-to-end throughput and latency of a local Garrison cluster. A script, not a test: prints `key: value`.
 
-    python tests/benchmarks/e2e_throughput.py [--jobs 1000] [--agents 4] [--cli-calls 20]
+    python tests/benchmarks/e2e_throughput.py [--jobs 1000] [--agents 4] [--cli-calls 20] [--modes cli,library,array]
 
-Starts `garrison up` with 4 agents x 8 fake GPUs (32 GPUs, like ../shared/slurm-anchor's 4 x 8), then:
-  1. submits N trivial one-GPU jobs one by one through the client library (the gRPC stub gsub uses);
-  2. submits the same N jobs as one --array;
+Starts `garrison up` with 4 agents x 8 fake GPUs (32 GPUs, like ../shared/slurm-anchor's 4 x 8), then runs
+N trivial one-GPU jobs three ways, each compared with its like on Slurm by compare_slurm.sh:
+  cli:     a shell loop of `gsub --parsable ... --wrap` (Slurm: bench.sh seq, a loop of sbatch);
+  library: one process submitting them one by one through the client library (Slurm has no such path: its
+           figure is compared with the sbatch loop, Slurm's default way in);
+  array:   one `--array=1-N` submission (Slurm: bench.sh array);
 and for each reports jobs/s from the first submit until the last job has ended, and submit-to-start latency
-(the client's clock when SubmitJob returned -> the first line of the job, read from its output: both on this
-machine's clock). Finally it times `gsub` and `gqueue` as a user runs them (fresh processes): from this
-environment (an editable install, whose import hook costs every call ~10-15 ms) and installed from a wheel,
-as users get them (`*_installed_*`; the wheel is built from this checkout into a throwaway venv that takes
-its dependencies from this one).
+(the client's clock when the submission returned -> the first line of the job, read from its output: both on
+this machine's clock). Finally it times `gsub`, `gjob` and `gqueue` as a user runs them (fresh processes,
+tests/benchmarks/cli_latency.py): from this environment and installed from a wheel, as users get them
+(`*_installed_*`; the wheel is built from this checkout into a throwaway venv that takes its dependencies
+from this one).
 """
 
 from __future__ import annotations
@@ -40,13 +43,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def wait_all_done(client, first: int, count: int, timeout: float) -> float:  # type: ignore[no-untyped-def]
-    """When the last of the jobs first..first+count-1 ended, as ../shared/slurm-anchor's bench.sh sees it for
-    Slurm: polling every 0.2 s for the jobs still queued or running (what squeue lists), then checking once
-    that every job completed."""
+def wait_all_done(client, job_ids: list[int], timeout: float) -> float:  # type: ignore[no-untyped-def]
+    """When the last of the jobs ended, as ../shared/slurm-anchor's bench.sh sees it for Slurm: polling every
+    0.2 s for the jobs still queued or running (what squeue lists), then checking once that every job
+    completed."""
     from garrison.protos.v1 import garrison_pb2 as pb
 
-    ids = [str(i) for i in range(first, first + count)]
+    ids = [str(i) for i in job_ids]
+    count = len(ids)
     active = pb.ListJobsRequest(states=["PENDING", "CONFIGURING", "RUNNING", "COMPLETING"], job_ids=ids)
     try:
         # A fixed interval, not wait_until's backoff: the figure is "when squeue-style polling sees them end".
@@ -70,26 +74,31 @@ def latencies(out_dir: Path, submitted_at: dict[int, float]) -> list[float]:
     return result
 
 
-def run_batch(client, out_dir: Path, count: int, as_array: bool) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def run_batch(client, out_dir: Path, count: int, mode: str, env: dict[str, str]) -> dict[str, float]:  # type: ignore[no-untyped-def]
     from garrison.protos.v1 import garrison_pb2 as pb
 
     spec = pb.JobSpec(name="bench", script=f"#!/bin/sh\n{JOB_COMMAND}\n", gpus=1, workdir=str(out_dir),
                       output=str(out_dir / "%j.out"), time_limit_s=600, env={"PATH": os.environ["PATH"]})
     submitted_at: dict[int, float] = {}
     started = time.time()
-    if as_array:
+    if mode == "array":
         response = client.call("SubmitJob", pb.SubmitJobRequest(spec=spec, array_indices=list(range(1, count + 1))))
         now = time.time()
-        first = response.job_id
-        submitted_at = {first + i: now for i in range(count)}
-    else:
-        first = 0
+        submitted_at = {response.job_id + i: now for i in range(count)}
+    elif mode == "library":
         for _ in range(count):
             response = client.call("SubmitJob", pb.SubmitJobRequest(spec=spec))
             submitted_at[response.job_id] = time.time()
-            first = first or response.job_id
+    else:  # cli: bench.sh's seq loop, with gsub for sbatch
+        loop = (f'for _ in $(seq {count}); do id=$(gsub --parsable -J bench -G 1 -t 10 -o "$OUT/%j.out" '
+                f'--wrap "{JOB_COMMAND}"); echo "$id $(date +%s.%N)"; done')
+        submits = subprocess.run(["bash", "-c", loop], env={**env, "OUT": str(out_dir)}, cwd=out_dir, check=True,
+                                 capture_output=True, text=True).stdout
+        for line in submits.splitlines():
+            job_id, at = line.split()
+            submitted_at[int(job_id)] = float(at)
     submit_done = time.time()
-    finished = wait_all_done(client, first, count, timeout=600)
+    finished = wait_all_done(client, sorted(submitted_at), timeout=600)
     lat = latencies(out_dir, submitted_at)
     return {
         "submit_rate_jobs_per_s": count / max(submit_done - started, 1e-9),
@@ -110,9 +119,38 @@ def idle_latency(client, out_dir: Path, count: int) -> list[float]:  # type: ign
     for _ in range(count):
         response = client.call("SubmitJob", pb.SubmitJobRequest(spec=spec))
         at = time.time()
-        wait_all_done(client, response.job_id, 1, timeout=60)
+        wait_all_done(client, [response.job_id], timeout=60)
         result += latencies(out_dir, {response.job_id: at})
     return result
+
+
+# Which of the cluster's processes is which, by a word of its command line (cli/up.py, the agent's fork
+# server). Supervisors and the jobs' own processes are counted through the fork server: it reaps the
+# supervisors, and each supervisor (a subreaper) reaps the job's processes, so their CPU time is the fork
+# server's children's time.
+PROCESS_KINDS = (("garrison.controller.main", "controller"), ("garrison.nodeagent.main", "agents"),
+                 ("supervisor.forkserver", "forkservers"))
+
+
+def cpu_by_kind(state_dir: Path) -> dict[str, float]:
+    """CPU seconds so far of the cluster's processes under ``state_dir``, by kind (PROCESS_KINDS); the fork
+    servers' reaped children as ``supervisors_and_jobs``."""
+    import psutil
+
+    totals = {kind: 0.0 for _, kind in PROCESS_KINDS} | {"supervisors_and_jobs": 0.0}
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or ())
+        kind = next((kind for word, kind in PROCESS_KINDS if word in cmdline), None)
+        if kind is None or str(state_dir) not in cmdline:
+            continue
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        totals[kind] += times.user + times.system
+        if kind == "forkservers":
+            totals["supervisors_and_jobs"] += times.children_user + times.children_system
+    return totals
 
 
 def byte_compile() -> None:
@@ -120,12 +158,12 @@ def byte_compile() -> None:
     PYTHONDONTWRITEBYTECODE set, an editable checkout would otherwise recompile every module the CLI
     imports on every call (~15 ms), which is not what a user of an installed Garrison pays."""
     import compileall
-    import importlib.util
+    import importlib
 
     for package in ("garrison", "garrison.cli", "garrison.controller", "garrison.protos"):
-        spec = importlib.util.find_spec(package)
-        for location in (spec.submodule_search_locations or []) if spec else []:
-            compileall.compile_dir(location, quiet=1)
+        # Each package's own directory: garrison's search path also holds the checkout's root, with .venv in it.
+        location = Path(importlib.import_module(package).__file__ or "").parent
+        compileall.compile_dir(location, quiet=1)
 
 
 def installed_cli(root: Path) -> Path | None:
@@ -156,13 +194,12 @@ def installed_cli(root: Path) -> Path | None:
     return venv / "bin"
 
 
-def time_cli(env: dict[str, str], args: list[str], calls: int, cwd: Path) -> float:
-    times = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        subprocess.run(args, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
+def time_cli(env: dict[str, str], name: str, args: list[str], calls: int, cwd: Path) -> None:
+    """cli_latency.py's figures for ``args``, printed as they come."""
+    timer = Path(__file__).resolve().parent / "cli_latency.py"
+    out = subprocess.run([sys.executable, str(timer), name, str(calls), "--", *args], env=env, cwd=cwd, check=True,
+                         capture_output=True, text=True).stdout
+    print(out, end="")
 
 
 def main() -> int:
@@ -171,6 +208,9 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--cli-calls", type=int, default=20, help="0: do not time the CLI")
     parser.add_argument("--idle-jobs", type=int, default=20, help="0: skip the idle-latency part")
+    parser.add_argument("--modes", default="cli,library,array", help="which of cli, library, array to run")
+    parser.add_argument("--cpu", action="store_true",
+                        help="also print each batch's CPU time per job by process kind (psutil)")
     args = parser.parse_args()
 
     state_dir = Path(tempfile.mkdtemp(prefix="gbench-", dir="/tmp"))
@@ -192,11 +232,18 @@ def main() -> int:
 
         print(f"cluster: {args.agents} agents x 8 GPUs, controller {address}, SQLite")
         with Client(address) as client:
-            for name, as_array in (("seq", False), ("array", True)):
+            for name in args.modes.split(","):
                 out_dir = state_dir / f"out-{name}"
                 out_dir.mkdir()
                 os.chmod(out_dir, 0o777)
-                figures = run_batch(client, out_dir, args.jobs, as_array)
+                cpu_before = cpu_by_kind(state_dir) if args.cpu else {}
+                figures = run_batch(client, out_dir, args.jobs, name, env)
+                if args.cpu:
+                    cpu_after = cpu_by_kind(state_dir)
+                    for kind, seconds in cpu_after.items():
+                        figures[f"cpu_ms_per_job_{kind}"] = (seconds - cpu_before[kind]) * 1000 / args.jobs
+                    figures["cpu_ms_per_job_total"] = sum(
+                        (cpu_after[kind] - cpu_before[kind]) * 1000 / args.jobs for kind in cpu_after)
                 for key, value in figures.items():
                     print(f"{name}_{args.jobs}_{key}: {value:.1f}")
             out_dir = state_dir / "out-idle"
@@ -209,15 +256,18 @@ def main() -> int:
         if args.cli_calls > 0:
             cwd = state_dir / "out-idle"
             byte_compile()
+            with Client(address) as client:  # a job for gjob to show: the last one, ended
+                from garrison.protos.v1 import garrison_pb2 as pb
+
+                last = max(job.job_id for job in client.call("ListJobs", pb.ListJobsRequest(states=["COMPLETED"])).jobs)
             installed = installed_cli(state_dir)
-            for prefix, bin_dir in (("", BIN), ("installed_", installed)):
+            for suffix, bin_dir in (("", BIN), ("_installed", installed)):
                 if bin_dir is None:
                     continue
-                gsub_ms = time_cli(env, [str(bin_dir / "gsub"), "-G", "1", "-o", "/dev/null", "--wrap", "true"],
-                                   args.cli_calls, cwd)
-                gqueue_ms = time_cli(env, [str(bin_dir / "gqueue")], args.cli_calls, cwd)
-                print(f"gsub_{prefix}wall_ms_median: {gsub_ms:.1f}")
-                print(f"gqueue_{prefix}wall_ms_median: {gqueue_ms:.1f}")
+                time_cli(env, f"gsub{suffix}", [str(bin_dir / "gsub"), "-G", "1", "-o", "/dev/null", "--wrap", "true"],
+                         args.cli_calls, cwd)
+                time_cli(env, f"gjob{suffix}", [str(bin_dir / "gjob"), str(last)], args.cli_calls, cwd)
+                time_cli(env, f"gqueue{suffix}", [str(bin_dir / "gqueue")], args.cli_calls, cwd)
     finally:
         subprocess.run([str(BIN / "garrison"), "down", "--state-dir", str(state_dir)], env=env, capture_output=True)
     return 0

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """How long one scheduling cycle takes on big clusters. A script, not a test: prints `key: value`.
 
-    python tests/benchmarks/sched_cycle.py [--nodes 100,300,1000] [--cycles 9] [--seed 1]
+    python tests/benchmarks/sched_cycle.py [--nodes 100,300,1000] [--pending N] [--busy 0.9] [--cycles 9] [--seed 1]
 
 For each cluster size: N nodes x 8 GPUs (DGX A100 inventories) under 8 leaf switches of up to 16 nodes per
 block, registered in a real ClusterState (in-memory SQLite store), 90% of the GPUs busy with jobs drawn from
 the job-size mix of tests/data/cluster06.csv (gangs up to 64 GPUs) whose time limits end at staggered
-times, and 10 pending jobs per node from the same mix, spread over 8 accounts and 40 users. Each measured
+times (``--busy``: another fraction; 1 fills every GPU it can), and 10 pending jobs per node from the same
+mix (``--pending``: that many in all, e.g. 50,000 on 4 nodes, issue 23's deep queue), spread over 8 accounts and 40 users. Each measured
 cycle follows 1% of the running jobs ending and 1% new jobs arriving, and times what the daemon's
 scheduler loop does: the snapshot from memory (Policy.snapshot), ``schedule`` with the daemon's default
 configuration (the ``garrison`` policy: fair share, backfill with reservations, topology), and applying
@@ -90,7 +91,8 @@ class Workload:
 
 
 def build_cluster(
-    nodes: int, seed: int, cpus_per_gpu: int = 0, mem_mb: int = 0
+    nodes: int, seed: int, cpus_per_gpu: int = 0, mem_mb: int = 0, pending: int | None = None,
+    busy_fraction: float = BUSY_FRACTION,
 ) -> tuple[ClusterState, Policy, Workload, float]:
     rng = random.Random(seed)
     now = 1_800_000_000.0
@@ -114,7 +116,7 @@ def build_cluster(
     # Fill 90% of the GPUs with running jobs placed by the real placer, started at staggered times.
     capacity = Capacity(policy.snapshot().nodes)
     placer = Placer(build_pipeline())
-    busy, target = 0, BUSY_FRACTION * nodes * GPUS_PER_NODE
+    busy, target = 0, busy_fraction * nodes * GPUS_PER_NODE
     misses = 0
     while busy < target and misses < 50:
         job = workload.job(now - 86400)
@@ -128,7 +130,8 @@ def build_cluster(
         state.add_jobs([job])
         started = now - rng.uniform(0, job.time_limit_s * 0.9)
         state.start_attempts([(job.job_id, allocation)], started)
-    state.add_jobs([workload.job(now - rng.uniform(0, 7200)) for _ in range(10 * nodes)])
+    count = 10 * nodes if pending is None else pending
+    state.add_jobs([workload.job(now - rng.uniform(0, 7200)) for _ in range(count)])
     return state, policy, workload, now
 
 
@@ -140,8 +143,11 @@ def end_some(state: ClusterState, rng: random.Random, fraction: float, now: floa
             state.node_finished(node, NodeResult(attempt.job_id, attempt.attempt, ranks), now)
 
 
-def measure(nodes: int, cycles: int, seed: int, cpus_per_gpu: int = 0, mem_mb: int = 0) -> dict[str, float]:
-    state, policy, workload, now = build_cluster(nodes, seed, cpus_per_gpu, mem_mb)
+def measure(
+    nodes: int, cycles: int, seed: int, cpus_per_gpu: int = 0, mem_mb: int = 0, pending_jobs: int | None = None,
+    busy_fraction: float = BUSY_FRACTION,
+) -> dict[str, float]:
+    state, policy, workload, now = build_cluster(nodes, seed, cpus_per_gpu, mem_mb, pending_jobs, busy_fraction)
     rng = random.Random(seed + 1)
     config = policy.scheduler
     totals: list[float] = []
@@ -192,11 +198,15 @@ def main() -> None:
                         help="every job asks for this many CPUs per GPU (the nodes have 128 CPUs: 16 each)")
     parser.add_argument("--mem", type=int, default=0, metavar="MB",
                         help="every job asks for this much host memory per node (the nodes have 1,000,000 MB)")
+    parser.add_argument("--pending", type=int, default=None,
+                        help="pending jobs in all at each size (default: 10 per node)")
+    parser.add_argument("--busy", type=float, default=BUSY_FRACTION,
+                        help="fraction of the GPUs busy with running jobs at the start (default 0.9)")
     args = parser.parse_args()
     sizes = [int(n) for n in args.nodes.split(",")]
     results = {}
     for nodes in sizes:
-        r = measure(nodes, args.cycles, args.seed, args.cpus_per_gpu, args.mem)
+        r = measure(nodes, args.cycles, args.seed, args.cpus_per_gpu, args.mem, args.pending, args.busy)
         results[nodes] = r
         print(f"median_ms_nodes_{nodes}: {r['median_ms']:.1f}")
         print(f"plan_ms_nodes_{nodes}: {r['plan_ms']:.1f}")

@@ -6,8 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from garrison.cli.parsing import (
+from garrison.cmdline.parsing import (
     MAX_ARRAY_ELEMENTS,
     ArraySpec,
     UsageError,
@@ -21,7 +23,7 @@ from garrison.cli.parsing import (
     read_directive_lines,
     read_directives,
 )
-from garrison.cli.submission import HelpRequested, parse_submission
+from garrison.cmdline.submission import HelpRequested, parse_submission
 from garrison.model.domain import JobSpec, LaunchMode
 from garrison.model.hostlist import compress_hostlist
 from garrison.model.outputpath import expand_output_pattern
@@ -345,6 +347,26 @@ def _expand(pattern: str, **overrides: object) -> str:
 )
 def test_output_patterns(pattern: str, expanded: str) -> None:
     assert _expand(pattern) == expanded
+
+
+_SPECIFIER = re.compile(r"%(%|([0-9]*)([A-Za-z]))")  # the expansion's rule, as a regular expression
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="%%%0123j4aAtnuxXq-_./é ", max_size=16))
+def test_output_patterns_expand_as_the_regular_expression_says(pattern: str) -> None:
+    """The hand-written scanner (no re: gjob's import budget) against the rule it implements."""
+    values = {"j": "42", "t": "3", "n": "1", "A": "40", "a": "7", "u": "ada", "x": "train"}
+
+    def reference(match: re.Match[str]) -> str:
+        if match.group(1) == "%":
+            return "%"
+        width, letter = match.group(2), match.group(3)
+        if letter in "jtnAa":
+            return values[letter].zfill(min(int(width), 32) if width else 0)  # the cap on a width
+        return values.get(letter, match.group(0))
+
+    assert _expand(pattern) == _SPECIFIER.sub(reference, pattern)
 
 
 def test_output_pattern_for_a_job_outside_an_array() -> None:

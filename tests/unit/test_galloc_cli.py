@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from garrison.cli.galloc import input_environment, parse_allocation, waiting_line
-from garrison.cli.parsing import UsageError
+from garrison.cmdline.parsing import UsageError
 from garrison.model.jobspec import LaunchMode
 
 ENV = {"SHELL": "/bin/bash", "HOME": "/home/alice", "PATH": "/usr/bin"}
@@ -61,7 +61,7 @@ def test_the_waiting_line() -> None:
 
 def test_help_is_gallocs_usage_over_gsubs_options() -> None:
     from garrison.cli.galloc import allocation_help
-    from garrison.cli.submission import HelpRequested
+    from garrison.cmdline.submission import HelpRequested
 
     with pytest.raises(HelpRequested) as asked:
         parse_allocation(["--help"], ENV, "/w")

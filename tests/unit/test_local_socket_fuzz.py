@@ -18,6 +18,7 @@ from test_rpc_fuzz import messages
 
 from garrison.controller.rpc.local import MAX_FRAME, REQUEST_TYPES
 from garrison.plainmsg import PLAIN_METHOD_SUFFIX, dump_plain, parse_plain
+from garrison.protos.v1 import admin_pb2 as adminpb
 from garrison.protos.v1 import garrison_pb2 as pb
 
 HEADER = struct.Struct("!I")
@@ -25,6 +26,7 @@ OK, INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNIMPLEMENTED, UNAUTHENTICAT
 CLEAR = {INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNIMPLEMENTED, UNAUTHENTICATED, 8}  # 8: rate limit
 METHODS = sorted(REQUEST_TYPES)
 RESPONSE_TYPES = {"Hello": pb.HelloResponse, "SubmitJob": pb.SubmitJobResponse, "CancelJobs": pb.CancelJobsResponse,
+                  "SubmitCommandLine": pb.SubmitCommandLineResponse, "QueueDetails": adminpb.QueueDetailsResponse,
                   "ListJobs": pb.ListJobsResponse, "GetJob": pb.JobInfo, "ListNodes": pb.ListNodesResponse,
                   "KeepAllocation": pb.AllocationStatusReply, "ReleaseAllocation": pb.ReleaseAllocationReply,
                   "ListSteps": pb.ListStepsResponse, "CancelStep": pb.CancelStepResponse}

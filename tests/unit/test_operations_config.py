@@ -141,9 +141,17 @@ def test_journal_detection(tmp_path: Path) -> None:
 
 
 def console_scripts() -> dict[str, str]:
+    """Every installed command -> "module:main" of the code that parses its options: pyproject's console
+    scripts, and the launchers in bin/ (scripts/gen_launchers.py), by their full path's module."""
+    import importlib.util
     import tomllib
 
-    return dict(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"])
+    spec = importlib.util.spec_from_file_location("gen_launchers", REPO / "scripts" / "gen_launchers.py")
+    assert spec is not None and spec.loader is not None
+    launchers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launchers)
+    scripts = dict(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"])
+    return scripts | {name: f"{full}:main" for name, (_, _, full) in launchers.LAUNCHERS.items()}
 
 
 def test_every_command_and_option_is_in_the_reference() -> None:
@@ -166,7 +174,7 @@ def command_options(script: str) -> list[str]:
     import click
 
     if script == "gsub":
-        from garrison.cli.submission import option_strings
+        from garrison.cmdline.submission import option_strings
 
         return [o for o in option_strings() if o not in ("-h", "--help")]
     if script == "gqueue":

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from garrison.cli.argparser import UsageError
 from garrison.cli.queue_format import FIELDS, QueueFormat
+from garrison.cmdline.argparser import UsageError
 from garrison.protos.v1 import garrison_pb2 as pb
 
 NOW = 1_700_000_000.0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_store import full_spec, sample_node
 
-from garrison.cli.submission import UsageError, parse_submission
+from garrison.cmdline.submission import UsageError, parse_submission
 from garrison.config import ControllerConfig
 from garrison.controller.sched.filters.cpu_memory import mem_needed
 from garrison.controller.sched.placement import request_for

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from garrison.cli.argparser import UsageError
 from garrison.cli.slurm import sacct, sinfo, squeue, sstat
 from garrison.cli.slurm.fields import (
     FieldList,
@@ -20,6 +19,7 @@ from garrison.cli.slurm.fields import (
     short_state,
     state_names,
 )
+from garrison.cmdline.argparser import UsageError
 from garrison.model.gputype import gpu_matches, slurm_gpu_type
 from garrison.protos.v1 import accounting_pb2 as apb
 from garrison.protos.v1 import garrison_pb2 as pb

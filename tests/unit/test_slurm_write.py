@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 from helpers.polling import wait_until
 
-from garrison.cli.gsub import with_default_output
 from garrison.cli.slurm import sbatch, scancel, scontrol
-from garrison.cli.submission import parse_submission
+from garrison.cmdline.submission import parse_submission, with_default_output
 from garrison.nodeagent.supervisor.core import is_torchrun_agent
 from garrison.protos.v1 import garrison_pb2 as pb
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from garrison.cli.argparser import UsageError
 from garrison.cli.gsrun import OutputWriter, _parser, build_spec, exported_environment
+from garrison.cmdline.argparser import UsageError
 from garrison.controller.steps import check_request, step_master_port
 from garrison.model.domain import Allocation, NodeAllocation
 from garrison.model.steps import (

@@ -46,7 +46,8 @@ from garrison.controller.store import (
     open_store,
     upgrade,
 )
-from garrison.controller.store.migrate import alembic_config
+from garrison.controller.store.errors import JobIdsTaken
+from garrison.controller.store.migrate import HEAD_REVISION, alembic_config
 from garrison.controller.store.schema import gpus, job_attempts, metadata
 from garrison.controller.store.serde import (
     allocation_from_json,
@@ -485,6 +486,19 @@ class StoreContract:
         assert self.reopen(store_url).next_job_id == 8
         assert store.allocate_job_ids(1) == 8
 
+    def test_a_write_takes_job_ids_with_its_jobs_only_where_the_counter_still_reads_their_first(
+        self, store: Store, store_url: str
+    ) -> None:
+        # The submission's own transaction moves the counter on (StoreChanges.job_ids): one commit for both.
+        store.write(StoreChanges(jobs=[pending_job(1), pending_job(2)], job_ids=(1, 3)))
+        assert store.load().next_job_id == 3
+        assert store.allocate_job_ids(2) == 3  # another writer took 3..4
+        # A write that would take ids someone else took writes nothing at all: not its jobs either.
+        with pytest.raises(JobIdsTaken):
+            store.write(StoreChanges(jobs=[pending_job(3)], job_ids=(3, 4)))
+        reopened = self.reopen(store_url)
+        assert reopened.next_job_id == 5 and sorted(job.job_id for job in reopened.jobs) == [1, 2]
+
     def test_allocating_no_ids_is_refused(self, store: Store) -> None:
         for count in (0, -1):
             with pytest.raises(ValueError):
@@ -743,6 +757,8 @@ class StoreContract:
                 assert compare_metadata(migration_context, metadata) == []
                 head = ScriptDirectory.from_config(alembic_config()).get_current_head()
                 assert migration_context.get_current_revision() == head
+                # What a restarted controller compares against, without importing Alembic
+                assert head == HEAD_REVISION
         finally:
             engine.dispose()
 

@@ -158,6 +158,15 @@ def jobs(tmp_path: Path) -> Iterator[Jobs]:
     job_set.close()
 
 
+def test_launch_json_holds_every_field_of_the_spec(jobs: Jobs) -> None:
+    # to_json writes the fields by hand (spec.py): a field added to the spec must still reach launch.json.
+    rank = dataclasses.replace(jobs.rank(0, "true", env={"A": "1"}), truncate=["/tmp/o"], cpus=[1])
+    spec = dataclasses.replace(jobs.spec(rank, jobs.rank(1, "false")), umask=0o22, cpus=[0, 1], batch_signal=10,
+                   lease_file="/tmp/lease", start_barrier=True, cgroup={"memory": "/sys/fs/cgroup/x"}, gpus=[3])
+    assert json.loads(spec.to_json()) == dataclasses.asdict(spec)
+    assert LaunchSpec.from_json(spec.to_json()) == spec
+
+
 def test_launch_spec_round_trips_and_the_supervisor_reads_the_same_schema(jobs: Jobs) -> None:
     spec = jobs.spec(
         jobs.rank(0, "true", env={"A": "1"}), jobs.rank(1, "false", stderr="/tmp/e"), kill_wait_s=2.5

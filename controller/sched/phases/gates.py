@@ -50,7 +50,10 @@ def gate(state: CycleState, job: PendingJob, partition: PartitionDef | None, lim
     reason = policy_reason(state, job, partition, limit)
     if reason is not None:
         return reason
-    if job.spec.begin_time is not None and job.spec.begin_time > state.now:
+    begin = job.spec.begin_time
+    if begin is not None and begin > state.now:
+        if state.wake_at is None or begin < state.wake_at:
+            state.wake_at = begin  # the plan changes when it comes, though nothing else does
         return Reason.BEGIN_TIME
     if job.dependencies is not None and job.dependencies.singleton_key in state.singletons_started:
         return Reason.DEPENDENCY  # -d singleton: one of a user's namesakes starts per cycle

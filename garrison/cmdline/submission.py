@@ -4,7 +4,7 @@ plus the batch script's ``#GSUB`` directives into a JobSpec without needing a te
 As in sbatch, directives are read first and the command line overrides them, option by option. argparse
 does the word-level parsing (both of argv and of each directive line, so the two accept exactly the same
 spellings); the values are then checked by the pure parsers in ``parsing``, with errors that name the
-option and, for a directive, the script line it came from. argparse (cli/argparser.py), not click as in the
+option and, for a directive, the script line it came from. argparse (garrison/cmdline/argparser.py), not click as in the
 other commands: gsub runs in loops and must start fast.
 """
 
@@ -16,9 +16,9 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from garrison.cli.argparser import Parser
+from garrison.cmdline.argparser import Parser
 from garrison.model.jobspec import JobSpec, LaunchMode, without_credentials
 from garrison.model.resources import resolve as resolve_resources
 
@@ -40,11 +40,12 @@ from .parsing import (
     read_directive_lines,
 )
 
-__all__ = ["HelpRequested", "Submission", "UsageError", "option_strings", "parse_submission"]
+__all__ = ["HelpRequested", "Submission", "UsageError", "option_strings", "parse_submission", "submit_request",
+           "with_default_output"]
 
 TYPE_CHECKING = False  # not typing's: importing typing costs gsub ~5 ms
 if TYPE_CHECKING:
-    from typing import TypeVar
+    from typing import Any, TypeVar
 
     _Value = TypeVar("_Value")
 
@@ -257,11 +258,15 @@ class _ChosenOptions:
             raise self.error(name, str(problem)) from None
 
 
-def _read_script(path: str, cwd: str) -> str:
+def read_local_file(path: str) -> bytes:
+    with open(path, "rb") as script_file:
+        return script_file.read()
+
+
+def _read_script(path: str, cwd: str, read_file: Callable[[str], bytes]) -> str:
     """The script's text, refused early when it could never run as a batch script."""
     try:
-        with open(os.path.join(cwd, path), "rb") as script_file:
-            data = script_file.read()
+        data = read_file(os.path.join(cwd, path))
     except FileNotFoundError:
         raise UsageError(f"script not found: {path}") from None
     except IsADirectoryError:
@@ -405,7 +410,7 @@ def _directive_options(script: str, script_text: str, directive: str) -> list[tu
 
 def parse_submission(
     argv: list[str], environ: Mapping[str, str], cwd: str, stdin: Callable[[], bytes] | None = None,
-    prog: str = "gsub",
+    prog: str = "gsub", read_file: Callable[[str], bytes] = read_local_file, umask: int | None = None,
 ) -> Submission:
     """Build the Submission for ``gsub ARGV`` run in directory ``cwd`` with environment ``environ``.
 
@@ -417,6 +422,9 @@ def parse_submission(
     ``#GSUB`` directives, ``#SBATCH`` directives.
 
     ``prog`` is the command's name (gsub, sbatch): a script read from standard input is named after it.
+    ``read_file`` reads the script (an absolute path) and raises OSError as ``open`` does; ``umask`` is the
+    caller's (default: this process's). The controller passes both for a command line it parses for a client
+    (controller/rpc/commandline.py), and reads no file itself.
     """
     command_line = _given_options(argv)
     script = command_line.get("script")
@@ -441,7 +449,7 @@ def parse_submission(
             script_name = "standard input"
         else:
             assert script is not None
-            script_text = _read_script(script, cwd)
+            script_text = _read_script(script, cwd, read_file)
             script_name = script
         for directive in ("#SBATCH", "#GSUB"):  # lowest precedence first: each later one overrides
             for options, origin in _directive_options(script_name, script_text, directive):
@@ -507,7 +515,7 @@ def parse_submission(
         exclude=tuple(converted("exclude", expand_hostlist) or ()),
         begin_time=converted("begin", lambda text: parse_begin_time(text, time.time())),
         nice=converted("nice", parse_nice) or 0,
-        umask=_current_umask(),
+        umask=_current_umask() if umask is None else umask,
         array_max_running=array.max_running if array is not None else None,
         submit_host=os.uname().nodename or None,  # socket.gethostname()'s answer, without importing socket
         constraint=converted("constraint", parse_constraint_text),
@@ -530,3 +538,27 @@ def parse_submission(
     return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos,
                       hold=bool(chosen.flag("hold")), test_only=bool(chosen.flag("test_only")),
                       ignored=chosen.ignored(), wait=bool(chosen.flag("wait")))
+
+
+def submit_request(submission: Submission) -> dict[str, Any]:
+    """The SubmitJobRequest message in its plain form (garrison/plainmsg.py): gsub never imports protobuf."""
+    from garrison.wire.convert_spec import spec_to_plain
+
+    request: dict[str, Any] = {"spec": spec_to_plain(submission.spec)}
+    if submission.hold:
+        request["hold"] = True
+    if submission.test_only:
+        request["test_only"] = True
+    if submission.array is not None:
+        request["array_indices"] = list(submission.array.indices)
+        if submission.array.max_running is not None:
+            request["array_max_running"] = submission.array.max_running
+    return request
+
+
+def with_default_output(submission: Submission, default: str | None, array_default: str | None) -> Submission:
+    """``submission`` writing to ``default`` (``array_default`` for an array) when it names no -o file."""
+    if submission.spec.output is not None or default is None:
+        return submission
+    pattern = array_default if submission.array is not None and array_default else default
+    return replace(submission, spec=replace(submission.spec, output=pattern))

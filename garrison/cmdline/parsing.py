@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from garrison.cli.argparser import UsageError as UsageError  # raised by every parser here; re-exported
+from garrison.cmdline.argparser import UsageError as UsageError  # raised by every parser here; re-exported
 from garrison.model import hostlist
 
 # Values end up in protobuf integer fields and database columns; refusing absurd numbers here gives the

@@ -1,0 +1,50 @@
+"""An acknowledged attempt's job directory (nodeagent/jobs.py): renamed out of the attempts' names in one step,
+then removed without following what the job's user put in it; a removal an agent did not finish is finished
+at its next start. Real directories; the agent runs acknowledge on a thread of its own (nodeagent/agent.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from garrison.nodeagent.jobs import JOBS_DIR, REMOVING_SUFFIX, JobManager
+
+
+def manager(tmp_path: Path) -> JobManager:
+    return JobManager(tmp_path / "agent", str(tmp_path / "notify.sock"), allow_root_jobs=True)
+
+
+def finished_attempt(jobs: JobManager, job_id: int, victim: Path) -> Path:
+    job_dir = jobs.job_dir(job_id, 0)
+    (job_dir / "user").mkdir(parents=True)
+    (job_dir / "status.json").write_text("{}")
+    # The job's user may leave a link to anything in its own directory: removing must not follow it.
+    (job_dir / "user" / "link").symlink_to(victim)
+    return job_dir
+
+
+def test_acknowledging_removes_the_job_directory_and_never_what_a_link_in_it_names(tmp_path: Path) -> None:
+    jobs = manager(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    job_dir = finished_attempt(jobs, 7, victim)
+    assert jobs.attempts() == [(7, 0)]
+    jobs.acknowledge(7, 0)
+    assert not job_dir.exists() and jobs.attempts() == []
+    assert os.listdir(tmp_path / "agent" / JOBS_DIR) == []
+    assert (victim / "keep").read_text() == "x"
+    jobs.acknowledge(7, 0)  # acknowledged again (a result reported again after a reconnect): nothing to do
+
+
+def test_a_removal_an_agent_did_not_finish_is_no_attempt_and_is_finished_at_the_next_start(tmp_path: Path) -> None:
+    jobs = manager(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    job_dir = finished_attempt(jobs, 8, victim)
+    # What acknowledge's rename leaves if the agent dies before its rmtree ends.
+    job_dir.rename(job_dir.with_name(job_dir.name + REMOVING_SUFFIX))
+    restarted = manager(tmp_path)
+    assert restarted.attempts() == []  # never reported as an attempt, running or finished
+    assert restarted.remove_leftover_removals() == 1
+    assert os.listdir(tmp_path / "agent" / JOBS_DIR) == [] and victim.is_dir()
