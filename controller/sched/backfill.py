@@ -130,30 +130,50 @@ class Timeline:
         self.events: list[tuple[float, int, tuple[int, ...]]] = []
         self._all_cpus: dict[int, frozenset[int]] = {}
         # node index -> its CPUs and host memory over time (built on first use)
-        self.hosts = [
-            _NodeHost(view.cpus, view.memory_mb, capacity.free_cpus[i], capacity.free_memory[i], now)
-            for i, view in enumerate(capacity.views)
-        ]
+        # node index -> its CPUs and host memory over time, made on first use: a node none of whose jobs
+        # holds CPUs or memory, and that no reservation asks about, never needs one.
+        self._hosts: dict[int, _NodeHost] = {}
+        # What was free when the timeline was made, which is what a node's host starts from, however late it
+        # is made (starts after this take CPUs and memory from the capacity, and hold them here).
+        self._free_cpus_then = list(capacity.free_cpus)
+        self._free_memory_then = list(capacity.free_memory)
+        free_at, gpu_counts = self.free_at, capacity.gpu_counts
         for index, free in enumerate(capacity.free):
-            busy = set(range(capacity.views[index].gpu_count)) - free
-            for gpu in busy:
-                self.free_at[index][gpu] = INFINITY
+            gpu_count = gpu_counts[index]
+            if len(free) < gpu_count:
+                free_at[index] = dict.fromkeys((g for g in range(gpu_count) if g not in free), INFINITY)
         by_time: dict[tuple[float, int], list[int]] = defaultdict(list)
+        index_of = capacity.index_of
         for job in running:
             end = now if job.stopping else max(now, job.expected_end)
             for node_alloc in job.allocation.nodes:
-                found = capacity.index_of.get(node_alloc.node)
+                found = index_of.get(node_alloc.node)
                 if found is None:
                     continue
                 releases = by_time[(end, found)]  # an event even when only CPUs or memory come free
+                busy = free_at[found]
                 for gpu in node_alloc.gpus:
-                    if self.free_at[found].get(gpu) == INFINITY:
-                        self.free_at[found][gpu] = end
+                    if busy.get(gpu) == INFINITY:
+                        busy[gpu] = end
                         releases.append(gpu)
-                self.hosts[found].explain(node_alloc.cpus, node_alloc.mem_mb, end)
+                if node_alloc.cpus or node_alloc.mem_mb:
+                    self._host(found).explain(node_alloc.cpus, node_alloc.mem_mb, end)
         self.events = sorted((t, i, tuple(sorted(g))) for (t, i), g in by_time.items())
-        # GPUs usable from now on, per node (free now and not held by a start or reservation)
-        self.usable_now = [len(self._usable_at(i, now)) for i in range(len(capacity.views))]
+        # GPUs usable from now on, per node (free now and not held by a start or reservation): every GPU
+        # but those busy past now (a GPU busy for a reason the snapshot does not give stays INFINITY).
+        self.usable_now = [
+            gpu_counts[i] - sum(1 for until in free_at[i].values() if until > now) if free_at[i] else gpu_counts[i]
+            for i in range(len(gpu_counts))
+        ]
+
+    def _host(self, index: int) -> _NodeHost:
+        found = self._hosts.get(index)
+        if found is None:
+            view = self.capacity.views[index]
+            found = _NodeHost(view.cpus, view.memory_mb, self._free_cpus_then[index], self._free_memory_then[index],
+                              self.now)
+            self._hosts[index] = found
+        return found
 
     def started(self, allocation: Allocation, until: float) -> None:
         """A job of this cycle started on ``allocation`` now (its GPUs are already out of the capacity's free
@@ -162,7 +182,7 @@ class Timeline:
             index = self.capacity.index_of[node_alloc.node]
             for gpu in node_alloc.gpus:
                 self.free_at[index][gpu] = until
-            self.hosts[index].explain(node_alloc.cpus, node_alloc.mem_mb, until)
+            self._host(index).explain(node_alloc.cpus, node_alloc.mem_mb, until)
             bisect.insort(self.events, (until, index, tuple(node_alloc.gpus)))
 
     def hold(self, allocation: Allocation, until: float) -> None:
@@ -175,17 +195,17 @@ class Timeline:
                 if before <= self.now < until:
                     self.usable_now[index] -= 1
                 busy[gpu] = max(before, until)
-            self.hosts[index].hold(node_alloc.cpus, node_alloc.mem_mb, until)
+            self._host(index).hold(node_alloc.cpus, node_alloc.mem_mb, until)
             bisect.insort(self.events, (until, index, tuple(node_alloc.gpus)))
 
     def cpus_at(self, index: int, when: float) -> frozenset[int]:
         """The node's CPUs free from ``when`` on (as far as the timeline knows)."""
-        free = self.hosts[index].cpus_at(when)
+        free = self._host(index).cpus_at(when)
         return self._every_cpu(index) if free is None else free
 
     def memory_at(self, index: int, when: float) -> int:
         """The node's host memory (MB) free at ``when``."""
-        return self.hosts[index].memory_at(when)
+        return self._host(index).memory_at(when)
 
     def memory_room(self, allocation: Allocation, start: float) -> dict[str, int]:
         """For a reservation about to be held on ``allocation`` from ``start``: per node where it asks for
@@ -197,7 +217,7 @@ class Timeline:
 
     def _usable_at(self, index: int, when: float) -> set[int]:
         busy = self.free_at[index]
-        return {g for g in range(self.capacity.views[index].gpu_count) if busy.get(g, self.now) <= when}
+        return {g for g in range(self.capacity.gpu_counts[index]) if busy.get(g, self.now) <= when}
 
     def _candidates_at(self, request: Request, when: float, counts: list[int]) -> Iterator[Candidate]:
         capacity = self.capacity
@@ -278,7 +298,7 @@ class Timeline:
                 released = sum(1 for g in gpus if busy.get(g) == when)
                 if released:
                     histogram[counts[index]] -= 1
-                    counts[index] = min(capacity.views[index].gpu_count, counts[index] + released)
+                    counts[index] = min(capacity.gpu_counts[index], counts[index] + released)
                     histogram[counts[index]] += 1
             if might_fit():
                 allocation = try_at(step)

@@ -40,7 +40,8 @@ class Capacity:
         self.reserved_cpus: dict[int, dict[int, tuple[float, int]]] = {}
         # node index -> (reservation start, host memory MB the node can lend to jobs still running then, job id)
         self.memory_room: dict[int, list[tuple[float, int, int]]] = {}
-        self.max_gpus = max((v.gpu_count for v in self.views), default=0)
+        self.gpu_counts: list[int] = [len(v.gpu_names) for v in self.views]  # NodeView.gpu_count, read once
+        self.max_gpus = max(self.gpu_counts, default=0)
         self.buckets: dict[str, list[set[int]]] = {}
         for i, view in enumerate(self.views):
             if not self.ready[i]:
@@ -48,6 +49,11 @@ class Capacity:
             for part in view.partitions:
                 self._bucket(part)[len(self.free[i])].add(i)
         self._matching: dict[tuple[int, str | None, int], frozenset[int]] = {}
+        # partition -> (free GPUs on its ready nodes, nodes with at least k free GPUs for each k), for the
+        # capacity version it was counted at: might_fit asks it for every job of a deep queue, and the
+        # buckets only change when something starts.
+        self._fit_summary: dict[str, tuple[int, list[int]]] = {}
+        self._fit_version = 0
         self.version = 0  # bumped by every take and reserve, so callers can cache answers between changes
 
     def _bucket(self, partition: str) -> list[set[int]]:
@@ -69,23 +75,40 @@ class Capacity:
 
     def might_fit(self, request: Request) -> bool:
         """False only if the job cannot possibly start now (GPU counts alone); True means: look closer."""
-        buckets = self.buckets.get(request.partition)
-        if buckets is None:
+        summary = self._summary(request.partition)
+        if summary is None:
             return False
+        free_gpus, nodes_with_at_least = summary
         shape = request.shape
         if shape.node_count is None:
-            if any(buckets[k] for k in range(shape.total_gpus, len(buckets))):
-                return True  # one node has them all
-            return sum(k * len(buckets[k]) for k in range(1, len(buckets))) >= shape.total_gpus
-        nodes = sum(len(buckets[k]) for k in range(shape.min_gpus_per_node, len(buckets)))
-        return nodes >= shape.node_count
+            return free_gpus >= shape.total_gpus  # on one node or spread, the free GPUs must add up
+        per_node = shape.min_gpus_per_node
+        return per_node < len(nodes_with_at_least) and nodes_with_at_least[per_node] >= shape.node_count
+
+    def _summary(self, partition: str) -> tuple[int, list[int]] | None:
+        if self._fit_version != self.version:
+            self._fit_summary.clear()
+            self._fit_version = self.version
+        found = self._fit_summary.get(partition)
+        if found is None:
+            buckets = self.buckets.get(partition)
+            if buckets is None:
+                return None
+            at_least = [0] * len(buckets)
+            running = 0
+            for k in range(len(buckets) - 1, -1, -1):
+                running += len(buckets[k])
+                at_least[k] = running
+            found = (sum(k * len(buckets[k]) for k in range(1, len(buckets))), at_least)
+            self._fit_summary[partition] = found
+        return found
 
     def candidate(self, request: Request, index: int, end_time: float) -> Candidate:
         """What node ``index`` offers a job that would run until ``end_time`` if it started now."""
         view = self.views[index]
         match = self.matching(index, request.gpu_type, request.gpu_mem_mib)
         free = self.free[index]
-        usable = free if len(match) == view.gpu_count else free & match
+        usable = free if len(match) == self.gpu_counts[index] else free & match
         reserved = self.reserved.get(index)
         if reserved:
             usable = {g for g in usable if g not in reserved or reserved[g][0] >= end_time}

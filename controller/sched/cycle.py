@@ -32,7 +32,8 @@ from garrison.controller.sched.backfill import Reservation
 from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.cycle_state import Candidacy, CycleState, Memo, time_limit_of
 from garrison.controller.sched.feasibility import IdleCluster
-from garrison.controller.sched.framework import placement_key
+from garrison.controller.sched.framework import Request, placement_key
+from garrison.controller.sched.phases.gates import is_plain
 from garrison.controller.sched.pipeline import (
     DEFAULT_SCORER_WEIGHTS,
     GATES,
@@ -47,6 +48,7 @@ from garrison.controller.sched.preemption import DEFAULT_MAX_GRACE_S
 from garrison.controller.sched.priority import NO_WEIGHTS, PriorityContext, PriorityWeights
 from garrison.controller.sched.quota import QuotaTally
 from garrison.controller.sched.snapshot import PendingJob, Snapshot
+from garrison.model.accounts import Accounting, PartitionDef
 
 __all__ = ["Plan", "Preempt", "Reason", "Reservation", "SchedulerConfig", "Start", "schedule", "time_limit_of"]
 
@@ -87,6 +89,15 @@ class SchedulerConfig:
         _pipeline(self.scorer_weights)  # unknown scorer names fail here, not in the first cycle
 
 
+# Per job id: (the job view, partition and accounting they were derived from, its time limit, its Request,
+# the Request's placement key, whether it is plain: phases/gates.is_plain). A memo of pure functions of
+# those objects, so the core stays pure: used only for the very objects it was computed from. A pending
+# job's view is the same object from one snapshot to the next until the job changes, so a deep queue does
+# not rebuild its requests, nor rerun the gates that cannot change, every cycle.
+_REQUESTS: dict[
+    int, tuple[PendingJob, PartitionDef | None, Accounting, int, Request, tuple[object, ...], bool]
+] = {}
+
 _JOB_ID = attrgetter("job_id")
 
 
@@ -111,26 +122,67 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
         quotas=QuotaTally(accounting, snapshot.running, snapshot.usage, now, default_qos),
         default_qos=default_qos, array_running=array_running, partitions=accounting.partition_map,
     )
-    priorities = PriorityContext(snapshot, now, config.weights).priorities(snapshot.pending)
+    pricing = PriorityContext(snapshot, now, config.weights)
+    priorities = pricing.priorities(snapshot.pending)
+    if config.weights.overdue:
+        state.overdue_after = pricing.overdue_after
     queue = sorted(snapshot.pending, key=lambda j: QUEUE_ORDER.key(j.job_id, j.submit_time, priorities[j.job_id]))
 
     waiting = state.waiting
     partitions = state.partitions
+    requests = _REQUESTS
+    quotas, memo = state.quotas, state.memo
+    settled, reservations = config.backfill and not config.preemption, config.reservations
     for position, job in enumerate(queue):
+        if state.failed >= config.max_job_test or len(state.starts) >= config.max_starts_per_cycle:
+            # The cycle's bounded work is done: the rest get their gates' reasons, once per shape of job.
+            _bounded_tail(state, queue, position)
+            break
         partition = partitions.get(job.partition)
-        limit = time_limit_of(job, partition)
-        gated = GATES(state, job, partition, limit)
+        known = requests.get(job.job_id)
+        if known is not None and known[0] is job and known[1] is partition and known[2] is accounting:
+            limit, request, key, plain = known[3], known[4], known[5], known[6]
+        else:
+            limit = time_limit_of(job, partition)
+            request = request_for(job.job_id, job.spec, job.partition, limit)
+            key = placement_key(request)
+            plain = is_plain(state, job, partition, limit)
+            requests[job.job_id] = (job, partition, accounting, limit, request, key, plain)
+        if plain:
+            # The gates that can stop a plain job (gates.py, in the same order): quotas, then, without
+            # backfill, a blocked partition (the bounded work is checked at the top of the loop).
+            gated = quotas.blocked_by(job, job.spec.total_gpus(), limit) if quotas.enabled else None
+            if gated is None and not config.backfill and job.partition in state.blocked_partitions:
+                gated = Reason.PRIORITY
+        else:
+            gated = GATES(state, job, partition, limit)
         if gated is not None:
             waiting[job.job_id] = gated
             continue
-        request = request_for(job.job_id, job.spec, job.partition, limit)
-        candidacy = Candidacy(job, limit, request, placement_key(request), now + limit)
+        end = now + limit
+        if settled and len(state.reservations) >= reservations:
+            # Past the reservations, with preemption off, a job whose look-alike (same placement key) already
+            # failed to start for a run ending no later, and was told why it waits, fails the same way and
+            # waits for the same reason: its phases would each answer as they did for the look-alike
+            # (place_now: does not fit; never_here: the idle verdict of the same key; reserve_later: the
+            # same memo). A deep queue of look-alikes then costs a few lookups per job.
+            memo.sync()
+            blocked = memo.blocked.get(key)
+            if blocked is not None and (not capacity.might_fit(request) or memo.known_not_to_fit(key, end)):
+                state.failed += 1
+                waiting[job.job_id] = blocked[0]
+                if blocked[1] is not None:
+                    state.blocked_by[job.job_id] = blocked[1]
+                continue
+        candidacy = Candidacy(job, limit, request, key, end)
         for phase in PHASES:
             if phase(state, candidacy):
                 break
-        if state.failed >= config.max_job_test or len(state.starts) >= config.max_starts_per_cycle:
-            _bounded_tail(state, queue, position + 1)
-            break
+    if len(requests) > 2 * len(queue) + 1024:
+        # Jobs that left the queue: keep only the ones pending now.
+        pending = {job.job_id for job in queue}
+        for job_id in [job_id for job_id in requests if job_id not in pending]:
+            del requests[job_id]
 
     return Plan(
         starts=tuple(state.starts),

@@ -102,6 +102,7 @@ class CycleState:
     timeline: Timeline | None = None  # built when the first reservation is planned
     started_now: list[tuple[Allocation, float]] = field(default_factory=list)  # before the timeline exists
     preempted_for: list[tuple[Allocation, float]] = field(default_factory=list)
+    overdue_after: float | None = None  # a job pending longer than this is overdue (priority.py); None: no bound
     wake_at: float | None = None  # the earliest begin time a job waits for (Plan.wake_at)
 
     def hold_on_timeline(self, allocation: Allocation, until: float, *, started: bool) -> None:

@@ -127,8 +127,10 @@ class IdleCluster:
             self._classes = list(groups.values())
         return self._classes
 
-    def verdict(self, request: Request) -> Verdict:
-        key = placement_key(request)
+    def verdict(self, request: Request, key: tuple[object, ...] | None = None) -> Verdict:
+        """``key``: the request's placement_key, when the caller has it already (the cycle does)."""
+        if key is None:
+            key = placement_key(request)
         found = self._cache.get(key)
         if found is None:
             found = self._judge(request)

@@ -7,8 +7,11 @@
   reservations for the top blocked jobs, topology-aware placement. The weights put partition and QoS tiers
   first (each worth 100 days of waiting), then shorter time limits (a 1 h job is worth 30 days of waiting
   more than a 7-day one) and fair share (5 days between an idle account and a saturated one), and age keeps
-  growing for 30 days so every job eventually rises to the top. Chosen with gsim on cluster06
-  (tests/benchmarks/sim_quality.py; docs/gsim.md has the figures and the alternatives tried).
+  growing for 30 days. A job pending over 4 days is overdue: it gains 100,000 points (a QoS tier) per
+  further 4 days, so it goes ahead of every job that is not, overdue jobs by how long they waited, and it is
+  reserved for however far away its start is. Without that bound a week-long job was overtaken by every
+  shorter one for a month (the longest waits were 1.3-4.4x FIFO+EASY's). Measured with gsim on every shared
+  trace and 3 seeds (tests/benchmarks/sim_quality.py; docs/gsim.md has the figures and the trade-off).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ GARRISON_WEIGHTS = PriorityWeights(
     time_limit=30_000,
     short_limit_s=3600,
     long_limit_s=7 * 86400,
+    overdue=100_000,
+    overdue_after_s=4 * 86400,
 )
 RESERVATIONS = 8
 

@@ -1,8 +1,8 @@
 """Multifactor priority, like Slurm's priority/multifactor: a weighted sum of factors in [0, 1].
 
     priority = w_age * age + w_fairshare * fairshare + w_qos * qos + w_size * size + w_partition * partition
-               + w_time_limit * time_limit + the admin's adjustment (gcontrol update JOB --priority)
-               - the owner's nice value (gsub --nice)
+               + w_time_limit * time_limit + w_overdue * overdue
+               + the admin's adjustment (gcontrol update JOB --priority) - the owner's nice value (gsub --nice)
 
 - age: time pending over ``max_age_s``, capped at 1;
 - fairshare: fairshare.py's classic factor for the job's (account, user);
@@ -17,6 +17,10 @@
   jobs submitted less than ``w_time_limit / w_age * max_age_s`` after it (30 days with the garrison
   weights), plus what fair share and QoS add to theirs, as with any multifactor priority. Only the limit
   counts, which users choose, never the true run time.
+
+- overdue: 0 until the job has waited ``overdue_after_s`` (or ``overdue_share`` of the longest wait in the
+  queue now, if later), then 1 plus one more per further ``overdue_after_s``, without a cap: the bound on
+  any job's wait, which no other factor can outrun. Computed from the snapshot and ``now`` alone, like age.
 
 With every weight 0 the queue is plain arrival order (FIFO).
 """
@@ -42,15 +46,38 @@ class PriorityWeights:
     max_age_s: float = 7 * 86400
     short_limit_s: float = 3600  # a time limit this short or shorter: time-limit factor 1
     long_limit_s: float = 7 * 86400  # this long or longer: time-limit factor 0
+    # The bound on any job's wait (0: none). A job pending longer than overdue_after_s gains ``overdue``
+    # points per further overdue_after_s of waiting, without a cap, on top of its other factors: the age
+    # factor saturates at max_age_s and can be outrun by the time-limit factor of every newer short job;
+    # this cannot, so an overdue job rises above every job that is not, and overdue jobs among themselves
+    # go mostly by how long they have waited.
+    overdue: int = 0
+    overdue_after_s: float = 0.0
+    # ... and not before it has waited this share of the longest wait in the queue now (0: the fixed bound
+    # alone). A fixed bound is either below the waits of a saturated cluster (then nearly every job is
+    # overdue, and the queue is FIFO) or above those of a lighter one (then it bounds nothing); a share of
+    # the current longest wait follows the load: only the longest waiters go first, in the order they came.
+    overdue_share: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("age", "fair_share", "qos", "job_size", "partition", "time_limit"):
+        for name in ("age", "fair_share", "qos", "job_size", "partition", "time_limit", "overdue"):
             if getattr(self, name) < 0:
                 raise ValueError(f"priority weight {name} must not be negative")
         if self.max_age_s <= 0:
             raise ValueError("priority max age must be positive")
         if not 0 < self.short_limit_s < self.long_limit_s:
             raise ValueError("priority time limits must satisfy 0 < short < long")
+        if self.overdue_after_s < 0 or (self.overdue and not self.overdue_after_s):
+            raise ValueError("priority overdue_after_s must be positive when the overdue weight is set")
+        if not 0 <= self.overdue_share < 1:
+            raise ValueError("priority overdue_share must be at least 0 and below 1")
+
+
+def overdue_factor(waited_s: float, overdue_after_s: float) -> float:
+    """0 until a job has waited ``overdue_after_s``, then 1 more for every further ``overdue_after_s``."""
+    if overdue_after_s <= 0 or waited_s <= overdue_after_s:
+        return 0.0
+    return (waited_s - overdue_after_s) / overdue_after_s + 1.0
 
 
 NO_WEIGHTS = PriorityWeights(age=0, fair_share=0, qos=0, job_size=0, partition=0)  # plain arrival order
@@ -76,6 +103,7 @@ class PriorityFactors:
     total: int
     time_limit: float = 0.0
     nice: int = 0
+    overdue: float = 0.0
 
 
 class PriorityOrder:
@@ -105,6 +133,11 @@ class PriorityContext:
         self.default_qos = accounting.default_qos
         # A job without a time limit of its own gets its partition's default (as the cycle does).
         self.default_limit = {p.name: p.default_time_s for p in accounting.partitions}
+        # When a job becomes overdue this cycle: the fixed bound, or the share of the longest wait now.
+        self.overdue_after = weights.overdue_after_s
+        if weights.overdue and weights.overdue_share and snapshot.pending:
+            longest = now - min(job.submit_time for job in snapshot.pending)
+            self.overdue_after = max(self.overdue_after, weights.overdue_share * longest)
         self.fair_share: dict[tuple[str, str], float] = {}
         if weights.fair_share:
             associations = {(job.account_name, job.user) for job in snapshot.pending}
@@ -119,10 +152,12 @@ class PriorityContext:
         size = min(1.0, job.spec.total_gpus() / self.total_gpus)
         part = self.partition_factor.get(job.partition, 0.0)
         short = time_limit_factor(self._limit(job), w.short_limit_s, w.long_limit_s)
+        overdue = overdue_factor(self.now - job.submit_time, self.overdue_after) if w.overdue else 0.0
         total = round(w.age * age + w.fair_share * fair + w.qos * qos + w.job_size * size + w.partition * part
-                      + w.time_limit * short)
+                      + w.time_limit * short + w.overdue * overdue)
         nice = job.spec.nice
-        return PriorityFactors(age, fair, qos, size, part, job.priority, total + job.priority - nice, short, nice)
+        return PriorityFactors(age, fair, qos, size, part, job.priority, total + job.priority - nice, short, nice,
+                               overdue)
 
     def _limit(self, job: PendingJob) -> float:
         if job.time_limit_s is not None:
@@ -144,6 +179,7 @@ class PriorityContext:
         fair_share = self.fair_share
         static = _static_parts(self._static_fingerprint())
         age_w, fair_w = w.age, w.fair_share
+        overdue_w, overdue_after = w.overdue, self.overdue_after
         out: dict[int, int] = {}
         for job in jobs:
             known = static.get(job.job_id)
@@ -155,6 +191,8 @@ class PriorityContext:
             waited = now - job.submit_time
             age = 0.0 if waited <= 0 else (1.0 if waited >= max_age else waited / max_age)
             value = age_w * age + fixed
+            if overdue_w and waited > overdue_after:
+                value += overdue_w * ((waited - overdue_after) / overdue_after + 1.0)
             if fair_w:
                 account = job.account or job.spec.account or "default"
                 value += fair_w * fair_share.get((account, job.user), 1.0)

@@ -21,6 +21,7 @@ in replay.py.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -168,6 +169,9 @@ class SnapshotBuilder:
         self._views = dict(self._base)
         self._pending: dict[int, PendingJob] = {}
         self._running: dict[int, _Running] = {}
+        # GPUs held per (account, user): charged as one holder each, since decayed usage is linear in the
+        # GPUs held (a few accounts instead of hundreds of running jobs at every event).
+        self._held: Counter[tuple[str, str]] = Counter()
         settings = controller.scheduler
         self.ledger = UsageLedger(UsageState(), settings.fairshare_half_life_s, settings.quota_period_s, start)
         self._nodes_tuple: tuple[NodeView, ...] | None = None
@@ -211,6 +215,7 @@ class SnapshotBuilder:
             partition=pending.partition,
         )
         self._running[job_id] = _Running(view, allocation.gpu_count(), pending.account_name, pending.user)
+        self._held[(pending.account_name, pending.user)] += allocation.gpu_count()
         self._running_tuple = None
 
     def job_stopping(self, job_id: int) -> None:
@@ -226,12 +231,16 @@ class SnapshotBuilder:
             self._running_tuple = None
 
     def job_ended(self, job_id: int) -> None:
-        del self._running[job_id]
+        ended = self._running.pop(job_id)
+        holder = (ended.account, ended.user)
+        self._held[holder] -= ended.gpus
+        if not self._held[holder]:
+            del self._held[holder]
         self._running_tuple = None
 
     def charge(self, now: float) -> None:
         """Charge fair-share usage up to ``now`` for what ran since the last charge (as the daemon's timer)."""
-        self.ledger.charge(now, [(r.account, r.user, r.gpus) for r in self._running.values()])
+        self.ledger.charge(now, [(account, user, gpus) for (account, user), gpus in self._held.items()])
 
     # -- the core's input ------------------------------------------------------------------------------
 

@@ -83,6 +83,10 @@ class Replay:
         self, cluster: SimCluster, jobs: Sequence[TraceJob], policy: Policy, options: ReplayOptions | None = None
     ) -> None:
         self.cluster = cluster
+        # SimCluster derives its total from its nodes on every call: read once, it is asked at every event.
+        self.total_gpus = cluster.total_gpus
+        self.max_gpus_per_node = cluster.max_gpus_per_node
+        self.held_gpus = 0  # GPUs the attempts hold, kept as they start and end (the ledger would count them)
         self.policy = policy
         self.options = options or ReplayOptions()
         # Scheduler job ids follow arrival order, as the controller's ids follow submission order.
@@ -105,7 +109,7 @@ class Replay:
         self.running: dict[int, _Job] = {}
         self.events: list[tuple[float, int, int, int, int]] = []  # (time, kind, seq, job id, attempt)
         self._seq = 0
-        self.tracker = ContentionTracker(cluster.total_gpus)
+        self.tracker = ContentionTracker(self.total_gpus)
         self.start_order: list[int] = []
         self.preemptions = 0
         self.lost_gpu_s = 0.0
@@ -132,7 +136,7 @@ class Replay:
                 upcoming.append(self.events[0][0])
             now = min(upcoming)
             free_count = self.free_count
-            self.busy_gpu_s += (self.cluster.total_gpus - free_count) * (now - last)
+            self.busy_gpu_s += (self.total_gpus - free_count) * (now - last)
             if self.ledger.queued and free_count:
                 idle = free_count * (now - last)
                 self.idle_waiting_gpu_s += idle
@@ -156,7 +160,7 @@ class Replay:
         # Jobs still pending here would wait forever: the policy never started them ("unfinished").
         return ReplayResult(
             policy=self.policy.name,
-            total_gpus=self.cluster.total_gpus,
+            total_gpus=self.total_gpus,
             jobs=[
                 JobOutcome(
                     job_id=j.job_id,
@@ -194,10 +198,10 @@ class Replay:
     @property
     def free_count(self) -> int:
         """GPUs no attempt holds, cluster-wide."""
-        return self.cluster.total_gpus - self.ledger.held_gpu_count()
+        return self.total_gpus - self.held_gpus
 
     def _record(self, now: float) -> None:
-        busy = self.cluster.total_gpus - self.free_count
+        busy = self.held_gpus
         if self.times and self.times[-1] == now:
             self.queue_length[-1] = len(self.ledger.queued)
             self.busy_gpus[-1] = busy
@@ -257,7 +261,7 @@ class Replay:
         factor = self.options.gang_slowdown
         if factor <= 0:
             return 1.0
-        nodes_needed = math.ceil(job.trace.gpus / self.cluster.max_gpus_per_node)
+        nodes_needed = math.ceil(job.trace.gpus / self.max_gpus_per_node)
         switches_needed = math.ceil(nodes_needed / self.cluster.nodes_per_switch)
         slowdown = 1.0
         if len(allocation.nodes) > nodes_needed:
@@ -272,6 +276,7 @@ class Replay:
         for node_alloc in allocation.nodes:
             self.builder.set_free(node_alloc.node, self.ledger.free_gpus(self.ledger.nodes[node_alloc.node]))
         gpus = allocation.gpu_count()
+        self.held_gpus += gpus
         self.pending_sizes[job.trace.gpus] -= 1
         if not self.pending_sizes[job.trace.gpus]:
             del self.pending_sizes[job.trace.gpus]  # min(pending_sizes) is the smallest waiting job
@@ -296,6 +301,7 @@ class Replay:
         """Every rank of the job's attempt has ended: the ledger frees its GPUs and forgets it."""
         assert job.allocation is not None
         live = self.ledger.live[(job.job_id, job.attempt)]
+        self.held_gpus -= job.allocation.gpu_count()
         for node_alloc in job.allocation.nodes:
             self.ledger.release_node(live, node_alloc.node)
             self.builder.set_free(node_alloc.node, self.ledger.free_gpus(self.ledger.nodes[node_alloc.node]))

@@ -18,6 +18,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from garrison.config import ConfigError, parse_duration
@@ -97,6 +98,23 @@ def _number(text: str, where: str, column: str) -> float:
     return value
 
 
+def _arrival(text: str, where: str, column: str) -> tuple[float, bool]:
+    """An arrival time: seconds, or a date and time (``2017-10-09 07:01:55``, ISO 8601, read as UTC when it
+    names no zone), as seconds since the epoch. Returns (seconds, whether it was a date)."""
+    if _is_number(text):
+        return _number(text, where, column), False
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise TraceError(
+            f"{where}, column {column!r}: expected seconds or a date and time like '2017-10-09 07:01:55', "
+            f"got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp(), True
+
+
 def _gpu_count(text: str, where: str, column: str) -> int:
     try:
         value = float(text)
@@ -161,6 +179,7 @@ def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[T
                 raise TraceError(f"{path}, line 1: no column {column!r} (for {field}) in the header")
             index[field] = header.index(column)
         jobs: list[TraceJob] = []
+        arrivals_dated: bool | None = None  # whether the first row gave its arrival as a date
         try:
             for row in reader:
                 line = reader.line_num
@@ -174,11 +193,21 @@ def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[T
                     return row[index[field]].strip() if field in index else None
 
                 job_id = cell("job_id") or str(len(jobs) + 1)
+                submit_s, dated = _arrival(cell("arrival") or "", where, mapping.arrival)
+                if arrivals_dated is None:
+                    arrivals_dated = dated
+                elif dated != arrivals_dated:
+                    # Seconds from a trace's start and seconds since 1970 cannot be ordered together.
+                    raise TraceError(
+                        f"{where}, column {mapping.arrival!r}: "
+                        f"{'a date' if dated else 'a number of seconds'} among arrival times given as "
+                        f"{'dates' if arrivals_dated else 'seconds'}, got {cell('arrival')!r}"
+                    )
                 jobs.append(
                     TraceJob(
                         job_id=job_id,
                         line=line,
-                        submit_s=_number(cell("arrival") or "", where, mapping.arrival),
+                        submit_s=submit_s,
                         duration_s=_number(cell("duration") or "", where, mapping.duration),
                         gpus=_gpu_count(cell("gpus") or "", where, mapping.gpus),
                         user=cell("user") or None,

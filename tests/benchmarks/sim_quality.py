@@ -1,138 +1,203 @@
 #!/usr/bin/env python3
-"""Scheduling quality on a real trace, through gsim. A script, not a test: prints `key: value` lines.
+"""Scheduling quality on every shared trace, through gsim. A script, not a test: prints `key: value` lines.
 
-    python tests/benchmarks/sim_quality.py [--trace tests/data/cluster06.csv] [--cluster 12x8:dgx-a100/4]
-                                           [--seed 0] [--gang-slowdown 0] [--out DIR] [--more-seeds 1,2]
+    python tests/benchmarks/sim_quality.py [--traces ../shared/traces] [--only cluster06,cluster02]
+                                           [--seeds 0,1,2] [--gang-slowdown 0.2] [--jobs 2] [--frontier]
 
-Replays cluster06.csv (ElasticFlow ITP trace: 2,396 jobs over 60 days) on 12 nodes x 8 GPUs under each
-policy gsim knows (strict FIFO, FIFO + EASY backfill, and garrison, the daemon's shipped configuration),
-and prints each replay's figures and wall time, then the table. Goals (issue 5): each replay in <= 30 s on
-the project's 2 cores; garrison's average JCT at least 1.5x better than FIFO+EASY's, with a maximum wait
-no worse and a utilisation no lower. The `goal_*` lines say whether each holds; the figures are printed
-whatever they are.
+Replays each trace of ../shared/traces at the size its README gives (cluster02 and cluster06 on 12 x 8
+GPUs, cluster07 on 40 x 8, cluster08 on 10 x 8; DGX A100 nodes, 4 per leaf switch) under fifo-easy and
+garrison (the daemon's shipped configuration), once per seed (the seed draws time limits and accounts,
+docs/gsim.md), with a gang slowdown of 0.2 (a gang spread over more nodes or switches than it needs runs
+20% longer for each). For every trace and seed it prints both policies' figures and each goal of issue 22
+with whether it holds, garrison against fifo-easy:
+
+- avg_jct: average JCT at least 1.5x better;
+- p99_wait, max_wait: no worse;
+- idle_fitting: GPU-hours left idle while a waiting job would have fitted, no more;
+- jain: Jain's fairness across accounts under contention at least 0.9.
+
+With --frontier it also replays the variants below (the knobs that trade average JCT against the longest
+waits) and prints, per variant, its worst case over every trace and seed and which goals hold everywhere;
+when no variant meets them all, the one kept is the one whose maximum wait is no worse everywhere with
+the best worst-case JCT speed-up (maximum wait wins over average JCT).
+
+The traces are not part of the project: the script stops with a one-line error if they are absent.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from multiprocessing import Pool
 from pathlib import Path
 
 from garrison.controller.sim.metrics import summarize
-from garrison.controller.sim.policies import POLICY_NAMES, PolicyError, load_policy
+from garrison.controller.sim.policies import Policy
 from garrison.controller.sim.replay import ReplayOptions, replay
-from garrison.controller.sim.report import plain_table, write_plots
-from garrison.controller.sim.study import prepare
+from garrison.controller.sim.study import Study, prepare
 from garrison.controller.sim.trace import CompletionModel
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-KEYS = ("avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_wait_s", "p95_wait_s", "max_wait_s",
-        "makespan_s", "utilization", "idle_gpu_hours_waiting", "idle_gpu_hours_fitting", "jain_fairness", "preemptions", "gpu_hours_lost", "cycles", "wall_s")
-REPLAY_GOAL_S = 30.0
+# Trace -> the cluster its README sizes it for.
+TRACES = {
+    "cluster02": "12x8:dgx-a100/4",
+    "cluster06": "12x8:dgx-a100/4",
+    "cluster07": "40x8:dgx-a100/4",
+    "cluster08": "10x8:dgx-a100/4",
+}
+KEYS = ("avg_jct_s", "p99_wait_s", "max_wait_s", "idle_gpu_hours_fitting", "jain_fairness", "utilization",
+        "preemptions", "wall_s")
+DAY = 86400.0
+
+
+def shared_traces() -> Path:
+    """../shared/traces beside the repository (or beside a folder above it, for a git worktree)."""
+    repo = Path(__file__).resolve().parents[2]
+    for folder in repo.parents:
+        if (folder / "shared" / "traces").is_dir():
+            return folder / "shared" / "traces"
+    return repo.parent / "shared" / "traces"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """garrison with some weights changed (empty: the shipped preset)."""
+
+    name: str
+    weights: tuple[tuple[str, float], ...] = ()
+    settings: tuple[tuple[str, float], ...] = ()  # SchedulerConfig fields (reservations, window_s)
+
+    def apply(self, policy: Policy) -> Policy:
+        config = policy.config
+        if self.weights:
+            config = replace(config, weights=replace(config.weights, **dict(self.weights)))
+        if self.settings:
+            config = replace(config, **dict(self.settings))
+        return replace(policy, config=config)
+
+
+SHIPPED = Variant("garrison")
+# Along the trade-off: a shorter bound (waits nearer FIFO's), a longer one (more JCT, longer waits), none
+# (the previous preset: shortest limits first, age worth 30 days), and the shipped bound with 1 reservation.
+FRONTIER = (
+    Variant("overdue-2d", (("overdue_after_s", 2 * DAY),)),
+    Variant("overdue-8d", (("overdue_after_s", 8 * DAY),)),
+    Variant("no-overdue", (("overdue", 0), ("overdue_after_s", 0.0))),
+    Variant("overdue-4d-1-reservation", (), (("reservations", 1),)),
+)
+
+
+def goals(easy: dict[str, float], garrison: dict[str, float]) -> dict[str, tuple[float, bool]]:
+    """Each goal's figure (garrison against fifo-easy) and whether it holds."""
+    speedup = easy["avg_jct_s"] / garrison["avg_jct_s"] if garrison["avg_jct_s"] else 0.0
+
+    def ratio(key: str) -> float:
+        return garrison[key] / easy[key] if easy[key] else (1.0 if not garrison[key] else float("inf"))
+
+    return {
+        "avg_jct_speedup": (speedup, speedup >= 1.5),
+        "p99_wait_ratio": (ratio("p99_wait_s"), garrison["p99_wait_s"] <= easy["p99_wait_s"]),
+        "max_wait_ratio": (ratio("max_wait_s"), garrison["max_wait_s"] <= easy["max_wait_s"]),
+        "idle_fitting_ratio": (ratio("idle_gpu_hours_fitting"),
+                               garrison["idle_gpu_hours_fitting"] <= easy["idle_gpu_hours_fitting"] + 1e-9),
+        "jain": (garrison["jain_fairness"], garrison["jain_fairness"] >= 0.9),
+    }
+
+
+_STUDIES: dict[tuple[str, int, float], Study] = {}
+
+
+def _run(task: tuple[str, str, int, float, str, Variant | None]) -> tuple[str, int, str, dict[str, float]]:
+    trace_path, cluster, seed, gang, policy_name, variant = task
+    key = (trace_path, seed, gang)
+    study = _STUDIES.get(key)
+    if study is None:
+        study = _STUDIES[key] = prepare(trace_path, cluster, ["fifo-easy", "garrison"],
+                                        model=CompletionModel(seed=seed), options=ReplayOptions(gang_slowdown=gang))
+    policy = next(p for p in study.policies if p.name == policy_name)
+    if variant is not None:
+        policy = variant.apply(policy)
+    summary = summarize(replay(study.cluster, study.jobs, policy, study.options))
+    label = variant.name if variant is not None else policy_name
+    return Path(trace_path).stem, seed, label, {k: float(summary[k]) for k in KEYS}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace", type=Path, default=DATA / "cluster06.csv")
-    parser.add_argument("--cluster", default="12x8:dgx-a100/4")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--gang-slowdown", type=float, default=0.0)
-    parser.add_argument("--out", type=Path, default=None, help="also write the plots here")
-    parser.add_argument("--more-seeds", default="", metavar="N,N,...",
-                        help="also replay fifo-easy and garrison with these seeds (other drawn time limits and "
-                             "accounts) and print their figures, to see whether a result holds beyond one draw")
-    parser.add_argument("--exact-limits", action="store_true",
-                        help="also replay fifo-easy and garrison with every time limit equal to the job's true run "
-                             "time: what the policies would do if users knew exactly, the best case for any "
-                             "policy that goes by limits")
+    parser.add_argument("--traces", type=Path, default=shared_traces())
+    parser.add_argument("--only", default=",".join(TRACES), help="comma-separated trace names")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--gang-slowdown", type=float, default=0.2)
+    parser.add_argument("--jobs", type=int, default=2, help="replays run in parallel")
+    parser.add_argument("--frontier", action="store_true", help="also replay the trade-off variants")
     args = parser.parse_args()
 
-    available, missing = [], {}
-    for name in POLICY_NAMES:
-        try:
-            load_policy(name)
-            available.append(name)
-        except PolicyError as err:
-            missing[name] = str(err)
-    study = prepare(args.trace, args.cluster, available, model=CompletionModel(seed=args.seed),
-                    options=ReplayOptions(gang_slowdown=args.gang_slowdown))
-    print(f"trace: {args.trace.name}")
-    print(f"jobs: {len(study.jobs)}")
-    print(f"cluster: {args.cluster} ({study.cluster.describe()})")
-    print(f"seed: {args.seed}")
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    for name in names:
+        if name not in TRACES:
+            raise SystemExit(f"sim_quality: error: unknown trace {name!r} (known: {', '.join(TRACES)})")
+        if not (args.traces / f"{name}.csv").is_file():
+            raise SystemExit(f"sim_quality: error: {args.traces / f'{name}.csv'} not found (--traces DIR)")
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    variants: Sequence[Variant | None] = [None, SHIPPED, *(FRONTIER if args.frontier else ())]
+    tasks = [(str(args.traces / f"{name}.csv"), TRACES[name], seed, args.gang_slowdown,
+              "fifo-easy" if v is None else "garrison", v)
+             for name in names for seed in seeds for v in variants]
     print(f"gang_slowdown: {args.gang_slowdown}")
-    for name, reason in missing.items():
-        print(f"policy_{name.replace('-', '_')}: unavailable ({reason})")
+    print(f"seeds: {','.join(map(str, seeds))}")
+    results: dict[tuple[str, int, str], dict[str, float]] = {}
+    with Pool(args.jobs) as pool:
+        for trace, seed, label, figures in pool.imap_unordered(_run, tasks):
+            results[(trace, seed, label)] = figures
+            prefix = f"{trace}_s{seed}_{label.replace('-', '_')}"
+            for k in KEYS:
+                print(f"{prefix}_{k}: {figures[k]:.4f}")
+            sys.stdout.flush()
 
-    results, summaries = [], {}
-    for policy in study.policies:
-        result = replay(study.cluster, study.jobs, policy, study.options)
-        summary = summarize(result)
-        results.append(result)
-        summaries[policy.name] = summary
-        prefix = policy.name.replace("-", "_")
-        for key in KEYS:
-            value = summary[key]
-            print(f"{prefix}_{key}: {value:.4f}" if isinstance(value, float) else f"{prefix}_{key}: {value}")
-        sys.stdout.flush()
-
-    walls = [float(s["wall_s"]) for s in summaries.values()]
-    print(f"max_replay_wall_s: {max(walls):.2f}")
-    print(f"goal_replay_under_{REPLAY_GOAL_S:.0f}s: {'yes' if max(walls) <= REPLAY_GOAL_S else 'no'}")
-    garrison, easy = summaries.get("garrison"), summaries.get("fifo-easy")
-    if garrison is not None and easy is not None:
-        speedup = float(easy["avg_jct_s"]) / float(garrison["avg_jct_s"])
-        print(f"garrison_vs_fifo_easy_avg_jct_speedup: {speedup:.3f}")
-        print(f"goal_avg_jct_speedup_1_5x: {'yes' if speedup >= 1.5 else 'no'}")
-        print(f"goal_max_wait_no_worse: {'yes' if garrison['max_wait_s'] <= easy['max_wait_s'] else 'no'}")
-        no_lower = float(garrison["utilization"]) >= float(easy["utilization"]) - 1e-9
-        print(f"goal_utilization_no_lower: {'yes' if no_lower else 'no'}")
-    else:
-        print("garrison_vs_fifo_easy_avg_jct_speedup: n/a (a policy is unavailable)")
     print()
-    print(plain_table(list(summaries.values())))
-    if args.out is not None:
-        for path in write_plots(results, args.out):
-            print(f"plot: {path}")
-    for seed in [int(s) for s in args.more_seeds.split(",") if s.strip()]:
-        print()
-        more_seeds(args, seed)
-    if args.exact_limits:
-        print()
-        exact_limits(args)
+    labels = [SHIPPED.name, *(v.name for v in FRONTIER if args.frontier)]
+    worst: dict[str, dict[str, tuple[float, bool]]] = {}
+    for label in labels:
+        everywhere: dict[str, tuple[float, bool]] = {}
+        for name in names:
+            for seed in seeds:
+                held = goals(results[(name, seed, "fifo-easy")], results[(name, seed, label)])
+                if label == SHIPPED.name:
+                    cluster = TRACES[name]
+                    print(f"{name}_s{seed}: cluster {cluster}; " + "; ".join(
+                        f"{goal} {value:.3f} {'yes' if ok else 'NO'}" for goal, (value, ok) in held.items()))
+                for goal, (value, ok) in held.items():
+                    # worst case: the smallest speed-up and Jain, the largest ratios
+                    before = everywhere.get(goal)
+                    pick_min = goal in ("avg_jct_speedup", "jain")
+                    if before is None:
+                        everywhere[goal] = (value, ok)
+                    else:
+                        value = min(before[0], value) if pick_min else max(before[0], value)
+                        everywhere[goal] = (value, before[1] and ok)
+        worst[label] = everywhere
+    print()
+    for label, everywhere in worst.items():
+        prefix = label.replace("-", "_")
+        for goal, (value, ok) in everywhere.items():
+            print(f"{prefix}_worst_{goal}: {value:.3f}")
+            print(f"{prefix}_goal_{goal}_everywhere: {'yes' if ok else 'no'}")
+        print(f"{prefix}_all_goals_everywhere: {'yes' if all(ok for _, ok in everywhere.values()) else 'no'}")
+    if args.frontier:
+        meeting = [label for label, e in worst.items() if all(ok for _, ok in e.values())]
+        if meeting:
+            chosen = max(meeting, key=lambda label: worst[label]["avg_jct_speedup"][0])
+        else:
+            # The goals cannot all hold at once: maximum wait no worse wins over average JCT.
+            bounded = [label for label, e in worst.items() if e["max_wait_ratio"][1]]
+            if bounded:
+                chosen = max(bounded, key=lambda label: worst[label]["avg_jct_speedup"][0])
+            else:
+                chosen = min(worst, key=lambda label: worst[label]["max_wait_ratio"][0])
+        print(f"frontier_all_goals_met_by: {','.join(meeting) or 'none'}")
+        print(f"frontier_choice: {chosen}")
     return 0
-
-
-def more_seeds(args: argparse.Namespace, seed: int) -> None:
-    """fifo-easy and garrison under another seed: the same `key: value` lines, prefixed seed_<n>_."""
-    study = prepare(args.trace, args.cluster, ["fifo-easy", "garrison"], model=CompletionModel(seed=seed),
-                    options=ReplayOptions(gang_slowdown=args.gang_slowdown))
-    figures = {}
-    for policy in study.policies:
-        summary = summarize(replay(study.cluster, study.jobs, policy, study.options))
-        figures[policy.name] = summary
-        prefix = f"seed_{seed}_{policy.name.replace('-', '_')}"
-        for key in ("avg_jct_s", "max_wait_s", "utilization", "jain_fairness"):
-            print(f"{prefix}_{key}: {float(summary[key]):.4f}")
-    easy, garrison = figures["fifo-easy"], figures["garrison"]
-    print(f"seed_{seed}_garrison_vs_fifo_easy_avg_jct_speedup: "
-          f"{float(easy['avg_jct_s']) / float(garrison['avg_jct_s']):.3f}")
-
-
-def exact_limits(args: argparse.Namespace) -> None:
-    """fifo-easy and garrison when every limit is the true run time (rounded up to the minute): the
-    `key: value` lines prefixed exact_limits_. Separates what a policy's order costs from what users'
-    overestimated limits cost."""
-    study = prepare(args.trace, args.cluster, ["fifo-easy", "garrison"], model=CompletionModel(seed=args.seed),
-                    options=ReplayOptions(gang_slowdown=args.gang_slowdown))
-    jobs = [replace(job, time_limit_s=60 * math.ceil(job.duration_s / 60)) for job in study.jobs]
-    for policy in study.policies:
-        summary = summarize(replay(study.cluster, jobs, policy, study.options))
-        prefix = f"exact_limits_{policy.name.replace('-', '_')}"
-        for key in ("avg_jct_s", "max_wait_s", "makespan_s", "utilization"):
-            print(f"{prefix}_{key}: {float(summary[key]):.4f}")
 
 
 if __name__ == "__main__":

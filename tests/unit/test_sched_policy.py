@@ -141,6 +141,46 @@ def test_a_shorter_time_limit_goes_first_until_the_longer_job_has_aged_past_its_
         assert schedule(snap(nodes, later, [running(9, {"a": (0,)})]), NOW, config).order == order
 
 
+def test_an_overdue_job_cannot_be_outrun_by_newer_short_jobs() -> None:
+    """Past overdue_after_s a job gains the overdue weight per further overdue_after_s, without a cap: it
+    goes ahead of every job that is not overdue, and overdue jobs go mostly by how long they waited."""
+    weights = PriorityWeights(age=30_000, max_age_s=30 * 86400, fair_share=0, qos=0, job_size=0, partition=0,
+                              time_limit=30_000, overdue=100_000, overdue_after_s=2 * 86400)
+    config = replace(GARRISON, weights=weights)
+    nodes = [busy(node("a", gpus=1), running(9, {"a": (0,)}))]
+    week, hour, day = 7 * 86400, 3600, 86400
+    jobs = [pending(1, submit=NOW - 2 * day + 60, limit=week, gpus=1),  # not yet overdue
+            pending(2, submit=NOW - 3 * day, limit=week, gpus=1),  # overdue by a day
+            pending(3, submit=NOW - 4 * day, limit=week, gpus=1),  # overdue by two days
+            pending(4, submit=NOW, limit=hour, gpus=1)]  # the full time-limit bonus
+    plan = schedule(snap(nodes, jobs, [running(9, {"a": (0,)})]), NOW, config)
+    assert plan.order == (3, 2, 4, 1)
+    assert plan.priorities[2] == 3_000 + round(100_000 * 1.5)
+    pricing = PriorityContext(snap(nodes, jobs), NOW, weights)
+    assert pricing.priorities(jobs) == {j.job_id: pricing.factors(j).total for j in jobs}
+    assert pricing.factors(jobs[0]).overdue == 0.0 and pricing.factors(jobs[2]).overdue == 2.0
+    with pytest.raises(ValueError, match="overdue_after_s"):
+        PriorityWeights(overdue=1)
+
+
+def test_the_overdue_bound_follows_the_longest_wait_in_the_queue() -> None:
+    """With overdue_share, a job is overdue only once it has waited that share of the longest wait now: on a
+    saturated cluster only the longest waiters go first, not every job past the fixed bound."""
+    day, week, hour = 86400, 7 * 86400, 3600
+    weights = PriorityWeights(age=0, fair_share=0, qos=0, job_size=0, partition=0, time_limit=30_000,
+                              overdue=100_000, overdue_after_s=1 * day, overdue_share=0.5)
+    jobs = [pending(1, submit=NOW - 10 * day, limit=week, gpus=1),  # the longest wait: overdue
+            pending(2, submit=NOW - 4 * day, limit=week, gpus=1),  # past 1 day, under half of 10: not overdue
+            pending(3, submit=NOW - 6 * day, limit=week, gpus=1),  # past half of 10 days: overdue
+            pending(4, submit=NOW, limit=hour, gpus=1)]
+    pricing = PriorityContext(snap([node("a")], jobs), NOW, weights)
+    assert [pricing.factors(j).overdue > 0 for j in jobs] == [True, False, True, False]
+    assert pricing.priorities(jobs) == {j.job_id: pricing.factors(j).total for j in jobs}
+    plan = schedule(snap([busy(node("a", gpus=1), running(9, {"a": (0,)}))], jobs, [running(9, {"a": (0,)})]), NOW,
+                    replace(GARRISON, weights=weights))
+    assert plan.order == (1, 3, 4, 2)
+
+
 def test_priority_factors_match_the_fast_path_and_use_the_partition_default_limit() -> None:
     acct = accounting(partitions=(PartitionDef("main", default=True, default_time_s=4 * 3600),))
     jobs = [pending(1, limit=None, gpus=1), pending(2, limit=3600, gpus=2), pending(3, limit=10 * 86400, gpus=1)]
@@ -354,8 +394,19 @@ def test_a_reservation_waits_for_memory_held_by_a_longer_job() -> None:
 
 def test_reservations_beyond_the_window_are_not_made() -> None:
     nodes, jobs, run = backfill_case()
+    jobs = [replace(j, submit_time=NOW - 60) for j in jobs]  # not overdue: those are reserved for whatever the window
     plan = schedule(snap(nodes, jobs, run), NOW, replace(GARRISON, window_s=500))
     assert plan.reservations == () and 1 not in plan.estimated_starts
+
+
+def test_an_overdue_job_gets_its_reservation_beyond_the_window() -> None:
+    """The window bounds reserving for the many; a job past the overdue bound is reserved for however far
+    away its start is, so backfill cannot push the longest waiters back for ever."""
+    nodes, jobs, run = backfill_case()
+    overdue_after = GARRISON.weights.overdue_after_s
+    jobs[0] = replace(jobs[0], submit_time=NOW - overdue_after - 60)
+    plan = schedule(snap(nodes, jobs, run), NOW, replace(GARRISON, window_s=500))
+    assert [r.job_id for r in plan.reservations] == [1] and plan.estimated_starts[1] >= NOW + 1000
 
 
 def test_bounded_work_leaves_the_rest_waiting_on_priority() -> None:

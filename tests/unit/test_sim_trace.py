@@ -141,3 +141,35 @@ def test_what_the_trace_gives_is_kept() -> None:
     job = TraceJob("x", 2, 0.0, 10.0, 1, user="alice", account="vision", time_limit_s=60)
     (done,) = complete_jobs([job], CompletionModel())
     assert (done.user, done.account, done.time_limit_s) == ("alice", "vision", 60)
+
+
+def test_arrival_times_may_be_dates(tmp_path: Path) -> None:
+    """Traces such as Philly's give submission times as dates: read as UTC seconds, in arrival order."""
+    path = write(tmp_path, "id,submit,run,gpus\n"
+                           "b,2017-10-09 07:01:55,60,1\n"
+                           "a,2017-10-09 07:00:00,60,2\n"
+                           "c,2017-10-10T07:00:00+00:00,60,1\n")
+    jobs = read_trace(path, ColumnMapping.parse("arrival=submit,duration=run,gpus=gpus,job_id=id"))
+    assert [j.job_id for j in jobs] == ["a", "b", "c"]
+    assert jobs[1].submit_s - jobs[0].submit_s == 115
+    assert jobs[2].submit_s - jobs[0].submit_s == 86400
+    assert jobs[0].submit_s == 1507532400  # 2017-10-09 07:00:00 UTC
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ("a,2017-10-09 07:01:55,60,1\nb,2017-13-09 07:00:00,60,1\n",
+         "line 3, column 'submit': expected seconds or a date and time like '2017-10-09 07:01:55', "
+         "got '2017-13-09 07:00:00'"),
+        ("a,2017-10-09 07:01:55,60,1\nb,100,60,1\n",
+         "line 3, column 'submit': a number of seconds among arrival times given as dates, got '100'"),
+        ("a,100,60,1\nb,2017-10-09 07:01:55,60,1\n",
+         "line 3, column 'submit': a date among arrival times given as seconds, got '2017-10-09 07:01:55'"),
+    ],
+)
+def test_a_bad_date_names_its_line(tmp_path: Path, rows: str, expected: str) -> None:
+    path = write(tmp_path, "id,submit,run,gpus\n" + rows)
+    with pytest.raises(TraceError) as err:
+        read_trace(path, ColumnMapping.parse("arrival=submit,duration=run,gpus=gpus,job_id=id"))
+    assert str(err.value) == f"{path}, {expected}"

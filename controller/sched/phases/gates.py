@@ -68,3 +68,11 @@ def gate(state: CycleState, job: PendingJob, partition: PartitionDef | None, lim
             or len(state.starts) >= config.max_starts_per_cycle):
         return Reason.PRIORITY  # bounded work: a deep queue costs a dict lookup per job, not a placement
     return None
+
+
+def is_plain(state: CycleState, job: PendingJob, partition: PartitionDef | None, limit: int) -> bool:
+    """True for a job that only the quota and bounded-work gates can stop: not held, no dependency, no begin
+    time, no array, and allowed by its partition's and QoS's rules. All of that depends only on the job, its
+    partition and the accounting, so the cycle remembers it per job view instead of asking every cycle."""
+    return (not job.held and job.dependencies is None and job.spec.begin_time is None
+            and job.array_job_id is None and policy_reason(state, job, partition, limit) is None)

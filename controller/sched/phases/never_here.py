@@ -9,7 +9,7 @@ from garrison.controller.sched.plan import Reason
 
 
 def never_here(state: CycleState, c: Candidacy) -> bool:
-    feasibility = state.idle.verdict(c.request).feasibility
+    feasibility = state.idle.verdict(c.request, c.key).feasibility
     if feasibility == Feasibility.RUNS:
         return False
     state.waiting[c.job.job_id] = (Reason.NODES_DRAINED if feasibility == Feasibility.NEEDS_DRAINED

@@ -12,6 +12,8 @@ from garrison.controller.sched.snapshot import RunningJob
 
 def preempt_for(state: CycleState, c: Candidacy) -> bool:
     config = state.config
+    if not config.preemption:
+        return False
     accounting = state.snapshot.accounting
     qos = accounting.qos_map.get(c.job.qos_name or state.default_qos)
     if not (config.preemption and qos is not None and qos.preempts

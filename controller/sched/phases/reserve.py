@@ -12,6 +12,8 @@ from garrison.controller.sched.framework import Candidate, Request
 from garrison.controller.sched.placement import Placer
 from garrison.controller.sched.plan import Reason, Reservation
 
+OVERDUE_WINDOW_S = 365 * 86400.0
+
 
 def reserve_later(state: CycleState, c: Candidacy) -> bool:
     config, job = state.config, c.job
@@ -21,7 +23,13 @@ def reserve_later(state: CycleState, c: Candidacy) -> bool:
         return True
     if len(state.reservations) < config.reservations:
         timeline = state.ensure_timeline()
-        found = timeline.earliest_start(c.request, state.placer, config.resolution_s, config.window_s)
+        window = config.window_s
+        if state.overdue_after is not None and state.now - job.submit_time > state.overdue_after:
+            # The window bounds the work of reserving for the many; an overdue job (one of the longest
+            # waiters) gets its reservation however far away its start is, or backfill could push it back
+            # for ever. The sweep stays bounded by its placement attempts.
+            window = max(window, OVERDUE_WINDOW_S)
+        found = timeline.earliest_start(c.request, state.placer, config.resolution_s, window)
         if found is not None:
             begin, reserved = found
             state.reservations.append(Reservation(job.job_id, begin, begin + c.limit, reserved))
