@@ -306,7 +306,9 @@ class StepManager:
         jobs = self.jobs()
         for running in list(self.running.values()):
             job = jobs.get(running.step.job_id)
-            if job is not None and job.state == JobState.RUNNING:
+            # COMPLETING: a preemption's (or cancel's) grace, in which the job's processes, its steps' tasks
+            # among them, are warned and may checkpoint; the steps end with the attempt, as in Slurm.
+            if job is not None and job.state in (JobState.RUNNING, JobState.COMPLETING):
                 continue
             if not running.cancelled:
                 if running.client is not None:
