@@ -22,6 +22,7 @@ from garrison.cli.fastpath import (
     controller_address,
     endpoint_cache_file,
     remember_config_address,
+    write_cache,
 )
 from garrison.plainmsg import PLAIN_METHOD_SUFFIX, PlainMessage
 
@@ -163,18 +164,8 @@ class Client:
 
         hello = self._grpc_call("Hello", pb.HelloRequest(), authenticated=False)
         endpoints = {"credential_socket": hello.credential_socket, "local_socket": hello.local_socket}
-        cache = endpoint_cache_file(self.address)
-        fields = (CACHE_FORMAT, self.address, hello.credential_socket, hello.local_socket)
-        if any("\n" in field for field in fields):
-            return endpoints  # not representable one per line: ask again next time
-        try:
-            os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
-            tmp = f"{cache}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as out:
-                out.write("\n".join(fields))
-            os.replace(tmp, cache)
-        except OSError:
-            pass  # a read-only home only costs one extra RPC per call
+        write_cache(endpoint_cache_file(self.address),
+                    (CACHE_FORMAT, self.address, hello.credential_socket, hello.local_socket))
         return endpoints
 
     # ---------------------------------------------------------------------------------------------

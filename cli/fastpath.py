@@ -88,10 +88,15 @@ def cached_config_address(path: str) -> str | None:
 
 def remember_config_address(path: str, identity: str | None, address: str) -> None:
     """Cache ``address`` as what the file at ``path``, as it was when read (``identity``), says."""
-    fields = (CONFIG_CACHE_FORMAT, path, identity or "", address)
-    if identity is None or any("\n" in field for field in fields):
+    if identity is not None:
+        write_cache(config_cache_file(path), (CONFIG_CACHE_FORMAT, path, identity, address))
+
+
+def write_cache(cache: str, fields: tuple[str, ...]) -> None:
+    """One cache file, one field a line, replaced whole. A field holding a newline is not representable: the
+    next call asks again; so does one after a failed write (a read-only home)."""
+    if any("\n" in field for field in fields):
         return
-    cache = config_cache_file(path)
     try:
         os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
         tmp = f"{cache}.{os.getpid()}.tmp"
@@ -99,7 +104,7 @@ def remember_config_address(path: str, identity: str | None, address: str) -> No
             out.write("\n".join(fields))
         os.replace(tmp, cache)
     except OSError:
-        pass  # a read-only home: the next call reads the file again
+        pass
 
 
 def controller_address() -> str | None:
