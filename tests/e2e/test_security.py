@@ -36,6 +36,8 @@ from helpers.ports import free_port
 
 from .conftest import BIN, Cluster, start_cluster, stop_cluster
 
+REPOSITORY = Path(__file__).resolve().parents[2]
+
 pytestmark = pytest.mark.slow
 
 # Per pytest-xdist worker: two workers may each set up this module's fixtures at once, and one's teardown
@@ -209,6 +211,53 @@ def test_a_non_admin_cannot_set_a_quota(users: Users, cluster: Cluster) -> None:
     assert refused.returncode == 1, refused.stderr
     assert refused.stderr.startswith("gadmin: error: permission denied:"), refused.stderr
     assert "refused SetQuota" in (cluster.state_dir / "controller.log").read_text()
+
+
+def test_the_fast_path_submits_as_whoever_runs_it_and_reads_only_what_they_may(users: Users,
+                                                                                 cluster: Cluster) -> None:
+    """The launchers (bin/gsub, bin/gqueue: cli/fastpath.py on the local socket) as a user without rights of
+    their own: the controller takes the submitter from the socket's peer credentials, and the script is read
+    by the client, so a script only root or another user can read is refused as gsub refuses it."""
+    alice, bob = users.alice, users.bob
+    bin_dir = users.python.parent
+    for name in ("gsub", "gqueue"):
+        shutil.copy(REPOSITORY / "bin" / name, bin_dir / name)
+    environment = {
+        "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": str(alice.home), "USER": alice.name,
+        "LOGNAME": alice.name, "GARRISON_CONTROLLER": cluster.env["GARRISON_CONTROLLER"],
+    }
+
+    def as_alice(*argv: str, profile: bool = False) -> subprocess.CompletedProcess[str]:
+        env = dict(environment, PYTHONPROFILEIMPORTTIME="1") if profile else environment
+        return subprocess.run([str(bin_dir / argv[0]), *argv[1:]], user=alice.uid, group=alice.gid,
+                              extra_groups=alice.groups, env=env, cwd=str(alice.work), capture_output=True,
+                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    warm = as_alice("gsub", "--parsable", "-G", "1", "-o", "/dev/null", "--wrap", "true")  # learns the socket
+    assert warm.returncode == 0, warm.stderr
+    (alice.work / "mine.sh").write_text("#!/bin/sh\n#SBATCH -J alices-own\n#SBATCH -o /dev/null\ntrue\n")
+    own = as_alice("gsub", "--parsable", "-G", "1", "mine.sh", profile=True)
+    assert own.returncode == 0, own.stderr
+    imported = {line.split("|")[-1].strip() for line in own.stderr.splitlines() if line.startswith("import time:")}
+    assert "garrison.cli.fastpath" in imported and "grpc" not in imported, sorted(imported)
+    job = cluster.job(own.stdout.strip())
+    assert (job["user"], job["name"]) == (ALICE, "alices-own"), job
+
+    secret = bob.work / "secret.sh"  # in bob's 0700 directory
+    secret.write_text("#!/bin/sh\n#SBATCH -J bobs-secret\ntrue\n")
+    os.chown(secret, bob.uid, bob.gid)
+    secret.chmod(0o600)
+    before = len(cluster.jobs())
+    stolen = as_alice("gsub", "-G", "1", str(secret), profile=True)
+    assert stolen.returncode == 2, stolen.stderr
+    refusal = [line for line in stolen.stderr.splitlines() if not line.startswith("import time:")]
+    assert refusal == [f"gsub: error: cannot read script {secret}: Permission denied"], stolen.stderr
+    assert "garrison.cli.fastpath" in stolen.stderr  # refused by the fast path itself, not after a fallback
+    assert len(cluster.jobs()) == before and all(j["name"] != "bobs-secret" for j in cluster.jobs())
+
+    listed = as_alice("gqueue", "-u", ALICE, "-t", "all", profile=True)
+    assert listed.returncode == 0, listed.stderr
+    assert "grpc" not in listed.stderr and own.stdout.strip() in listed.stdout, listed.stdout
 
 
 # ------------------------------------------------------------------------------------------- tokens
