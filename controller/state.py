@@ -62,12 +62,12 @@ class ClusterState(NodeReconciliation):
         for node in loaded.nodes:
             self.nodes[node.name] = node
             self.gpu_owner[node.name] = {}
-        for job in loaded.jobs:
-            if job.state.is_terminal and job.end_time is not None and now - job.end_time > retention_s:
-                continue
-            self._remember(job)
-            attempt = job.current_attempt
-            if job.state.holds_resources and attempt is not None:
+        kept = [job for job in loaded.jobs
+                if not (job.end_time is not None and now - job.end_time > retention_s and job.state.is_terminal)]
+        self._remember_loaded(kept)
+        for job in kept:
+            attempt = job.current_attempt if job.state.holds_resources else None
+            if attempt is not None:
                 live = LiveAttempt(
                     job_id=job.job_id,
                     attempt=attempt.attempt,

@@ -39,9 +39,11 @@ class JobState(enum.StrEnum):
 
     @property
     def holds_resources(self) -> bool:
-        return self in (JobState.CONFIGURING, JobState.RUNNING, JobState.COMPLETING)
+        return self in RESOURCE_HOLDING_STATES
 
 
+# A job in one of these holds its allocation (GPUs, CPUs, memory) on its nodes.
+RESOURCE_HOLDING_STATES = frozenset({JobState.CONFIGURING, JobState.RUNNING, JobState.COMPLETING})
 TERMINAL_STATES = frozenset(
     {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.NODE_FAIL,
      JobState.OUT_OF_MEMORY}
