@@ -22,7 +22,7 @@ import shutil
 import stat
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -289,21 +289,23 @@ class StepRunner:
             if status is None:
                 self._send_result(step, {t: 1 for t in step.tasks}, "the step's supervisor died before it started")
                 return
-        drained = self._send_output(step)
         exits: dict[int, int] = {}
         if status is not None:
             for rank in status.ranks:
                 if rank.ended:
                     exits[rank.rank] = rank.exit_code if rank.exit_code is not None else 1
-            fresh = [pb.StepTaskExit(task=t, exit_code=c) for t, c in exits.items() if t not in step.reported]
-            if fresh and not finished:
-                step.reported.update(e.task for e in fresh)
-                self.send(pb.AgentMessage(step_exits=pb.StepTaskExits(
-                    job_id=step.job_id, step_id=step.step_id, exits=fresh)))
+        supervisor_gone = status is not None and not finished and not supervisor.is_alive(step.directory)
+        # A task that has ended writes no more: the rest of its last line goes too.
+        drained = self._send_output(step, all_ended=finished or supervisor_gone, ended=exits.keys())
+        fresh = [pb.StepTaskExit(task=t, exit_code=c) for t, c in exits.items() if t not in step.reported]
+        if fresh and not finished:
+            step.reported.update(e.task for e in fresh)
+            self.send(pb.AgentMessage(step_exits=pb.StepTaskExits(
+                job_id=step.job_id, step_id=step.step_id, exits=fresh)))
         if finished and drained:
             assert status is not None
             self._send_result(step, {t: exits.get(t, 1) for t in step.tasks}, status.error or "")
-        elif status is not None and not finished and not supervisor.is_alive(step.directory):
+        elif supervisor_gone:
             supervisor.kill_orphans(step.directory)
             if drained:
                 self._send_result(step, {t: exits.get(t, 1) for t in step.tasks}, "the step's supervisor died")
@@ -314,12 +316,18 @@ class StepRunner:
             job_id=step.job_id, step_id=step.step_id, error=error,
             exits=[pb.StepTaskExit(task=t, exit_code=c) for t, c in sorted(exits.items())])))
 
-    def _send_output(self, step: LocalStep) -> bool:
-        """Send what the tasks wrote since last time (a bounded amount); True when nothing is left."""
+    def _send_output(self, step: LocalStep, all_ended: bool = False, ended: Collection[int] = ()) -> bool:
+        """Send what the tasks wrote since last time (a bounded amount); True when nothing is left.
+
+        Whole lines, as srun delivers them (slurmstepd buffers each task's output by line unless -u): gsrun
+        writes every task's stdout and stderr into one file or terminal, so a line sent in two pieces could
+        have another task's (or its own stderr's) bytes land in its middle. A line's end is waited for while
+        its task runs, unless the line is longer than a chunk; a --pty task's bytes go as they come."""
         budget = MAX_BYTES_PER_TICK
         drained = True
         changed = False
         for task in step.tasks:
+            whole_lines = not (step.pty or all_ended or task in ended)
             for stream, prefix in ((1, "out"), (2, "err")):
                 name = f"{prefix}-{task}"
                 offset = step.sent.get(name, 0)
@@ -327,9 +335,18 @@ class StepRunner:
                     with _open_user_file(step.directory / IO_DIR / name, stat.S_ISREG) as output:
                         output.seek(offset)
                         while budget > 0 and self.outbox_size() < MAX_OUTBOX:
-                            data = output.read(min(CHUNK_BYTES, budget))
+                            wanted = min(CHUNK_BYTES, budget)
+                            data = output.read(wanted)
                             if not data:
                                 break
+                            if whole_lines:
+                                cut = data.rfind(b"\n") + 1
+                                if cut == 0 and len(data) < CHUNK_BYTES:
+                                    output.seek(offset)  # a line still being written: the rest comes later
+                                    break
+                                if 0 < cut < len(data):
+                                    data = data[:cut]
+                                    output.seek(offset + cut)
                             self.send(pb.AgentMessage(step_output=pb.StepOutput(
                                 job_id=step.job_id, step_id=step.step_id, task=task, stream=stream, data=data)))
                             offset += len(data)
