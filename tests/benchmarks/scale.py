@@ -21,7 +21,9 @@ of them can start. Then it measures, and prints even when the figures are bad:
   the controller's memory before the pending jobs were submitted (rss_mb_without_pending), per pending job
   (the goal: at most 2 KB);
 - restart_serving_s: from starting the controller again (SIGTERM to the old one, then the same command)
-  until it answers Hello; restart_listing_s: until it has answered ListJobs of every job too.
+  until it answers Hello; restart_listing_s: until it has also answered gqueue's listing of every job
+  (ListJobs with each array's pending tasks folded into one row, as squeue and gqueue show them);
+  restart_listing_expanded_s: until it has then answered every job one row each (gqueue -r's listing).
 """
 
 from __future__ import annotations
@@ -211,9 +213,12 @@ def main() -> int:
                        what="the restarted controller to answer Hello")
         print(f"restart_serving_s: {time.monotonic() - began:.2f}")
         with Client(address) as client:
+            wait_until(lambda: answers(lambda: client.call("ListJobs", pb.ListJobsRequest(fold_pending_arrays=True))),
+                       300, what="the restarted controller to list every job")
+            print(f"restart_listing_s: {time.monotonic() - began:.2f}")
             wait_until(lambda: answers(lambda: client.call("ListJobs", pb.ListJobsRequest())), 300,
-                       what="the restarted controller to list every job")
-        print(f"restart_listing_s: {time.monotonic() - began:.2f}")
+                       what="the restarted controller to list every job, one row each")
+            print(f"restart_listing_expanded_s: {time.monotonic() - began:.2f}")
         new = psutil.Process(restarted.pid)
         settle(new)
         after_rss = new.memory_info().rss
