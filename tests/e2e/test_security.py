@@ -17,6 +17,7 @@ or presenting another node's name, never registers, while the right one runs a j
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -96,27 +97,35 @@ def _create_user(name: str, base: Path) -> User:
     return User(name, entry.pw_uid, entry.pw_gid, groups, Path(entry.pw_dir), work)
 
 
-@pytest.fixture(scope="module")
-def users() -> Iterator[Users]:
+@contextlib.contextmanager
+def two_users(names: tuple[str, str], prefix: str) -> Iterator[Users]:
+    """Two real Unix users (created with useradd, removed afterwards, with whatever they left running) and
+    an interpreter they can run the project with; skipped (a failure under CI=true) where that cannot be."""
     if os.geteuid() != 0:
         _skip_or_fail("needs root to create the test users (useradd) and to start jobs as them")
     if shutil.which("useradd") is None:
         _skip_or_fail("useradd is not installed")
-    base = Path(tempfile.mkdtemp(prefix="gsec-", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     os.chmod(base, 0o755)
     try:
         python = _venv_for_other_users(base)
-        alice, bob = (_create_user(name, base) for name in USERS)
-        probe = subprocess.run([str(python), "-c", "import garrison.cli.gsub, grpc"], user=alice.uid,
-                               group=alice.gid, capture_output=True, text=True, timeout=60)
+        first, second = (_create_user(name, base) for name in names)
+        probe = subprocess.run([str(python), "-c", "import garrison.cli.gsub, grpc"], user=first.uid,
+                               group=first.gid, capture_output=True, text=True, timeout=60)
         if probe.returncode != 0:
             _skip_or_fail(f"the project's packages are not readable by other users: {probe.stderr.strip()[-300:]}")
-        yield Users(python, alice, bob)
+        yield Users(python, first, second)
     finally:
-        for name in USERS:
+        for name in names:
             subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True, timeout=30)
             subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=60)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[Users]:
+    with two_users(USERS, "gsec-") as both:
+        yield both
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 from helpers.polling import wait_until
 
 from .conftest import BIN, Cluster, start_cluster, stop_cluster
-from .test_security import User, Users, _create_user, _skip_or_fail, _venv_for_other_users, run_as, submit_as
+from .test_security import User, Users, run_as, submit_as, two_users
 
 pytestmark = pytest.mark.slow
 
@@ -34,21 +34,8 @@ NODE_USERS = (f"gsn{_WORKER}_alice", f"gsn{_WORKER}_mallory")
 @pytest.fixture(scope="module")
 def users() -> Iterator[Users]:
     """alice is the victim, mallory (in the Users' ``bob`` slot) the attacker."""
-    if os.geteuid() != 0:
-        _skip_or_fail("needs root to create the test users (useradd) and to start jobs as them")
-    if shutil.which("useradd") is None:
-        _skip_or_fail("useradd is not installed")
-    base = Path(tempfile.mkdtemp(prefix="gsn-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    try:
-        python = _venv_for_other_users(base)
-        alice, mallory = (_create_user(name, base) for name in NODE_USERS)
-        yield Users(python, alice, mallory)
-    finally:
-        for name in NODE_USERS:
-            subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True, timeout=30)
-            subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=60)
-        shutil.rmtree(base, ignore_errors=True)
+    with two_users(NODE_USERS, "gsn-") as both:
+        yield both
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from helpers.submitit_like import read_info_like_submitit
 
 from garrison.cli.slurm import sacct, sinfo, squeue, sstat
 from garrison.cli.slurm.fields import (
@@ -269,32 +270,6 @@ def test_sacct_job_refs() -> None:
         sacct.expand_job_refs(["abc"])
     with pytest.raises(UsageError, match="unrecognized arguments: -x"):
         sacct.parser().parse_args(["-x"])
-
-
-def read_info_like_submitit(text: str) -> dict[str, dict[str, str]]:
-    """submitit 1.5.4's SlurmInfoWatcher.read_info (submitit/slurm/slurm.py), with read_job_id, restated."""
-    import re
-
-    lines = text.splitlines()
-    names = lines[0].split("|")
-    stats_by_id: dict[str, dict[str, str]] = {}
-    for line in lines[1:]:
-        stats = {x: y.strip() for x, y in zip(names, line.split("|"), strict=False)}
-        job_id = stats["JobID"]
-        if not job_id or "." in job_id:
-            continue
-        match = re.search(r"(?P<main_id>\d+)_\[(?P<arrays>(\d+(-\d+)?(,)?)+)(\%\d+)?\]", job_id)
-        if match:
-            parts = [tuple([match.group("main_id"), *r.split("-")]) for r in match.group("arrays").split(",")]
-        else:
-            main, *task = job_id.split("_", 1)
-            parts = [(main,)] if not task else [(main, str(int(task[0])))]
-        for part in parts:
-            stats_by_id["_".join(part[:2])] = stats
-            if len(part) >= 3:
-                for index in range(int(part[1]), int(part[2]) + 1):
-                    stats_by_id[f"{part[0]}_{index}"] = stats
-    return stats_by_id
 
 
 def test_sacct_parsable2_reads_as_submitit_reads_it() -> None:
