@@ -215,7 +215,7 @@ class OutputWriter:
         import pwd
 
         from garrison.model.outputpath import expand_output_pattern
-        from garrison.model.steps import block_counts
+        from garrison.model.taskblocks import block_counts
 
         counts = block_counts(ntasks, max(len(nodes), 1), per_node)
         node_of = [index for index, count in enumerate(counts) for _ in range(count)]

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from garrison.model.domain import Allocation
+from garrison.model.taskblocks import block_counts as block_counts
 
 BATCH_STEP = "batch"
 MAX_STEP_TASKS = 4096
@@ -170,20 +171,6 @@ def parse_step_ref(text: str) -> tuple[int, str]:
     if not dot or not head.isdigit() or not (tail.isdigit() or tail == BATCH_STEP):
         raise ValueError(f"invalid step id {text!r}: expected JOBID.STEP (12.0, 12.batch)")
     return int(head), tail
-
-
-def block_counts(ntasks: int, nodes: int, per_node: int | None) -> list[int]:
-    """srun's block distribution: --ntasks-per-node fills each node in turn, else the tasks are shared out
-    evenly, the first nodes taking one more when they do not divide."""
-    if per_node is not None:
-        counts = []
-        left = ntasks
-        for _ in range(nodes):
-            counts.append(min(per_node, left))
-            left -= counts[-1]
-        return counts
-    share, extra = divmod(ntasks, nodes)
-    return [share + (1 if i < extra else 0) for i in range(nodes)]
 
 
 def _choose_nodes(allocation: Allocation, request: StepRequest, job_ref: str) -> list[int]:
