@@ -15,7 +15,8 @@ of them can start. Then it measures, and prints even when the figures are bad:
   and apply, read before and after each cycle; the goal: under 50 ms); cycle_cpu_median_ms: their CPU time
   (garrison_scheduling_cycle_cpu_seconds), which a machine loaded by others does not stretch;
 - gqueue_all_ms: `gqueue` listing every job, as a user runs it (a fresh process, output to /dev/null),
-  the median of 3;
+  the median of 3; gqueue_one_ms, gjob_one_ms: `gqueue -j ID` and `gjob ID` of one pending task among them
+  (the goal: within 25 ms whatever the queue's size), the median of 5;
 - rss_mb_before_restart, rss_mb_after_restart: the controller's resident memory, settled, before a restart
   and after it (the restarted one loads every job from the store); rss_kb_per_pending_job_*: the same, less
   the controller's memory before the pending jobs were submitted (rss_mb_without_pending), per pending job
@@ -189,6 +190,16 @@ def main() -> int:
                 subprocess.run([str(BIN / "gqueue")], env=env, check=True, stdout=subprocess.DEVNULL, timeout=300)
                 gqueue_ms.append((time.perf_counter() - began) * 1000)
             print(f"gqueue_all_ms: {statistics.median(gqueue_ms):.0f}")
+            folded = client.call("ListJobs", pb.ListJobsRequest(states=["PENDING"], fold_pending_arrays=True)).jobs
+            one = str(folded[-1].job_id)  # the first task of the last array submitted
+            for name, argv in (("gqueue_one_ms", ["gqueue", "-j", one]), ("gjob_one_ms", ["gjob", one])):
+                times = []
+                for _ in range(5):
+                    began = time.perf_counter()
+                    subprocess.run([str(BIN / argv[0]), *argv[1:]], env=env, check=True, stdout=subprocess.DEVNULL,
+                                   timeout=60)
+                    times.append((time.perf_counter() - began) * 1000)
+                print(f"{name}: {statistics.median(times):.1f}")
             settle(controller)
             before_rss = controller.memory_info().rss
             print(f"rss_mb_before_restart: {before_rss / 2**20:.0f}")
