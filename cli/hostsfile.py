@@ -3,8 +3,11 @@ taking MASTER_ADDR from the node list (``scontrol show hostnames``, ``$SLURM_NOD
 
 One marked block per local cluster, keyed by its state dir, so that clusters up at once (tests run in
 parallel) never clobber each other's. Node ``nodeN`` of every cluster has the same address, 127.0.1.N (all
-of 127/8 is loopback on Linux, so it is usable with no further set-up), so the blocks never disagree. The
-file is rewritten under an advisory lock and replaced atomically: resolvers read it at any moment.
+of 127/8 is loopback on Linux, so it is usable with no further set-up), so the blocks never disagree. A
+line another block already has is kept commented out (``#also``): the resolver returns every matching line,
+and ``hostname -i`` printing ``127.0.1.3 127.0.1.3`` breaks scripts that take MASTER_ADDR from it; when the
+block holding the live line goes, the next block's copy is made live again. The file is rewritten under an
+advisory lock and replaced atomically: resolvers read it at any moment.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 HOSTS_FILE = Path("/etc/hosts")
 BEGIN = "# BEGIN garrison local cluster "
 END = "# END garrison local cluster "
+ALSO = "#also "  # a line another block has live
 
 
 def node_address(index: int) -> str:
@@ -52,7 +56,26 @@ def edit_block(text: str, state_dir: Path, entries: Sequence[tuple[str, str]]) -
         kept.append(begin + "\n")
         kept.extend(f"{address} {name}\n" for address, name in entries)
         kept.append(end + "\n")
-    return "".join(kept)
+    return _one_live_copy(kept)
+
+
+def _one_live_copy(lines: list[str]) -> str:
+    """The garrison blocks' lines, each live in the first block that has it and ``#also`` in the others."""
+    out: list[str] = []
+    live: set[str] = set()
+    inside = False
+    for line in lines:
+        stripped = line.rstrip("\r\n")
+        if stripped.startswith(BEGIN):
+            inside = True
+        elif stripped.startswith(END):
+            inside = False
+        elif inside and stripped:
+            entry = stripped.removeprefix(ALSO)
+            line = f"{ALSO}{entry}\n" if entry in live else f"{entry}\n"
+            live.add(entry)
+        out.append(line)
+    return "".join(out)
 
 
 @contextlib.contextmanager

@@ -30,6 +30,19 @@ def test_clusters_keep_their_own_blocks() -> None:
     assert edit_block(edit_block(BASE, Path("/tmp/gc"), [("127.0.1.1", "node1")]), A, []).count("BEGIN") == 1
 
 
+def test_a_name_resolves_to_one_line_however_many_clusters_list_it() -> None:
+    """Two clusters up at once both name node1: one live line, so `hostname -i` prints one address; when the
+    cluster with the live line goes, the other's copy is live again."""
+    both = edit_block(edit_block(BASE, A, [("127.0.1.1", "node1")]), B, [("127.0.1.1", "node1"), ("127.0.1.2", "node2")])
+    live = [line for line in both.splitlines() if line and not line.startswith("#")]
+    assert live == ["127.0.0.1 localhost", "::1 localhost ip6-localhost", "127.0.1.1 node1", "127.0.1.2 node2"]
+    assert "#also 127.0.1.1 node1" in both.splitlines()
+    only_b = edit_block(both, A, [])
+    assert [line for line in only_b.splitlines() if "node" in line and not line.startswith("#")] == [
+        "127.0.1.1 node1", "127.0.1.2 node2"]
+    assert edit_block(only_b, B, []) == BASE
+
+
 def test_a_file_without_a_final_newline_stays_valid() -> None:
     assert edit_block("127.0.0.1 localhost", A, [("127.0.1.1", "node1")]).startswith("127.0.0.1 localhost\n# BEGIN")
 
