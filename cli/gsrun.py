@@ -97,6 +97,8 @@ def _parser() -> Parser:
     add("-G", "--gpus", default="", help="Outside a job: GPUs for the allocation in all.")
     add("--gpus-per-node", default="", help="Outside a job: GPUs on each node of the allocation.")
     add("--mem", default="", help="Outside a job: memory on each node of the allocation.")
+    add("--gres", default="", help="gpu[:TYPE]:N, GPUs on each node: outside a job the allocation's; inside one, "
+        "the job's GPUs on the node (nothing to do) or, for one task per node, --gpus-per-task N.")
     add("command", nargs="...", help="The program and its arguments.")
     parser.bare_values.update({"-K": "1", "--kill-on-bad-exit": "1"})
     parser.ignored_values = {flag: flags[-1] for flags in IGNORED_VALUE_OPTIONS for flag in flags}
@@ -122,6 +124,33 @@ def _gpus_per_task(text: str | None) -> int | None:
         return parse_gpu_request(text)[1]
     except UsageError as problem:
         raise UsageError(f"--gpus-per-task: {problem}") from None
+
+
+def _gres_gpus_per_task(args: argparse.Namespace, environ: dict[str, str], ntasks: int | None, nodes: int | None,
+                        per_node: int | None) -> int | None:
+    """srun's --gres=gpu[:TYPE]:N (N GPUs on each node of the step, shared by its tasks there) as the step's
+    --gpus-per-task, where the two mean the same: None when N is every GPU the job has on the node (a step
+    without --gpus-per-task sees those already) or when there is no job yet (the allocation gets --gres);
+    N when the step runs one task per node. Otherwise refused: a task would see fewer GPUs than under srun."""
+    if not args.gres:
+        return None
+    from garrison.cmdline.parsing import parse_gres
+
+    try:
+        count = parse_gres(args.gres)[1]
+    except UsageError as problem:
+        raise UsageError(f"--gres: {problem}") from None
+    inside_job = bool(args.jobid or environ.get("SLURM_JOB_ID") or environ.get("GARRISON_JOB_ID"))
+    if not inside_job or environ.get("SLURM_GPUS_ON_NODE") == str(count):
+        return None
+    if args.gpus_per_task is not None:
+        raise UsageError("give either --gres or --gpus-per-task, not both")
+    one_per_node = per_node == 1 or ntasks == 1 or (ntasks is not None and ntasks == nodes) or (
+        ntasks is None and per_node is None)
+    if not one_per_node:
+        raise UsageError(f"--gres={args.gres} with several tasks on a node: Garrison gives GPUs to tasks, not to "
+                         "nodes; give --gpus-per-task (or leave --gres out to see all of the job's GPUs)")
+    return count
 
 
 def _binding(text: str, option: str, names: tuple[str, ...], mapped: str) -> tuple[str, list[int]]:
@@ -216,8 +245,10 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
         "cpu_bind_arg": cpu_args, "label": args.label, "kill_on_bad_exit": args.kill_on_bad_exit == "1", "pty": args.pty,
         "name": args.job_name,
     }
+    gres_per_task = _gres_gpus_per_task(args, environ, ntasks, nodes, per_node)
     for name, value in (("ntasks", ntasks), ("nodes", nodes), ("ntasks_per_node", per_node),
-                        ("gpus_per_task", _gpus_per_task(args.gpus_per_task)),
+                        ("gpus_per_task", gres_per_task if gres_per_task is not None
+                         else _gpus_per_task(args.gpus_per_task)),
                         ("cpus_per_task", _positive(args.cpus_per_task, "-c"))):
         if value is not None:
             spec[name] = value

@@ -166,9 +166,47 @@ def test_an_ignored_flag_takes_an_attached_value_and_warns_once(tmp_path: Path) 
 
 
 def test_a_slurm_option_we_lack_is_refused_not_read_as_a_longer_one_of_ours() -> None:
-    # srun's --gres (a step's GPUs) once became --gres-flags, ignored: the step silently saw every GPU.
-    with pytest.raises(UsageError, match="--gres"):
-        gsrun._parser().parse_args(["--gres=gpu:1", "python", "train.py"])
+    # With --gres-flags ignored and --gres not declared (srun's parser between two commits of this branch),
+    # srun --gres=gpu:1 became --gres-flags: the step silently saw every GPU. Slurm's names keep it --gres.
+    parser = Parser(prog="srun")
+    parser.add_argument("command", nargs="...")
+    parser.ignored_values = {"--gres-flags": "--gres-flags"}
+    parser.slurm_names = frozenset({"--gres", "--gres-flags"})
+    with pytest.raises(UsageError, match="unrecognized arguments: --gres=gpu:1"):
+        parser.parse_args(["--gres=gpu:1", "python", "train.py"])
     # A prefix only Slurm's own names make ambiguous is ambiguous, as getopt_long finds it.
     with pytest.raises(UsageError, match="ambiguous"):
         _gsub_parser().parse_args(["--tres=gres/gpu:1", "job.sh"])  # --tres-bind or --tres-per-task
+
+
+IN_A_JOB = {"SLURM_JOB_ID": "12", "SLURM_GPUS_ON_NODE": "4"}
+
+
+@pytest.mark.parametrize(("words", "environ", "gpus_per_task"), [
+    (["--gres=gpu:4", "python", "train.py"], IN_A_JOB, None),  # the job's GPUs on the node: seen already
+    (["--gres=gpu:1", "-n", "1", "python", "run.py"], IN_A_JOB, 1),  # a task farm's step: holds its GPU
+    (["--gres=gpu:a100:2", "--ntasks-per-node=1", "python", "run.py"], IN_A_JOB, 2),
+    (["--gres=gpu:1", "--pty", "bash"], {}, None),  # outside a job: the allocation's, below
+])
+def test_srun_gres_is_the_steps_gpus_where_slurm_means_the_same(
+        words: list[str], environ: dict[str, str], gpus_per_task: int | None) -> None:
+    spec = gsrun.build_spec(gsrun._parser().parse_args(words), dict(environ))
+    assert spec.get("gpus_per_task") == gpus_per_task
+
+
+def test_srun_gres_outside_a_job_shapes_the_allocation() -> None:
+    from garrison.cli.gsrun_alloc import allocation_options
+
+    options = allocation_options(gsrun._parser().parse_args(["--gres=gpu:2", "--pty", "bash"]))
+    submission = parse_submission(options, ENVIRON, "/tmp")
+    assert submission.spec.gpus_per_node == 2
+
+
+@pytest.mark.parametrize(("words", "problem"), [
+    (["--gres=gpu:1", "--ntasks-per-node=4", "python", "x.py"], "several tasks on a node"),
+    (["--gres=gpu:1", "--gpus-per-task=1", "-n", "1", "python", "x.py"], "not both"),
+    (["--gres=nvme:1", "python", "x.py"], "unknown generic resource"),
+])
+def test_srun_gres_that_would_mean_something_else_is_refused(words: list[str], problem: str) -> None:
+    with pytest.raises(UsageError, match=problem):
+        gsrun.build_spec(gsrun._parser().parse_args(words), dict(IN_A_JOB))
