@@ -398,14 +398,16 @@ def parse_export(text: str, environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def parse_constraint_text(text: str) -> str:
-    """-C/--constraint: a feature expression (``a100&ib``, ``a100|h100``), checked and kept as given."""
+    """-C/--constraint: a feature expression (``a100&ib``, ``a100|h100``), checked and kept as given, except
+    that a comma is ``&``, as slurmctld reads it (``-C gpu,ss11,a100``: it replaces every comma with ``&``)."""
     from garrison.model.features import ConstraintError, parse_constraint
 
+    expression = text.strip().replace(",", "&")
     try:
-        parse_constraint(text.strip())
+        parse_constraint(expression)
     except ConstraintError as err:
         raise UsageError(str(err)) from None
-    return text.strip()
+    return expression
 
 
 def parse_exclusive(text: str) -> bool:

@@ -20,7 +20,7 @@ import pytest
 
 from garrison.cli import gsrun
 from garrison.cmdline.argparser import Parser, UsageError
-from garrison.cmdline.parsing import parse_node_count, slurm_dependency
+from garrison.cmdline.parsing import parse_constraint_text, parse_node_count, slurm_dependency
 from garrison.cmdline.slurm_names import SBATCH_OPTION_NAMES, SRUN_OPTION_NAMES
 from garrison.cmdline.submission import _gsub_parser, parse_submission
 from garrison.model.resources import resolve
@@ -210,3 +210,10 @@ def test_srun_gres_outside_a_job_shapes_the_allocation() -> None:
 def test_srun_gres_that_would_mean_something_else_is_refused(words: list[str], problem: str) -> None:
     with pytest.raises(UsageError, match=problem):
         gsrun.build_spec(gsrun._parser().parse_args(words), dict(IN_A_JOB))
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("gpu,ss11", "gpu&ss11"), ("a100|h100", "a100|h100"), (" gpu , a100 ", "gpu & a100"),
+])
+def test_a_comma_in_a_constraint_is_and_as_slurmctld_reads_it(text: str, expected: str) -> None:
+    assert parse_constraint_text(text) == expected
