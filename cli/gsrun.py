@@ -36,13 +36,14 @@ PROG = "gsrun"
 # accounting hint whose absence leaves the step's tasks, GPUs and environment as they would be without it:
 # --exclusive/--exact/--overlap/--whole decide whether steps may share CPUs (Garrison's steps hold only what -c
 # asks), --mpi picks a PMI plugin (Garrison's tasks get torch's rendezvous variables, not PMI), -k/--no-kill
-# keeps a step going after a node fails (Garrison requeues the job). (value-taking, flag)
+# keeps a step going after a node fails (Garrison requeues the job). Not srun's --signal (a requeue hangs on it)
+# nor --open-mode: their absence would change what the tasks get. (value-taking, flag)
 IGNORED_VALUE_OPTIONS = (
     ("--mpi",), ("--hint",), ("-m", "--distribution"), ("--accel-bind",), ("--comment",), ("--mem-bind",),
     ("--cpu-freq",), ("--gpu-freq",), ("--threads-per-core",), ("--ntasks-per-core",), ("--ntasks-per-socket",),
     ("--network",), ("--profile",), ("--acctg-freq",), ("--wckey",), ("--mail-type",), ("--mail-user",),
     ("--reservation",), ("--gres-flags",), ("--tres-bind",), ("--mcs-label",), ("--msg-timeout",),
-    ("--slurmd-debug",), ("--open-mode",), ("--signal",), ("-T", "--threads"), ("--switches",),
+    ("--slurmd-debug",), ("-T", "--threads"), ("--switches",),
     ("--cores-per-socket",), ("--sockets-per-node",), ("--mincpus",), ("--tmp",),
 )
 IGNORED_FLAG_OPTIONS = (
