@@ -23,6 +23,7 @@ import time
 
 from garrison.cli.client import EXIT_USAGE, HEADER, OK, Client, CliError, fail
 from garrison.cmdline.argparser import Parser, UsageError
+from garrison.cmdline.slurm_names import SRUN_OPTION_NAMES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,6 +31,30 @@ if TYPE_CHECKING:
     from typing import Any
 
 PROG = "gsrun"
+# srun options real scripts carry that Garrison accepts and does not act on: gsrun names them once in a warning
+# (unless -Q), as gsub does sbatch's, so a script written for Slurm runs unchanged. Each is a placement, MPI or
+# accounting hint whose absence leaves the step's tasks, GPUs and environment as they would be without it:
+# --exclusive/--exact/--overlap/--whole decide whether steps may share CPUs (Garrison's steps hold only what -c
+# asks), --mpi picks a PMI plugin (Garrison's tasks get torch's rendezvous variables, not PMI), -k/--no-kill
+# keeps a step going after a node fails (Garrison requeues the job). Not srun's --signal (a requeue hangs on it)
+# nor --open-mode: their absence would change what the tasks get. (value-taking, flag)
+IGNORED_VALUE_OPTIONS = (
+    ("--mpi",), ("--hint",), ("-m", "--distribution"), ("--accel-bind",), ("--comment",), ("--mem-bind",),
+    ("--cpu-freq",), ("--gpu-freq",), ("--threads-per-core",), ("--ntasks-per-core",), ("--ntasks-per-socket",),
+    ("--network",), ("--profile",), ("--acctg-freq",), ("--wckey",), ("--mail-type",), ("--mail-user",),
+    ("--reservation",), ("--gres-flags",), ("--tres-bind",), ("--mcs-label",), ("--msg-timeout",),
+    ("--slurmd-debug",), ("-T", "--threads"), ("--switches",),
+    ("--cores-per-socket",), ("--sockets-per-node",), ("--mincpus",), ("--tmp",),
+)
+IGNORED_FLAG_OPTIONS = (
+    ("--exclusive",), ("--exact",), ("--overlap",), ("--whole",), ("-k", "--no-kill"), ("-Q", "--quiet"),
+    ("-v", "--verbose"), ("-O", "--overcommit"), ("-s", "--oversubscribe"), ("--quit-on-interrupt",),
+    ("-X", "--disable-status"), ("-E", "--preserve-env"), ("--propagate",), ("--contiguous",), ("--spread-job",),
+    ("--use-min-nodes",), ("--send-libs",), ("--wait-for-children",),
+)
+# --cpu_bind: the spelling Open MPI's launchers still pass, which Slurm keeps for them.
+OPTION_ALIASES = {"--cpu_bind": "--cpu-bind", "--tasks-per-node": "--ntasks-per-node"}
+BIND_REPORTING = ("verbose", "v", "quiet", "q")  # --cpu-bind/--gpu-bind's [verbose,]TYPE prefix: reporting only
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT,
              signal.SIGALRM)
 INTERRUPT_WINDOW_S = 1.0
@@ -73,8 +98,14 @@ def _parser() -> Parser:
     add("-G", "--gpus", default="", help="Outside a job: GPUs for the allocation in all.")
     add("--gpus-per-node", default="", help="Outside a job: GPUs on each node of the allocation.")
     add("--mem", default="", help="Outside a job: memory on each node of the allocation.")
+    add("--gres", default="", help="gpu[:TYPE]:N, GPUs on each node: outside a job the allocation's; inside one, "
+        "the job's GPUs on the node (nothing to do) or, for one task per node, --gpus-per-task N.")
     add("command", nargs="...", help="The program and its arguments.")
     parser.bare_values.update({"-K": "1", "--kill-on-bad-exit": "1"})
+    parser.ignored_values = {flag: flags[-1] for flags in IGNORED_VALUE_OPTIONS for flag in flags}
+    parser.ignored_flags = {flag: flags[-1] for flags in IGNORED_FLAG_OPTIONS for flag in flags}
+    parser.aliases = dict(OPTION_ALIASES)
+    parser.slurm_names = frozenset(f"--{name}" for name in SRUN_OPTION_NAMES)
     return parser
 
 
@@ -96,8 +127,42 @@ def _gpus_per_task(text: str | None) -> int | None:
         raise UsageError(f"--gpus-per-task: {problem}") from None
 
 
+def _gres_gpus_per_task(args: argparse.Namespace, environ: dict[str, str], ntasks: int | None, nodes: int | None,
+                        per_node: int | None) -> int | None:
+    """srun's --gres=gpu[:TYPE]:N (N GPUs on each node of the step, shared by its tasks there) as the step's
+    --gpus-per-task, where the two mean the same: None when N is every GPU the job has on the node (a step
+    without --gpus-per-task sees those already) or when there is no job yet (the allocation gets --gres);
+    N when the step runs one task per node. Otherwise refused: a task would see fewer GPUs than under srun."""
+    if not args.gres:
+        return None
+    from garrison.cmdline.parsing import parse_gres
+
+    try:
+        count = parse_gres(args.gres)[1]
+    except UsageError as problem:
+        raise UsageError(f"--gres: {problem}") from None
+    inside_job = bool(args.jobid or environ.get("SLURM_JOB_ID") or environ.get("GARRISON_JOB_ID"))
+    if not inside_job or environ.get("SLURM_GPUS_ON_NODE") == str(count):
+        return None
+    if args.gpus_per_task is not None:
+        raise UsageError("give either --gres or --gpus-per-task, not both")
+    one_per_node = per_node == 1 or ntasks == 1 or (ntasks is not None and ntasks == nodes) or (
+        ntasks is None and per_node is None)
+    if not one_per_node:
+        raise UsageError(f"--gres={args.gres} with several tasks on a node: Garrison gives GPUs to tasks, not to "
+                         "nodes; give --gpus-per-task (or leave --gres out to see all of the job's GPUs)")
+    return count
+
+
 def _binding(text: str, option: str, names: tuple[str, ...], mapped: str) -> tuple[str, list[int]]:
-    """--gpu-bind/--cpu-bind's value as (kind, numbers)."""
+    """--gpu-bind/--cpu-bind's value as (kind, numbers); ("", []) for srun's reporting words alone
+    (``--cpu-bind=verbose``), which bind nothing."""
+    reporting, comma, rest = text.partition(",")
+    while reporting.strip().lower() in BIND_REPORTING:  # "verbose,cores" binds as "cores" does
+        if not comma:
+            return "", []
+        text = rest
+        reporting, comma, rest = text.partition(",")
     kind, _, arg = text.partition(":")
     kind = kind.strip().lower()
     if kind == mapped or kind == "single":
@@ -181,8 +246,10 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
         "cpu_bind_arg": cpu_args, "label": args.label, "kill_on_bad_exit": args.kill_on_bad_exit == "1", "pty": args.pty,
         "name": args.job_name,
     }
+    gres_per_task = _gres_gpus_per_task(args, environ, ntasks, nodes, per_node)
     for name, value in (("ntasks", ntasks), ("nodes", nodes), ("ntasks_per_node", per_node),
-                        ("gpus_per_task", _gpus_per_task(args.gpus_per_task)),
+                        ("gpus_per_task", gres_per_task if gres_per_task is not None
+                         else _gpus_per_task(args.gpus_per_task)),
                         ("cpus_per_task", _positive(args.cpus_per_task, "-c"))):
         if value is not None:
             spec[name] = value
@@ -474,8 +541,12 @@ class StepSession:
 def main(argv: list[str] | None = None) -> None:
     args_list = sys.argv[1:] if argv is None else argv
     try:
-        args = _parser().parse_args(args_list)
+        parser = _parser()
+        args = parser.parse_args(args_list)
         spec_fields = build_spec(args, dict(os.environ))
+        if parser.ignored and "--quiet" not in parser.ignored:
+            print(f"{PROG}: warning: ignoring {', '.join(parser.ignored)}: Garrison does not act on "
+                  f"{'it' if len(parser.ignored) == 1 else 'them'}", file=sys.stderr)
         job_id = _job_id(args.jobid)
     except UsageError as exc:
         fail(PROG, CliError(str(exc), EXIT_USAGE))

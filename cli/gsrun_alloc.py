@@ -32,7 +32,7 @@ def allocation_options(args: argparse.Namespace) -> list[str]:
     for flag, value in (("-N", args.nodes), ("-n", args.ntasks), ("--ntasks-per-node", args.ntasks_per_node),
                         ("--gpus-per-task", args.gpus_per_task), ("-c", args.cpus_per_task), ("-t", args.time),
                         ("-p", args.partition), ("-A", args.account), ("-q", args.qos), ("-G", args.gpus),
-                        ("--gpus-per-node", args.gpus_per_node), ("--mem", args.mem)):
+                        ("--gpus-per-node", args.gpus_per_node), ("--mem", args.mem), ("--gres", args.gres)):
         if value not in (None, ""):
             options += [flag, str(value)]
     if args.nodelist:

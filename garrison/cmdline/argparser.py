@@ -12,9 +12,11 @@ A unique prefix of a long option stands for it (``--depend`` for ``--dependency`
 An option listed in ``bare_values`` takes its value only attached (``--nice=50``); alone it stands for
 its listed value, as sbatch's ``--nice`` alone means 100.
 
-Options in ``ignored_values`` (with a value) and ``ignored_flags`` (without) are accepted and dropped before
-argparse sees them, and their long names collected in ``ignored``: sbatch options a Slurm script carries that
+Options in ``ignored_values`` (with a value) and ``ignored_flags`` (without, or with a value only attached, as
+Slurm's ``--no-kill[=off]``) are accepted and dropped before argparse sees them, and their long names collected in ``ignored``: sbatch options a Slurm script carries that
 gsub does not act on. Dropped, not declared: 50 more ``add_argument`` calls would cost every gsub ~2 ms.
+``aliases`` are other names of declared options (Slurm's deprecated ``--tasks-per-node`` for
+``--ntasks-per-node``), read as the option they name.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class Parser(argparse.ArgumentParser):
         self.bare_values: dict[str, str] = {}
         self.ignored_values: dict[str, str] = {}  # flag -> its long name
         self.ignored_flags: dict[str, str] = {}
+        self.aliases: dict[str, str] = {}  # another long name -> the declared option it stands for
+        # The command's Slurm counterpart's long names ("--gres", ...; garrison/cmdline/slurm_names.py): a prefix
+        # is resolved over these too, so a word never stands for another option than it does to Slurm.
+        self.slurm_names: frozenset[str] = frozenset()
         self.ignored: list[str] = []  # what the last parse_args dropped, in order, each once
 
     def error(self, message: str) -> NoReturn:
@@ -64,6 +70,8 @@ class Parser(argparse.ArgumentParser):
         """How many words an ignored option at ``words[index]`` spans (0: ``word`` is not one)."""
         name, attached, _ = word.partition("=")
         long_name = self.ignored_flags.get(word) or self.ignored_values.get(name)
+        if long_name is None and attached and name.startswith("--"):
+            long_name = self.ignored_flags.get(name)  # a flag's optional value, attached: --no-kill=off
         if long_name is None and not word.startswith("--") and len(word) > 2:
             long_name = self.ignored_values.get(word[:2])  # a short option's value attached: -Lscratch
             attached = "attached"
@@ -85,13 +93,16 @@ class Parser(argparse.ArgumentParser):
             return word
         name, equals, value = word.partition("=")
         known = {flag for action in self._actions for flag in action.option_strings if flag.startswith("--")}
-        known |= {flag for flag in (*self.ignored_values, *self.ignored_flags, *self.bare_values) if flag.startswith("--")}
-        if name in known:
-            return word
-        matches = sorted(flag for flag in known if flag.startswith(name))
-        if len(matches) > 1:
-            self.error(f"option {name} is ambiguous: {', '.join(matches)}")
-        return f"{matches[0]}{equals}{value}" if matches else word
+        known |= {flag for flag in (*self.ignored_values, *self.ignored_flags, *self.bare_values, *self.aliases)
+                  if flag.startswith("--")}
+        if name not in known and name not in self.slurm_names:
+            # An alias and the option it names are one option, as getopt_long counts them (the same val).
+            matches = sorted({self.aliases.get(flag, flag) for flag in known | self.slurm_names if flag.startswith(name)})
+            if len(matches) > 1:
+                self.error(f"option {name} is ambiguous: {', '.join(matches)}")
+            if matches and matches[0] in known:  # a Slurm option we lack stays unknown: argparse names it
+                name = matches[0]
+        return f"{self.aliases.get(name, name)}{equals}{value}"
 
     def _values_attached(self, words: list[str]) -> list[str]:
         """``words`` with each value-taking option joined to the word after it (``--wrap=-x``), up to the first

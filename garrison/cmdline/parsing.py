@@ -43,6 +43,30 @@ def parse_count(text: str, *, minimum: int = 1) -> int:
     return value
 
 
+def parse_node_count(text: str) -> int:
+    """-N/--nodes: N, or sbatch's MIN-MAX range, which asks for at least MIN nodes: Garrison allocates MIN (one
+    of the allocations Slurm may give; the job reads its count from SLURM_NNODES either way)."""
+    low, has_range, high = text.strip().partition("-")
+    minimum = parse_count(low)
+    if has_range and parse_count(high) < minimum:
+        raise UsageError(f"the range {text.strip()!r} ends below its start")
+    return minimum
+
+
+_BARE_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")
+
+
+def slurm_dependency(text: str) -> str:
+    """-d/--dependency as the controller reads it (controller/dependency.py): an item that is a job id alone
+    (``-d 12``, Slurm's old form, still accepted by sbatch) means ``afterany:12``, as slurmctld reads it."""
+    stripped = text.strip()
+    if not stripped:
+        raise UsageError("must not be empty")
+    separator = "?" if "?" in stripped else ","
+    return separator.join(f"afterany:{item.strip()}" if _BARE_JOB_ID.fullmatch(item.strip()) else item.strip()
+                          for item in stripped.split(separator))
+
+
 MAX_NICE = 2_147_483_645  # sbatch's range (the controller checks it again)
 
 
@@ -374,14 +398,16 @@ def parse_export(text: str, environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def parse_constraint_text(text: str) -> str:
-    """-C/--constraint: a feature expression (``a100&ib``, ``a100|h100``), checked and kept as given."""
+    """-C/--constraint: a feature expression (``a100&ib``, ``a100|h100``), checked and kept as given, except
+    that a comma is ``&``, as slurmctld reads it (``-C gpu,ss11,a100``: it replaces every comma with ``&``)."""
     from garrison.model.features import ConstraintError, parse_constraint
 
+    expression = text.strip().replace(",", "&")
     try:
-        parse_constraint(text.strip())
+        parse_constraint(expression)
     except ConstraintError as err:
         raise UsageError(str(err)) from None
-    return text.strip()
+    return expression
 
 
 def parse_exclusive(text: str) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from garrison.cmdline.argparser import Parser
+from garrison.cmdline.slurm_names import SBATCH_OPTION_NAMES
 from garrison.model.jobspec import JobSpec, LaunchMode, without_credentials
 from garrison.model.resources import resolve as resolve_resources
 
@@ -36,8 +37,10 @@ from .parsing import (
     parse_gres,
     parse_memory_mb,
     parse_nice,
+    parse_node_count,
     parse_time_limit,
     read_directive_lines,
+    slurm_dependency,
 )
 
 __all__ = ["HelpRequested", "Submission", "UsageError", "option_strings", "parse_submission", "submit_request",
@@ -63,12 +66,21 @@ IGNORED_VALUE_OPTIONS = (
     ("--delay-boot",), ("--propagate",), ("--get-user-env",), ("-M", "--clusters"), ("--power",),
     ("--core-spec",), ("--thread-spec",), ("--cpu-bind",), ("--mem-bind",), ("--priority",),
     ("--kill-on-invalid-dep",), ("--container",), ("--uid",), ("--gid",), ("-B", "--extra-node-info"),
+    # Found in real scripts (docs/slurm.md, "A corpus of real scripts"): placement hints Garrison's own placement
+    # makes moot (a multi-node job starts once every node has launched, as --wait-all-nodes=1 asks), and
+    # Slurm's soft requests (--prefer, --time-min), which the job meets by getting its --constraint and --time.
+    ("--wait-all-nodes",), ("--gres-flags",), ("--ntasks-per-core",), ("--ntasks-per-socket",), ("--time-min",),
+    ("--prefer",), ("--tres-bind",), ("--extra",), ("--batch",), ("--segment",),
 )
 IGNORED_FLAG_OPTIONS = (
     ("-O", "--overcommit"), ("-s", "--oversubscribe"), ("--contiguous",), ("--spread-job",),
     ("-k", "--no-kill"), ("--use-min-nodes",), ("-Q", "--quiet"), ("-v", "--verbose"), ("-I", "--immediate"),
-    ("--ignore-pbs",), ("--reboot",),
+    ("--ignore-pbs",), ("--reboot",), ("--spread-segments",), ("--consolidate-segments",), ("--stepmgr",),
+    ("--oom-kill-step",), ("--resv-ports",),  # these two take an optional value, attached (--resv-ports=4)
 )
+# Other names Slurm gives an option (getopt_long reads a prefix of these as the option too: sbatch --tasks=14 is
+# --tasks-per-node=14, its deprecated spelling of --ntasks-per-node).
+OPTION_ALIASES = {"--tasks-per-node": "--ntasks-per-node", "--cluster": "--clusters"}
 WRAP_SHEBANG = "#!/bin/sh\n"
 
 
@@ -180,6 +192,8 @@ def _gsub_parser() -> Parser:
             help_text="Send SIG (e.g. USR1) SECS seconds before the time limit and before preemption.")
     parser.ignored_values = {flag: flags[-1] for flags in IGNORED_VALUE_OPTIONS for flag in flags}
     parser.ignored_flags = {flag: flags[-1] for flags in IGNORED_FLAG_OPTIONS for flag in flags}
+    parser.aliases = dict(OPTION_ALIASES)
+    parser.slurm_names = frozenset(f"--{name}" for name in SBATCH_OPTION_NAMES)
     parser.epilog = ("Accepted from sbatch scripts and not acted on (a warning names them): "
                      + ", ".join(flags[-1] for flags in IGNORED_VALUE_OPTIONS + IGNORED_FLAG_OPTIONS) + ".")
     parser.add_argument("script", nargs="?",
@@ -490,7 +504,7 @@ def parse_submission(
         name=_job_name(chosen, script, from_stdin, prog),
         command=command,
         script=script_text,
-        nodes=chosen.count("nodes"),
+        nodes=converted("nodes", parse_node_count),
         gpus=gpus,
         gpus_per_node=gpus_per_node,
         gpu_type=gpu_type,
@@ -511,7 +525,7 @@ def parse_submission(
         max_restarts=chosen.count("max_restarts", minimum=0) or 0,
         qos=qos,
         signal=chosen.nonempty_text("signal"),
-        dependency=chosen.nonempty_text("dependency"),
+        dependency=converted("dependency", slurm_dependency),
         exclude=tuple(converted("exclude", expand_hostlist) or ()),
         begin_time=converted("begin", lambda text: parse_begin_time(text, time.time())),
         nice=converted("nice", parse_nice) or 0,

@@ -777,7 +777,7 @@ def test_gsub_never_exports_garrisons_own_credentials(workdir: Path) -> None:
 def test_a_long_options_unique_prefix_stands_for_it_as_with_getopt(tmp_path: Path) -> None:
     # sbatch reads its options with getopt_long: real scripts write --depend, for one.
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\n#SBATCH --ntasks-per-n=2 --tim 5\ntrue\n")
+    script.write_text("#!/bin/bash\n#SBATCH --ntasks-per-n=2 --time 5\ntrue\n")
     spec = parse_submission(["--depend=afterok:7", "--exclus", "--gpus-per-n", "4", "job.sh", "--depend"], {},
                             str(tmp_path)).spec
     assert (spec.dependency, spec.exclusive, spec.gpus_per_node) == ("afterok:7", True, 4)
@@ -785,6 +785,8 @@ def test_a_long_options_unique_prefix_stands_for_it_as_with_getopt(tmp_path: Pat
     assert parse_submission(["--gpus", "2", "job.sh"], {}, str(tmp_path)).spec.gpus == 2  # exact beats a prefix
     with pytest.raises(UsageError, match="--cpus is ambiguous: --cpus-per-gpu, --cpus-per-task"):
         parse_submission(["--cpus=2", "job.sh"], {}, str(tmp_path))
+    with pytest.raises(UsageError, match="--tim is ambiguous: --time, --time-min"):  # as sbatch finds it
+        parse_submission(["--tim=5", "job.sh"], {}, str(tmp_path))
 
 
 def test_gpus_per_task_takes_a_type_as_sbatch_does(tmp_path: Path) -> None:
