@@ -33,8 +33,6 @@ from pathlib import Path
 from . import core
 from .spec import LaunchSpec, SupervisorStatus
 
-SPAWN_LOCK_FILE = "spawn.lock"
-
 # Where core.py lives: the supervisor is started by appending this directory to sys.path.
 SUPERVISOR_CODE_DIR = str(Path(core.__file__).resolve().parent)
 
@@ -91,22 +89,24 @@ def spawn(
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             if forkserver is None:
                 pid = _start_detached_interpreter(job_dir, lock_fd, python)
+                # The supervisor writes it too; writing it here means it exists as soon as we return.
+                core.write_file_atomically(str(job_dir / core.PID_FILE), f"{pid}\n".encode())
             else:
+                # The fork server has written it (and the supervisor does not) before it answers.
                 pid = _start_through_forkserver(job_dir, lock_fd, forkserver)
         finally:
             # The supervisor holds its own descriptor of the same open file, so the
             # lock stays held as long as it lives.
             os.close(lock_fd)
-        # The supervisor writes it too; writing it here means it exists as soon as we return.
-        core.write_file_atomically(str(job_dir / core.PID_FILE), f"{pid}\n".encode())
         return pid
 
 
 @contextlib.contextmanager
 def _spawn_lock(job_dir: Path) -> Iterator[None]:
     # Serialises concurrent spawns of one job dir (e.g. a resent launch command handled
-    # in another thread), so the check-then-start below is not a race.
-    fd = os.open(job_dir / SPAWN_LOCK_FILE, os.O_RDWR | os.O_CREAT, core.PRIVATE_FILE_MODE)
+    # in another thread), so the check-then-start below is not a race. The lock is the
+    # directory's own: a lock file was one more file to create and remove per attempt.
+    fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
