@@ -235,8 +235,8 @@ class CgroupV1:
                    *devices.allowed_devices(limits.gpu_minors, self._gpu_driver_majors()))
         elif controller == PIDS:
             _write(os.path.join(directory, "pids.max"), str(limits.pids_max))
-        elif controller == FREEZER:
-            _write(os.path.join(directory, "freezer.state"), "THAWED")
+        # (A new freezer cgroup is THAWED already; were the agent's subtree frozen, writing THAWED here would
+        # not thaw it either.)
 
 
 def remove_subtree(cgroup_root: str) -> None:

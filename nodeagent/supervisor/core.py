@@ -259,9 +259,36 @@ def read_lease_end(path: str) -> float | None:
         return None
 
 
+_log_file_to_open: str | None = None  # see log_to_file_when_needed()
+
+
+def log_to_file_when_needed(path: str) -> None:
+    """Make ``path`` our stderr (the log) once there is something to log, not before: most attempts never log
+    a line, and a file created and removed for nothing is one more of each per attempt (the fork server's
+    supervisors start with stderr on /dev/null and call this)."""
+    global _log_file_to_open
+    _log_file_to_open = path
+
+
+def open_log_file() -> None:
+    """Open the log that log_to_file_when_needed() named onto stderr, if not done yet."""
+    global _log_file_to_open
+    path, _log_file_to_open = _log_file_to_open, None
+    if path is None:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
+    except OSError:
+        return  # nowhere to report it; the status file still says what matters
+    if fd != 2:
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
 def _log(message: str) -> None:
-    # stderr is supervisor.log in the job dir (set up by whoever started us). Unbuffered
+    # stderr is supervisor.log in the job dir (set up by whoever started us, or opened now). Unbuffered
     # so nothing is lost if we are killed.
+    open_log_file()
     line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} supervisor[{os.getpid()}]: {message}\n"
     try:
         os.write(2, line.encode(errors="replace"))

@@ -34,7 +34,8 @@ from .core import (
     CONTROL_SIGNALS,
     LOG_FILE,
     PID_FILE,
-    PRIVATE_FILE_MODE,
+    log_to_file_when_needed,
+    open_log_file,
     prctl,
     reap_exited_children,
     run_supervisor,
@@ -74,17 +75,16 @@ def _become_supervisor(job_dir: str, lock_fd: int, sockets_to_close: list[socket
             # again later, when it may belong to something else.
             os.close(server_socket.detach())
         null_fd = os.open(os.devnull, os.O_RDWR)
-        log_fd = os.open(os.path.join(job_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
-        os.dup2(null_fd, 0)
-        os.dup2(null_fd, 1)
-        os.dup2(log_fd, 2)
+        for fd in (0, 1, 2):
+            os.dup2(null_fd, fd)
         os.close(null_fd)
-        os.close(log_fd)
+        log_to_file_when_needed(os.path.join(job_dir, LOG_FILE))
         exit_code = run_supervisor(job_dir, lock_fd=lock_fd, pid_file_written=True)
     except BaseException:  # noqa: B036 - a forked copy of the server must never return into its loop
         try:
             import traceback
 
+            open_log_file()
             os.write(2, traceback.format_exc().encode(errors="replace"))
         finally:
             os._exit(1)
