@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import core
+from . import cgroup_runtime, core
 from .spec import LaunchSpec, SupervisorStatus
 
 # Where core.py lives: the supervisor is started by appending this directory to sys.path.
@@ -52,6 +52,7 @@ _DETACH_SCRIPT = 'log=$1; shift; "$@" </dev/null >/dev/null 2>>"$log" & echo $!'
 _SUPERVISOR_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 SPAWN_TIMEOUT_S = 30.0
+ORPHAN_KILL_TIMEOUT_S = 10.0  # emptying a dead supervisor's cgroup (a process stuck in the kernel may not die)
 
 _control_request_numbers = itertools.count()
 
@@ -288,8 +289,21 @@ def kill_now(job_dir: Path) -> bool:
     return _signal_supervisor(job_dir, core.KILL_NOW_SIGNAL)
 
 
+def _empty_cgroup(job_dir: Path) -> None:
+    """SIGKILL every process in the attempt's cgroup, if it has one: there are all the processes its ranks
+    started (a supervisor in a cgroup records no process groups until a rank has ended)."""
+    try:
+        dirs = LaunchSpec.from_json((Path(job_dir) / core.LAUNCH_FILE).read_bytes()).cgroup
+    except (OSError, ValueError):
+        return
+    if dirs is not None:
+        with contextlib.suppress(OSError):
+            cgroup_runtime.kill_all(dirs, timeout_s=ORPHAN_KILL_TIMEOUT_S)
+
+
 def kill_orphans(job_dir: Path) -> list[int]:
-    """SIGKILL the rank process groups a dead supervisor left behind; return their pgids.
+    """SIGKILL the rank process groups a dead supervisor left behind, and everything in its attempt's cgroup;
+    return the pgids.
 
     For an agent that finds a supervisor dead (e.g. SIGKILLed by the OOM killer)
     without a final status: its ranks run on in their own groups. Does nothing while a
@@ -297,6 +311,7 @@ def kill_orphans(job_dir: Path) -> list[int]:
     """
     if is_alive(job_dir):
         return []
+    _empty_cgroup(job_dir)
     try:
         status = read_status(job_dir)
     except ValueError:

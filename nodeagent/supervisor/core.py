@@ -621,9 +621,10 @@ class Supervisor:
         return 0 if self.error is None else 1
 
     def _record_running_ranks(self) -> None:
-        """The ranks' process groups, for an agent that finds us dead (client.kill_orphans()). An attempt in a
-        cgroup needs no such record: the cgroup holds every process it started, and the agent empties it
-        (it was one more status file written and replaced per attempt)."""
+        """The ranks' process groups, once they have started, for an agent that finds us dead
+        (client.kill_orphans()). An attempt in a cgroup needs no such record: the cgroup holds every process
+        it started, and kill_orphans() empties it (it was one more status file written and replaced per
+        attempt)."""
         if self.launch.cgroup is None:
             self.write_status(STATE_RUNNING)
 
@@ -777,7 +778,7 @@ class Supervisor:
             self._check_lease()
             self._escalate_to_kill_if_due()
             if self._mark_ended_ranks() and not self._all_ranks_ended():
-                self._record_running_ranks()
+                self.write_status(STATE_RUNNING)  # which ranks have ended, and how (a step's tasks report it)
             if self._all_ranks_ended() and not self._kill_leftovers():
                 return
             signal_number = _wait_for_signal(self._wait_timeout())
