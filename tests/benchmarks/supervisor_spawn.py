@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from garrison.nodeagent.containment.cgroup_v1 import CgroupV1
+from garrison.nodeagent.containment.cgroup_v1 import CgroupV1, remove_subtree
 from garrison.nodeagent.containment.interface import AttemptLimits
 from garrison.nodeagent.supervisor import client
 from garrison.nodeagent.supervisor.forkserver import start_forkserver
@@ -87,6 +87,8 @@ def main() -> int:
     finally:
         server.terminate()
         server.wait()
+        if containment is not None:
+            remove_subtree(args.cgroup_root)  # the supervisors removed their attempts' cgroups
     supervised = (after.children_user + after.children_system - before.children_user - before.children_system)
     own = after.user + after.system - before.user - before.system
 
