@@ -52,6 +52,7 @@ INITIAL_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 2.0
 RESCAN_INTERVAL_S = 1.0
 STEP_POLL_INTERVAL_S = 0.02  # how often running steps' output is read and sent (gsrun --pty's latency)
+MAX_EARLY_NOTIFICATIONS = 10_000  # notifications kept for launches not done yet (beyond: the rescan finds them)
 STEP_MESSAGE_KINDS = frozenset({"launch_step", "signal_step", "step_input", "step_ack"})
 
 
@@ -121,6 +122,9 @@ class Agent:
         # agent's work per job, and the launches, releases and signals read after an acknowledgement (and
         # the launch threads) would otherwise wait behind it. One thread: removals need no parallelism.
         self._cleanup = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cleanup")
+        # Attempts whose supervisor said it ended before their launch was done here (a trivial job): their launch
+        # looks for the result at once. Otherwise a launch needs no look of its own: the notification comes.
+        self._ended_before_launched: dict[tuple[int, int], None] = {}
         self._checking: set[tuple[int, int]] = set()  # attempts whose result is being read now
         self._check_again: set[tuple[int, int]] = set()
         self._lookups: set[asyncio.Task[None]] = set()
@@ -210,8 +214,12 @@ class Agent:
                 key = (int(note["job_id"]), int(note["attempt"]))
             except (ValueError, KeyError, TypeError):
                 continue
-            if key in self.active:  # before that, the launch path checks the attempt itself
+            if key in self.active:
                 self._check_attempt(key)
+            else:  # its launch is not done yet (or it is not ours): the launch looks once it is
+                self._ended_before_launched[key] = None
+                while len(self._ended_before_launched) > MAX_EARLY_NOTIFICATIONS:
+                    del self._ended_before_launched[next(iter(self._ended_before_launched))]
 
     def _check_attempt(self, key: tuple[int, int]) -> None:
         """Look for the attempt's result, off the event loop: reading it opens files the job controls (its
@@ -487,5 +495,8 @@ class Agent:
             return
         self.active.add(key)
         self._send(pb.AgentMessage(started=pb.JobStarted(job_id=msg.job_id, attempt=msg.attempt)))
-        # The ranks may already have ended (a trivial job) before we started watching.
-        self._check_attempt(key)
+        # The ranks may already have ended (a trivial job) before we started watching: their notification
+        # was set aside above. (The rescan is the fallback for a lost one, as for any attempt.)
+        if key in self._ended_before_launched:
+            del self._ended_before_launched[key]
+            self._check_attempt(key)

@@ -8,7 +8,6 @@ launch commands are idempotent (keyed by job id and attempt).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -47,7 +46,6 @@ PLACEHOLDER = "placeholder"  # a node of the allocation with no ranks (e.g. --la
 ACKED = "acked"
 TERMINATE_REQUESTED = supervisor_core.TERMINATE_REQUEST_FILE  # read by the supervisor before it starts ranks
 LEASE_STOPPED = "lease-stopped"  # the agent stopped the attempt because the node's lease ran out
-GPU_USAGE_FILE = "gpu-usage.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +102,10 @@ class JobManager:
         self.pids_max = pids_max
         self.gpu_minors = dict(gpu_minors or {})  # GPU index -> /dev/nvidiaN minor (NVML's); absent: the index
         self._cgroups: dict[tuple[int, int], dict[str, str] | None] = {}  # running attempts' cgroups, as read
+        # Until acknowledged: each attempt's GPUs (from its launch, so that its result needs no second parse of
+        # launch.json) and, once asked, NVML's figures for them (a result is read again until acknowledged).
+        self._gpus: dict[tuple[int, int], list[int]] = {}
+        self._gpu_usages: dict[tuple[int, int], dict[str, int]] = {}
 
     def job_dir(self, job_id: int, attempt: int) -> Path:
         return self.jobs_dir / f"{job_id}.{attempt}"
@@ -179,6 +181,7 @@ class JobManager:
             lease_file=str(self.lease_file) if self.lease_file is not None else None,
             cgroup=cgroup,
         )
+        self._gpus[(launch.job_id, launch.attempt)] = spec.gpus
         if launch.start_barrier:
             spec = empty_outputs_before_start(spec, launch)
         # Rename first so a crash never leaves a half-written job dir under the attempt's real name.
@@ -300,7 +303,7 @@ class JobManager:
             )
             usage = status.usage
             if usage is not None:
-                usage = {**usage, **self._gpu_usage(job_dir, status.started_at or 0.0)}
+                usage = {**usage, **self._gpu_usage(job_id, attempt, status.started_at or 0.0)}
             # The agent's own stop for the lease counts only where it stopped something: ranks that all exited 0
             # had finished on their own (the supervisor's flag is the precise one; this covers supervisors
             # started without a lease file).
@@ -330,19 +333,20 @@ class JobManager:
         found = cgroup_runtime.usage(dirs)
         return found or None
 
-    @staticmethod
-    def _gpu_usage(job_dir: Path, started_at: float) -> dict[str, int]:
-        """NVML's per-process accounting of the attempt's GPUs, asked once and kept in the job dir (the
-        result is read again until the controller acknowledges it)."""
-        cache = job_dir / GPU_USAGE_FILE
-        try:
-            return {str(k): int(v) for k, v in json.loads(cache.read_text()).items()}
-        except (OSError, ValueError, AttributeError):
-            pass
-        try:
-            gpus = LaunchSpec.from_json((job_dir / supervisor_core.LAUNCH_FILE).read_bytes()).gpus
-        except (OSError, ValueError):
-            gpus = []
+    def _gpu_usage(self, job_id: int, attempt: int, started_at: float) -> dict[str, int]:
+        """NVML's per-process accounting of the attempt's GPUs, asked once (the result is read again until the
+        controller acknowledges it; an agent restarted meanwhile asks again)."""
+        key = (job_id, attempt)
+        found = self._gpu_usages.get(key)
+        if found is not None:
+            return found
+        gpus = self._gpus.get(key)
+        if gpus is None:  # launched by an earlier agent
+            try:
+                gpus = LaunchSpec.from_json(
+                    (self.job_dir(job_id, attempt) / supervisor_core.LAUNCH_FILE).read_bytes()).gpus
+            except (OSError, ValueError):
+                gpus = []
         from garrison.nodeagent.gpu.accounting import attempt_gpu_usage
 
         measured = attempt_gpu_usage(gpus, started_at)
@@ -350,8 +354,7 @@ class JobManager:
             "gpu_utilization_milli_pct": round(measured.utilization_pct * 1000),
             "gpu_memory_bytes": measured.memory_bytes,
         }
-        with contextlib.suppress(OSError):
-            cache.write_text(json.dumps(found))
+        self._gpu_usages[key] = found
         return found
 
     def checkpoint_time(self, job_id: int, attempt: int) -> float | None:
@@ -364,6 +367,8 @@ class JobManager:
 
     def acknowledge(self, job_id: int, attempt: int) -> None:
         self._cgroups.pop((job_id, attempt), None)
+        self._gpus.pop((job_id, attempt), None)
+        self._gpu_usages.pop((job_id, attempt), None)
         # Normally the supervisor removed the attempt's cgroup; one made by an agent that crashed before
         # starting the supervisor is empty and still there.
         leftover = self.containment.attempt_dirs(attempt_cgroup_name(job_id, attempt))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,10 @@ from garrison.nodeagent.supervisor import cgroup_runtime
 MOUNTINFO = Path("/proc/self/mountinfo")
 OWN_CGROUPS = Path("/proc/self/cgroup")
 NUMA_NODES = Path("/sys/devices/system/node")
+# How long the majors of the GPU driver's dynamic devices (nvidia-uvm & co.) are taken as known: they only
+# change when the driver's modules are loaded, and looking them up (/proc/devices and /dev) for every attempt
+# was a tenth of the agent's work per job.
+DYNAMIC_MAJORS_TTL_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,27 +84,38 @@ def v1_hierarchies(mountinfo: Path = MOUNTINFO, own: Path = OWN_CGROUPS) -> dict
     return found
 
 
-def _write(path: str, value: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(value)
+def _write(path: str, *values: str) -> None:
+    """One write(2) per value, on one descriptor: a cgroup file takes one entry per write (devices.allow)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        for value in values:
+            os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def _read(path: str) -> str:
-    with open(path) as handle:
-        return handle.read().strip()
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 1 << 16).decode().strip()
+    finally:
+        os.close(fd)
 
 
 def numa_nodes_of(cpus: Iterable[int], nodes_dir: Path = NUMA_NODES) -> set[int]:
     """The NUMA nodes (that exist here) holding any of these CPUs."""
     wanted = set(cpus)
-    found: set[int] = set()
+    return {node for node, node_cpus in numa_topology(nodes_dir).items() if node_cpus & wanted}
+
+
+def numa_topology(nodes_dir: Path = NUMA_NODES) -> dict[int, frozenset[int]]:
+    """NUMA node -> its CPUs, as the host has them."""
+    found: dict[int, frozenset[int]] = {}
     for node_dir in nodes_dir.glob("node[0-9]*"):
         try:
-            node_cpus = parse_cpu_list(_read(str(node_dir / "cpulist")))
+            found[int(node_dir.name.removeprefix("node"))] = parse_cpu_list(_read(str(node_dir / "cpulist")))
         except OSError:
             continue
-        if node_cpus & wanted:
-            found.add(int(node_dir.name.removeprefix("node")))
     return found
 
 
@@ -110,6 +126,21 @@ class CgroupV1:
         self.cgroup_root = cgroup_root
         self.subtrees = dict(controllers)  # usable controller -> the agent's subtree in it
         self._capabilities = Capabilities(kind="cgroup-v1", checks=checks)
+        self._swap_accounted: bool | None = None  # memory.memsw.* exists
+        self._numa: dict[int, frozenset[int]] | None = None  # read once: a host's NUMA layout does not change
+        self._dynamic_majors: tuple[float, set[int]] | None = None  # (when looked up, majors), see the TTL
+
+    def _numa_nodes_of(self, cpus: Iterable[int]) -> set[int]:
+        if self._numa is None:
+            self._numa = numa_topology()
+        wanted = set(cpus)
+        return {node for node, node_cpus in self._numa.items() if node_cpus & wanted}
+
+    def _gpu_driver_majors(self) -> set[int]:
+        now = time.monotonic()
+        if self._dynamic_majors is None or now - self._dynamic_majors[0] > DYNAMIC_MAJORS_TTL_S:
+            self._dynamic_majors = (now, devices.dynamic_majors())
+        return self._dynamic_majors[1]
 
     @property
     def capabilities(self) -> Capabilities:
@@ -183,26 +214,29 @@ class CgroupV1:
     def _limit(self, controller: str, directory: str, limits: AttemptLimits) -> None:
         if controller == MEMORY and limits.memory_bytes > 0:
             _write(os.path.join(directory, "memory.limit_in_bytes"), str(limits.memory_bytes))
-            # Memory plus swap to the same figure: the limit holds, swap or not (where swap is accounted).
+            # Memory plus swap to the same figure: the limit holds, swap or not (where swap is accounted: a
+            # property of the kernel's boot, so looked up once).
             memsw = os.path.join(directory, "memory.memsw.limit_in_bytes")
-            if os.path.exists(memsw):
+            if self._swap_accounted is None:
+                self._swap_accounted = os.path.exists(memsw)
+            if self._swap_accounted:
                 _write(memsw, str(limits.memory_bytes))
         elif controller == CPUSET:
             parent = os.path.dirname(directory)
             host_cpus = parse_cpu_list(_read(os.path.join(parent, "cpuset.effective_cpus")))
             host_mems = parse_cpu_list(_read(os.path.join(parent, "cpuset.effective_mems")))
             cpus = set(limits.cpus) & host_cpus or host_cpus  # none of the chosen CPUs here: the agent's
-            mems = numa_nodes_of(cpus) & host_mems or host_mems
+            mems = self._numa_nodes_of(cpus) & host_mems or host_mems
             _write(os.path.join(directory, "cpuset.cpus"), format_cpu_list(cpus))
             _write(os.path.join(directory, "cpuset.mems"), format_cpu_list(mems))
         elif controller == DEVICES:
             _write(os.path.join(directory, "devices.deny"), "a")
-            for line in devices.allowed_devices(limits.gpu_minors, devices.dynamic_majors()):
-                _write(os.path.join(directory, "devices.allow"), line)
+            _write(os.path.join(directory, "devices.allow"),
+                   *devices.allowed_devices(limits.gpu_minors, self._gpu_driver_majors()))
         elif controller == PIDS:
             _write(os.path.join(directory, "pids.max"), str(limits.pids_max))
-        elif controller == FREEZER:
-            _write(os.path.join(directory, "freezer.state"), "THAWED")
+        # (A new freezer cgroup is THAWED already; were the agent's subtree frozen, writing THAWED here would
+        # not thaw it either.)
 
 
 def remove_subtree(cgroup_root: str) -> None:

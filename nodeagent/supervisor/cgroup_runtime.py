@@ -32,10 +32,21 @@ REMOVE_ATTEMPTS = 200  # rmdir answers EBUSY for a moment after the last task ha
 
 def join(dirs: Mapping[str, str], pid: int = 0) -> None:
     """Put a process (0: the caller) into every one of the attempt's cgroups. Raises OSError."""
-    text = str(pid or os.getpid()).encode()
-    # cpuset first: a task cannot join a cpuset without CPUs, and an error there should come before the rest.
-    for controller in sorted(dirs, key=lambda name: name != "cpuset"):
-        fd = os.open(os.path.join(dirs[controller], PROCS_FILE), os.O_WRONLY)
+    join_procs_files(procs_files(dirs), pid)
+
+
+def procs_files(dirs: Mapping[str, str]) -> list[str]:
+    """The cgroup.procs files a process joins the attempt's cgroups by, in the order to write them: cpuset
+    first (a task cannot join a cpuset without CPUs, and an error there should come before the rest)."""
+    return [os.path.join(dirs[controller], PROCS_FILE) for controller in sorted(dirs, key=lambda name: name != "cpuset")]
+
+
+def join_procs_files(paths: list[str], pid: int = 0) -> None:
+    """join() with procs_files() worked out beforehand, for a child between fork and exec, where every object
+    touched costs a page copied. pid 0 is the writer itself, to the kernel as to us. Raises OSError."""
+    text = b"%d" % pid
+    for path in paths:
+        fd = os.open(path, os.O_WRONLY)
         try:
             os.write(fd, text)
         finally:

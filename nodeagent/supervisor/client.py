@@ -30,10 +30,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import core
+from . import cgroup_runtime, core
 from .spec import LaunchSpec, SupervisorStatus
-
-SPAWN_LOCK_FILE = "spawn.lock"
 
 # Where core.py lives: the supervisor is started by appending this directory to sys.path.
 SUPERVISOR_CODE_DIR = str(Path(core.__file__).resolve().parent)
@@ -54,6 +52,7 @@ _DETACH_SCRIPT = 'log=$1; shift; "$@" </dev/null >/dev/null 2>>"$log" & echo $!'
 _SUPERVISOR_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 SPAWN_TIMEOUT_S = 30.0
+ORPHAN_KILL_TIMEOUT_S = 10.0  # emptying a dead supervisor's cgroup (a process stuck in the kernel may not die)
 
 _control_request_numbers = itertools.count()
 
@@ -91,22 +90,24 @@ def spawn(
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             if forkserver is None:
                 pid = _start_detached_interpreter(job_dir, lock_fd, python)
+                # The supervisor writes it too; writing it here means it exists as soon as we return.
+                core.write_file_atomically(str(job_dir / core.PID_FILE), f"{pid}\n".encode())
             else:
+                # The fork server has written it (and the supervisor does not) before it answers.
                 pid = _start_through_forkserver(job_dir, lock_fd, forkserver)
         finally:
             # The supervisor holds its own descriptor of the same open file, so the
             # lock stays held as long as it lives.
             os.close(lock_fd)
-        # The supervisor writes it too; writing it here means it exists as soon as we return.
-        core.write_file_atomically(str(job_dir / core.PID_FILE), f"{pid}\n".encode())
         return pid
 
 
 @contextlib.contextmanager
 def _spawn_lock(job_dir: Path) -> Iterator[None]:
     # Serialises concurrent spawns of one job dir (e.g. a resent launch command handled
-    # in another thread), so the check-then-start below is not a race.
-    fd = os.open(job_dir / SPAWN_LOCK_FILE, os.O_RDWR | os.O_CREAT, core.PRIVATE_FILE_MODE)
+    # in another thread), so the check-then-start below is not a race. The lock is the
+    # directory's own: a lock file was one more file to create and remove per attempt.
+    fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -288,8 +289,21 @@ def kill_now(job_dir: Path) -> bool:
     return _signal_supervisor(job_dir, core.KILL_NOW_SIGNAL)
 
 
+def _empty_cgroup(job_dir: Path) -> None:
+    """SIGKILL every process in the attempt's cgroup, if it has one: there are all the processes its ranks
+    started (a supervisor in a cgroup records no process groups until a rank has ended)."""
+    try:
+        dirs = LaunchSpec.from_json((Path(job_dir) / core.LAUNCH_FILE).read_bytes()).cgroup
+    except (OSError, ValueError):
+        return
+    if dirs is not None:
+        with contextlib.suppress(OSError):
+            cgroup_runtime.kill_all(dirs, timeout_s=ORPHAN_KILL_TIMEOUT_S)
+
+
 def kill_orphans(job_dir: Path) -> list[int]:
-    """SIGKILL the rank process groups a dead supervisor left behind; return their pgids.
+    """SIGKILL the rank process groups a dead supervisor left behind, and everything in its attempt's cgroup;
+    return the pgids.
 
     For an agent that finds a supervisor dead (e.g. SIGKILLed by the OOM killer)
     without a final status: its ranks run on in their own groups. Does nothing while a
@@ -297,6 +311,7 @@ def kill_orphans(job_dir: Path) -> list[int]:
     """
     if is_alive(job_dir):
         return []
+    _empty_cgroup(job_dir)
     try:
         status = read_status(job_dir)
     except ValueError:

@@ -42,6 +42,7 @@ SIGHUP); a terminate or kill before that ends the attempt with no rank started.
 
 from __future__ import annotations
 
+import _signal
 import errno
 import fcntl
 import json
@@ -258,9 +259,36 @@ def read_lease_end(path: str) -> float | None:
         return None
 
 
+_log_file_to_open: str | None = None  # see log_to_file_when_needed()
+
+
+def log_to_file_when_needed(path: str) -> None:
+    """Make ``path`` our stderr (the log) once there is something to log, not before: most attempts never log
+    a line, and a file created and removed for nothing is one more of each per attempt (the fork server's
+    supervisors start with stderr on /dev/null and call this)."""
+    global _log_file_to_open
+    _log_file_to_open = path
+
+
+def open_log_file() -> None:
+    """Open the log that log_to_file_when_needed() named onto stderr, if not done yet."""
+    global _log_file_to_open
+    path, _log_file_to_open = _log_file_to_open, None
+    if path is None:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
+    except OSError:
+        return  # nowhere to report it; the status file still says what matters
+    if fd != 2:
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
 def _log(message: str) -> None:
-    # stderr is supervisor.log in the job dir (set up by whoever started us). Unbuffered
+    # stderr is supervisor.log in the job dir (set up by whoever started us, or opened now). Unbuffered
     # so nothing is lost if we are killed.
+    open_log_file()
     line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} supervisor[{os.getpid()}]: {message}\n"
     try:
         os.write(2, line.encode(errors="replace"))
@@ -286,16 +314,26 @@ def reap_exited_children() -> Iterator[tuple[int, int]]:
         yield pid, wait_status
 
 
+_libc: Any = None  # ctypes' handle of the C library, made once: the fork server's supervisors inherit it
+
+
+def prctl(option: int, argument: int) -> None:
+    """prctl(2), which the os module lacks. Raises OSError."""
+    global _libc
+    import ctypes
+
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.prctl(option, argument, 0, 0, 0) != 0:
+        error_number = ctypes.get_errno()
+        raise OSError(error_number, f"prctl({option}): {os.strerror(error_number)}")
+
+
 def _become_child_subreaper() -> None:
     # Orphaned descendants of the ranks are re-parented to us rather than to init, so we
     # learn (SIGCHLD) when they die and reap them: a zombie still counts as a member of
     # its process group, and a rank only ends when its group is empty.
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        error_number = ctypes.get_errno()
-        raise OSError(error_number, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(error_number)}")
+    prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def _ensure_standard_fds_open() -> None:
@@ -325,7 +363,9 @@ def _describe_exec_failure(stage: str, rank: RankProcess, error: BaseException) 
     return f"{stage}: {error!r}"
 
 
-def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_signals: list[int]) -> NoReturn:
+def _become_rank(
+    rank: RankProcess, launch: Launch, error_pipe: int, ignored_signals: list[int], cgroup_procs: list[str] | None
+) -> NoReturn:
     """Runs in the forked child: set up the rank's process and exec it.
 
     On failure the one-line reason goes to error_pipe (read by the supervisor) and, if
@@ -336,19 +376,22 @@ def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_sig
     exit_code = EXIT_COMMAND_NOT_FOUND
     stderr_fd = -1
     privileges_dropped = False
+    # Between fork and exec every object touched costs a page copied (its reference count is written): what can
+    # be worked out beforehand is (cgroup_procs, ignored_signals), and the plain _signal functions stand in for
+    # signal's, which convert every number to and from an enum member.
     try:
-        if launch.cgroup is not None:
+        if cgroup_procs is not None:
             # Before anything of the job runs: every process it ever starts is born inside the cgroup.
             stage = "join the attempt's cgroup"
-            cgroup_runtime.join(launch.cgroup)
+            cgroup_runtime.join_procs_files(cgroup_procs)
         stage = "setsid"
         os.setsid()
         stage = "reset signals"
         # Ignored dispositions survive exec (Python ignores SIGPIPE and SIGXFSZ; a shell
         # that backgrounded us ignores SIGINT and SIGQUIT); a job must start clean.
         for signal_number in ignored_signals:
-            signal.signal(signal_number, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            _signal.signal(signal_number, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
         cpus = rank.cpus or launch.cpus
         if cpus:
             stage = "bind to CPUs"
@@ -379,6 +422,8 @@ def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_sig
         os.dup2(stderr_fd, 2)
         stderr_fd = 2
         stage = "exec"
+        if "/" in rank.argv[0]:
+            os.execve(rank.argv[0], rank.argv, rank.env)  # what execvpe() does for a path, without its Python
         os.execvpe(rank.argv[0], rank.argv, rank.env)
     except BaseException as error:  # noqa: B036 - a forked copy of the supervisor must never return
         if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM):
@@ -402,8 +447,6 @@ def _become_rank(rank: RankProcess, launch: Launch, error_pipe: int, ignored_sig
 def _ignored_signals() -> list[int]:
     # The _signal functions, not signal's: these take and give plain ints, where signal.getsignal() and
     # valid_signals() build an enum member per signal (~70 us for all of them, against ~2 us).
-    import _signal
-
     return [number for number in _signal.valid_signals() if _signal.getsignal(number) == _signal.SIG_IGN]
 
 
@@ -562,7 +605,7 @@ class Supervisor:
                     rank.error = f"not started: {not_started}"
             else:
                 self._start_ranks()
-                self.write_status(STATE_RUNNING)
+                self._record_running_ranks()
                 self._supervise()
         except Exception as error:
             # A bug here must not leave ranks running unsupervised: kill them and say so.
@@ -576,6 +619,14 @@ class Supervisor:
         self.write_status(STATE_FINISHED)
         self._notify_agent()
         return 0 if self.error is None else 1
+
+    def _record_running_ranks(self) -> None:
+        """The ranks' process groups, once they have started, for an agent that finds us dead
+        (client.kill_orphans()). An attempt in a cgroup needs no such record: the cgroup holds every process
+        it started, and kill_orphans() empties it (it was one more status file written and replaced per
+        attempt)."""
+        if self.launch.cgroup is None:
+            self.write_status(STATE_RUNNING)
 
     def _reason_not_to_start(self) -> str | None:
         """Why no rank may start (a stop requested, the lease run out, at the gang's barrier), or None."""
@@ -696,6 +747,7 @@ class Supervisor:
 
     def _start_ranks(self) -> None:
         ignored_signals = _ignored_signals()
+        cgroup_procs = None if self.launch.cgroup is None else cgroup_runtime.procs_files(self.launch.cgroup)
         self.started_at = time.time()
         exec_results: list[tuple[RankProcess, int]] = []
         # Fork every rank before waiting for any exec, so ranks start in parallel.
@@ -703,7 +755,7 @@ class Supervisor:
             read_end, write_end = os.pipe()  # close-on-exec: EOF means exec succeeded
             pid = os.fork()
             if pid == 0:
-                _become_rank(rank, self.launch, write_end, ignored_signals)
+                _become_rank(rank, self.launch, write_end, ignored_signals, cgroup_procs)
             os.close(write_end)
             rank.pid = pid
             rank.leader_start_ticks = read_start_ticks(pid)
@@ -726,7 +778,7 @@ class Supervisor:
             self._check_lease()
             self._escalate_to_kill_if_due()
             if self._mark_ended_ranks() and not self._all_ranks_ended():
-                self.write_status(STATE_RUNNING)
+                self.write_status(STATE_RUNNING)  # which ranks have ended, and how (a step's tasks report it)
             if self._all_ranks_ended() and not self._kill_leftovers():
                 return
             signal_number = _wait_for_signal(self._wait_timeout())
@@ -971,12 +1023,15 @@ def _claim_job_dir(job_dir: str, inherited_lock_fd: int | None) -> int | None:
     return lock_fd
 
 
-def run_supervisor(job_dir: str | os.PathLike[str], *, lock_fd: int | None = None) -> int:
+def run_supervisor(
+    job_dir: str | os.PathLike[str], *, lock_fd: int | None = None, pid_file_written: bool = False
+) -> int:
     """Supervise the job attempt in job_dir until every rank has ended.
 
     Safe to call right after os.fork() from a single-threaded process (see
     forkserver.py). lock_fd, if given, is an open descriptor of job_dir/supervisor.lock
-    on which the caller already holds an exclusive flock for us.
+    on which the caller already holds an exclusive flock for us. pid_file_written: the
+    caller has written our pid to supervisor.pid (the fork server does, before it answers).
     """
     # Block first: control signals sent while we start stay pending instead of killing
     # us (client.spawn() already starts us with them blocked).
@@ -998,7 +1053,8 @@ def run_supervisor(job_dir: str | os.PathLike[str], *, lock_fd: int | None = Non
     if os.getpgid(0) != os.getpid():  # setsid() fails for a process group leader
         os.setsid()  # detach from the session (and terminal) of whoever started us
     os.chdir("/")  # keep no directory busy; rank cwds and paths are set per rank
-    write_file_atomically(os.path.join(job_dir, PID_FILE), f"{os.getpid()}\n".encode())
+    if not pid_file_written:
+        write_file_atomically(os.path.join(job_dir, PID_FILE), f"{os.getpid()}\n".encode())
     try:
         launch = Launch.read(job_dir)
     except LaunchError as error:

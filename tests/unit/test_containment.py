@@ -285,6 +285,22 @@ def test_an_agent_finding_its_supervisor_dead_empties_the_cgroup(attempts: Attem
     assert spec.cgroup is not None and not any(os.path.exists(d) for d in spec.cgroup.values())
 
 
+def test_kill_orphans_empties_a_dead_supervisors_cgroup(attempts: Attempts, tmp_path: Path) -> None:
+    """A supervisor in a cgroup records no process groups while its ranks run (the cgroup holds them): what
+    it leaves when it dies is found there, the rank's own process group included (a job step's supervisor
+    has no agent destroying its cgroup afterwards)."""
+    job_dir, _spec = attempts.run('echo $$ > "$WORK/rank.pid"; exec sleep 300')
+    rank = int(wait_for_file(tmp_path / "rank.pid"))
+    status = client.read_status(job_dir)
+    assert status is not None and status.state == "starting"  # no process group recorded
+    assert client.kill_orphans(job_dir) == []  # alive: nothing is touched
+    assert not process_is_gone(rank)
+    os.kill(status.supervisor_pid, signal.SIGKILL)
+    wait_until(lambda: not client.is_alive(job_dir), DEADLINE_S, what="the supervisor to die")
+    client.kill_orphans(job_dir)
+    wait_until(lambda: process_is_gone(rank), DEADLINE_S, what="the rank to be killed")
+
+
 def test_launch_json_carries_the_cgroup_and_the_supervisor_reads_it(attempts: Attempts) -> None:
     dirs = attempts.cgroup(AttemptLimits())
     spec = LaunchSpec(job_id=1, attempt=0, uid=0, gid=0, groups=[], user="u",

@@ -13,6 +13,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -579,6 +580,31 @@ def test_fork_server_supervisors_outlive_it_and_are_reaped(jobs: Jobs) -> None:
         assert client.is_alive(second) and client.terminate(second)
         status = jobs.wait_finished(second)
         assert status.ranks[0].exit_code == 128 + signal.SIGTERM and status.terminated_by == "SIGTERM"
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def test_fork_server_writes_the_pid_before_answering_and_a_log_only_when_there_is_a_line(jobs: Jobs) -> None:
+    socket_path = jobs.root / "forkserver.sock"
+    server = start_forkserver(socket_path)
+    try:
+        quiet = jobs.job_dir()
+        quiet_pid = client.spawn(quiet, jobs.spec(jobs.rank(0, "exit 0"), job_id=1), forkserver=socket_path)
+        # Written by the server before it answered: there as spawn() returns, whatever the supervisor has done.
+        assert (quiet / core.PID_FILE).read_text() == f"{quiet_pid}\n"
+        assert stat.S_IMODE((quiet / core.PID_FILE).stat().st_mode) == core.PRIVATE_FILE_MODE
+        failing = jobs.job_dir()
+        rank = RankSpec(rank=0, argv=["no-such-command-for-garrison"], env=dict(SHELL_ENV), cwd=str(jobs.root),
+                        stdout=os.devnull, stderr=os.devnull)
+        client.spawn(failing, jobs.spec(rank, job_id=2), forkserver=socket_path)
+        assert jobs.wait_finished(quiet).ranks[0].exit_code == 0
+        assert jobs.wait_finished(failing).ranks[0].exit_code == 127
+        # A supervisor with nothing to say leaves no log; one that logs creates it, private, with the line.
+        assert not (quiet / core.LOG_FILE).exists()
+        log = failing / core.LOG_FILE
+        assert "rank 0: exec 'no-such-command-for-garrison': command not found" in log.read_text()
+        assert stat.S_IMODE(log.stat().st_mode) == core.PRIVATE_FILE_MODE
     finally:
         server.terminate()
         server.wait()
