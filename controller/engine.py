@@ -241,7 +241,7 @@ class Engine:
         self.last_cycle_ms = (time.perf_counter() - started) * 1000
         applying = time.thread_time()
         self.cycle_count += 1
-        self.due.planned(generation, now, plan.wake_at)
+        self.due.planned(generation, now, plan.wake_at, plan.reprice_at)
         self.policy.remember(snapshot, plan, now)
         before = self.state.generation
         if self._apply_plan(plan) and len(plan.starts) < self.policy.scheduler.max_starts_per_cycle:
