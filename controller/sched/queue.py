@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from garrison.controller.sched.framework import QueueOrder
 from garrison.controller.sched.priority import PriorityContext
@@ -34,6 +34,7 @@ ShapeOf = Callable[[PendingJob], Shape]
 
 _JOB_ID = attrgetter("job_id")
 _SUBMIT_TIME = attrgetter("submit_time")
+_LAST = itemgetter(-1)  # a queue key ends with the job id (QueueOrder.key)
 # Up to this many jobs in and out, the order is patched in place (a bisection and a move of pointers, in C,
 # each); beyond, it is filtered and sorted again, which Timsort does in a pass over the sorted runs.
 PATCH_LIMIT = 256
@@ -103,7 +104,7 @@ class RankedQueue:
             kept += [self._key(job, fresh[job.job_id]) for job in incoming]
             kept.sort()
             self.keys = kept
-            self.ids = [k[-1] for k in kept]  # type: ignore[misc]
+            self.ids = list(map(_LAST, kept))
         self._forget(outgoing)
         self._admit(incoming)
         priorities.update(fresh)
@@ -125,12 +126,22 @@ class RankedQueue:
         50,000 views in queue order took several times as long as one in this order, sorting included."""
         self.pricing = pricing
         ordered = list(self.views.values())
-        priorities = pricing.priorities(ordered)
-        keys = self.order.keys(map(_JOB_ID, ordered), map(_SUBMIT_TIME, ordered),
-                               map(priorities.__getitem__, map(_JOB_ID, ordered)))
+        priorities = pricing.priorities(ordered)  # in the order of ``ordered``
+        keys = self.order.keys(priorities.keys(), map(_SUBMIT_TIME, ordered), priorities.values())
+        if self.ids:
+            # Sorted starting from the last order: prices move little from one context to the next (among
+            # jobs alike in all but their submit time, the order never changes: their priorities only grow
+            # with their wait), so the sort finds long runs. The keys, small tuples made together, are cheap
+            # to visit in that order where the views are not. ~2x faster than sorting them as they come.
+            by_id = dict(zip(priorities.keys(), keys, strict=True))
+            arranged = [key for key in map(by_id.get, self.ids) if key is not None]
+            if len(arranged) < len(keys):
+                placed = set(self.ids)
+                arranged += [key for key in keys if key[-1] not in placed]
+            keys = arranged
         keys.sort()
         self.priorities, self.keys = priorities, keys
-        self.ids = [k[-1] for k in keys]  # type: ignore[misc]
+        self.ids = list(map(_LAST, keys))
 
     # -- shapes ----------------------------------------------------------------------------------------
 
