@@ -210,23 +210,29 @@ class PriorityContext:
         age_w, fair_w = w.age, w.fair_share
         overdue_w, overdue_after = w.overdue, self.overdue_after
         out: dict[int, int] = {}
+        fair_terms: dict[tuple[str, str], float] = {}  # fair_w * the association's factor, once each
+        remembered = static.get
         for job in jobs:
-            known = static.get(job.job_id)
-            if known is not None and known[0] is job:
-                fixed, adjustment = known[1], known[2]
-            else:
+            job_id = job.job_id
+            known = remembered(job_id)
+            if known is None or known[0] is not job:
                 fixed, adjustment = self._static_part(job)
-                static[job.job_id] = (job, fixed, adjustment)
+                known = static[job_id] = (job, fixed, adjustment, (job.account or job.spec.account or "default",
+                                                                    job.user))
             waited = now - job.submit_time
             age = 0.0 if waited <= 0 else (1.0 if waited >= max_age else waited / max_age)
-            value = age_w * age + fixed
+            value = age_w * age + known[1]
             if overdue_w and waited > overdue_after:
                 value += overdue_w * ((waited - overdue_after) / overdue_after + 1.0)
             if fair_w:
-                account = job.account or job.spec.account or "default"
-                fair = fair_share.get((account, job.user))
-                value += fair_w * (fair if fair is not None else self.fair_share_of(account, job.user))
-            out[job.job_id] = round(value) + adjustment
+                association = known[3]
+                term = fair_terms.get(association)
+                if term is None:
+                    fair = fair_share.get(association)
+                    term = fair_terms[association] = fair_w * (fair if fair is not None
+                                                               else self.fair_share_of(*association))
+                value += term
+            out[job_id] = round(value) + known[2]
         if whole_queue and len(static) > 2 * len(out) + 1024:
             # Jobs that left the queue: keep only the ones priced now.
             for job_id in [job_id for job_id in static if job_id not in out]:
@@ -254,14 +260,14 @@ class PriorityContext:
 
 
 # Per configuration (the fingerprint of what the static part reads), per job id: (the job view it was
-# computed for, its static part, its adjustment). A memo of a pure function, so the core stays pure: a
-# result is used only for the very view object it was computed from. A few configurations at most (gsim
-# runs several policies in one process).
-_STATIC_PARTS: dict[tuple[object, ...], dict[int, tuple[PendingJob, float, int]]] = {}
+# computed for, its static part, its adjustment, its (account, user) association). A memo of a pure
+# function, so the core stays pure: a result is used only for the very view object it was computed from.
+# A few configurations at most (gsim runs several policies in one process).
+_STATIC_PARTS: dict[tuple[object, ...], dict[int, tuple[PendingJob, float, int, tuple[str, str]]]] = {}
 _MAX_CONFIGURATIONS = 4
 
 
-def _static_parts(fingerprint: tuple[object, ...]) -> dict[int, tuple[PendingJob, float, int]]:
+def _static_parts(fingerprint: tuple[object, ...]) -> dict[int, tuple[PendingJob, float, int, tuple[str, str]]]:
     found = _STATIC_PARTS.pop(fingerprint, None)
     if found is None:
         found = {}
