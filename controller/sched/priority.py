@@ -217,8 +217,9 @@ class PriorityContext:
             known = remembered(job_id)
             if known is None or known[0] is not job:
                 fixed, adjustment = self._static_part(job)
-                known = static[job_id] = (job, fixed, adjustment, (job.account or job.spec.account or "default",
-                                                                    job.user))
+                association = (job.account or job.spec.account or "default", job.user)
+                association = _ASSOCIATIONS.setdefault(association, association)  # one tuple each, not per job
+                known = static[job_id] = (job, fixed, adjustment, association)
             waited = now - job.submit_time
             age = 0.0 if waited <= 0 else (1.0 if waited >= max_age else waited / max_age)
             value = age_w * age + known[1]
@@ -265,6 +266,7 @@ class PriorityContext:
 # A few configurations at most (gsim runs several policies in one process).
 _STATIC_PARTS: dict[tuple[object, ...], dict[int, tuple[PendingJob, float, int, tuple[str, str]]]] = {}
 _MAX_CONFIGURATIONS = 4
+_ASSOCIATIONS: dict[tuple[str, str], tuple[str, str]] = {}  # (account, user) pairs seen, each one object
 
 
 def _static_parts(fingerprint: tuple[object, ...]) -> dict[int, tuple[PendingJob, float, int, tuple[str, str]]]:

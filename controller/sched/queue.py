@@ -35,10 +35,10 @@ ShapeOf = Callable[[PendingJob], Shape]
 _JOB_ID = attrgetter("job_id")
 _SUBMIT_TIME = attrgetter("submit_time")
 _LAST = itemgetter(-1)  # a queue key ends with the job id (QueueOrder.key)
-# Up to this many jobs in and out, the order is patched in place (a bisection and a move of pointers, in C,
-# each); beyond, it is filtered and sorted again, which Timsort does in a pass over the sorted runs.
+# Up to this many jobs in and out, the order is patched in place (a bisection and a move of pointers each);
+# beyond, it is filtered and sorted again, which Timsort does in a pass over the sorted runs.
 PATCH_LIMIT = 256
-# Queues remembered: the last one only. Each costs ~300 bytes a pending job, and a daemon's cycles all use
+# Queues remembered: the last one only. Each costs ~250 bytes a pending job, and a daemon's cycles all use
 # the latest context (a new context is ranked starting from the last queue's order, then that queue goes).
 _MAX_QUEUES = 1
 
@@ -51,8 +51,7 @@ class RankedQueue:
         self.order = order
         self.views: dict[int, PendingJob] = {}
         self.priorities: dict[int, int] = {}
-        self.keys: list[tuple[float, ...]] = []  # QUEUE_ORDER keys, sorted; the job id is each key's last part
-        self.ids: list[int] = []  # job ids, in the same order
+        self.ids: list[int] = []  # job ids in QUEUE_ORDER (by ``_key_of``)
         # Shapes (see the module docstring) for the accounting and shape function they were computed with.
         self.shape_basis: tuple[Accounting, Hashable] | None = None
         self.shape_of: dict[int, Shape] = {}
@@ -65,9 +64,6 @@ class RankedQueue:
         self.reasons: dict[int, str] = {}
 
     # -- ranking ---------------------------------------------------------------------------------------
-
-    def _key(self, job: PendingJob, priority: int) -> tuple[float, ...]:
-        return self.order.key(job.job_id, job.submit_time, priority)
 
     def update(self, pending: Sequence[PendingJob], pricing: PriorityContext) -> None:
         """Bring the queue to ``pending`` priced as of ``pricing``: with the queue's own context, price and
@@ -88,26 +84,23 @@ class RankedQueue:
         if not incoming and not outgoing:
             return
         fresh = pricing.priorities(incoming, whole_queue=False)
-        keys, ids, priorities = self.keys, self.ids, self.priorities
+        ids, key_of = self.ids, self._key_of
         if len(incoming) + len(outgoing) <= PATCH_LIMIT:
-            for job_id in outgoing:
-                at = bisect_left(keys, self._key(views[job_id], priorities[job_id]))
-                del keys[at], ids[at]
+            for job_id in outgoing:  # found by their old views and prices, before those go
+                del ids[bisect_left(ids, key_of(job_id), key=key_of)]
+            self._forget(outgoing)
+            self._admit(incoming)
+            self.priorities.update(fresh)
             for job in incoming:
-                key = self._key(job, fresh[job.job_id])
-                at = bisect_left(keys, key)
-                keys.insert(at, key)
-                ids.insert(at, job.job_id)
+                ids.insert(bisect_left(ids, key_of(job.job_id), key=key_of), job.job_id)
         else:
+            self._forget(outgoing)
+            self._admit(incoming)
+            self.priorities.update(fresh)
             leaving = set(outgoing)
-            kept = [k for k in keys if k[-1] not in leaving]
-            kept += [self._key(job, fresh[job.job_id]) for job in incoming]
-            kept.sort()
-            self.keys = kept
-            self.ids = list(map(_LAST, kept))
-        self._forget(outgoing)
-        self._admit(incoming)
-        priorities.update(fresh)
+            kept = [i for i in ids if i not in leaving]
+            kept += map(_JOB_ID, incoming)
+            self.ids = self._sorted(kept)
 
     def _forget(self, outgoing: list[int]) -> None:
         views, priorities = self.views, self.priorities
@@ -119,6 +112,17 @@ class RankedQueue:
     def _admit(self, incoming: list[PendingJob]) -> None:
         self.views.update(zip(map(_JOB_ID, incoming), incoming, strict=True))
         self.unshaped += map(_JOB_ID, incoming)
+
+    def _key_of(self, job_id: int) -> tuple[float, ...]:
+        """A job's place in the order: its QUEUE_ORDER key, from its view and price (kept, not stored: a
+        bisection computes ~17 of them, and 50,000 stored keys would cost ~100 bytes a job)."""
+        return self.order.key(job_id, self.views[job_id].submit_time, self.priorities[job_id])
+
+    def _sorted(self, ids: list[int]) -> list[int]:
+        views = self.views
+        keys = self.order.keys(ids, (views[i].submit_time for i in ids), map(self.priorities.__getitem__, ids))
+        keys.sort()
+        return list(map(_LAST, keys))
 
     def _reprice(self, pricing: PriorityContext) -> None:
         """Price every job as of ``pricing`` and sort them. In the order the views came (about the order they
@@ -140,7 +144,7 @@ class RankedQueue:
                 arranged += [key for key in keys if key[-1] not in placed]
             keys = arranged
         keys.sort()
-        self.priorities, self.keys = priorities, keys
+        self.priorities = priorities
         self.ids = list(map(_LAST, keys))
 
     # -- shapes ----------------------------------------------------------------------------------------
