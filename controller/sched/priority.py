@@ -151,7 +151,9 @@ class PriorityContext:
         self._associations: frozenset[tuple[str, str]] = frozenset()
         self._decayed: dict[tuple[str, str], float] = {}
         if weights.fair_share:
-            self._associations = frozenset((job.account_name, job.user) for job in snapshot.pending)
+            # PendingJob.account_name, spelt out: a property call per job doubles this pass over the queue.
+            self._associations = frozenset({(job.account or job.spec.account or "default", job.user)
+                                            for job in snapshot.pending})
             self._decayed = {key: usage.decayed_gpu_s for key, usage in snapshot.usage.items()}
             self.fair_share = fair_share_factors(accounting, self._associations, self._decayed)
         # Associations first seen after this context was computed (a job submitted since, by a new user):
