@@ -416,12 +416,17 @@ class AdminOps:
 
     def _cycle_index(self, last: Any) -> _CycleIndex:
         """The last cycle's queue positions and job views by id, built once per cycle: gjob on a pending job
-        asks for one, and rebuilding them for 50,000 pending jobs on every call cost it tens of ms."""
+        asks for one, and rebuilding them for 50,000 pending jobs on every call cost it tens of ms. The
+        factors are those of the context the plan was priced as of (its priorities may be up to the
+        priority interval old), so that they add up to the priority shown."""
         if self._indexed is None or self._indexed[0] is not last:
+            pricing = last.plan.pricing
+            if pricing is None:
+                pricing = PriorityContext(last.snapshot, last.at, self.policy.scheduler.weights)
             self._indexed = (last, _CycleIndex(
                 position={job_id: i + 1 for i, job_id in enumerate(last.plan.order)},
                 views={p.job_id: p for p in last.snapshot.pending},
-                pricing=PriorityContext(last.snapshot, last.at, self.policy.scheduler.weights),
+                pricing=pricing,
             ))
         return self._indexed[1]
 

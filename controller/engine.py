@@ -241,7 +241,7 @@ class Engine:
         self.last_cycle_ms = (time.perf_counter() - started) * 1000
         applying = time.thread_time()
         self.cycle_count += 1
-        self.due.planned(generation, now, plan.wake_at)
+        self.due.planned(generation, now, plan.wake_at, plan.reprice_at)
         self.policy.remember(snapshot, plan, now)
         before = self.state.generation
         if self._apply_plan(plan) and len(plan.starts) < self.policy.scheduler.max_starts_per_cycle:
@@ -286,12 +286,16 @@ class Engine:
         over 100,000 newly pending tasks changes them all (controller/bulk.py's Pacer)."""
         pacer = Pacer()
         # Only the reasons that differ from those recorded: a cycle over 50,000 jobs that still wait for what
-        # they waited for changes nothing here (a dict comparison, in C, and no more; else a set difference).
+        # they waited for changes nothing here (a dict comparison, in C, and no more; else one pass over them).
         # A job whose reason is recorded has had its Job's reason set with it, and a job that leaves the
         # queue loses its record (ClusterState).
-        if waiting == self.state.wait_reasons:
+        recorded = self.state.wait_reasons
+        if waiting == recorded:
             return
-        changed = waiting.items() - self.state.wait_reasons.items()
+        # A pass in a comprehension, not a set difference of the two item views: that hashes every (job,
+        # reason) pair, ~5x the time at 50,000 pending jobs of which one is new.
+        get = recorded.get
+        changed = [(job_id, reason) for job_id, reason in waiting.items() if get(job_id) != reason]
         for count, (job_id, reason) in enumerate(changed, 1):
             job = self.state.jobs.get(job_id)
             if job is None or job.state != JobState.PENDING:

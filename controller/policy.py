@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import grp
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from garrison.config import ControllerConfig
 from garrison.controller.sched.cycle import Plan
@@ -37,7 +37,7 @@ class Policy:
     def __init__(self, config: ControllerConfig, state: ClusterState, now: float) -> None:
         self.config = config
         self.state = state
-        self.scheduler = scheduler_config(config.scheduler)
+        self.scheduler = replace(scheduler_config(config.scheduler), priority_interval_s=priority_interval_s(config))
         loaded = state.store.load_accounting()
         if loaded is None:
             loaded = seed_accounting(config)
@@ -66,7 +66,12 @@ class Policy:
             self.state.node_partitions[name] = self.node_partitions(name)
 
     def snapshot(self) -> Snapshot:
-        return self.state.snapshot(self.accounting, self.usage.view(), self.switches)
+        """The next cycle's input; its priorities are priced as of the last plan's while that is recent
+        enough (SchedulerConfig.priority_interval_s), so that a cycle prices only the jobs that changed."""
+        snapshot = self.state.snapshot(self.accounting, self.usage.view(), self.switches)
+        if self.last is not None and self.last.plan.pricing is not None:
+            snapshot = replace(snapshot, pricing=self.last.plan.pricing)
+        return snapshot
 
     def remember(self, snapshot: Snapshot, plan: Plan, now: float) -> None:
         self.last = PlanRecord(snapshot, plan, now)
@@ -108,6 +113,14 @@ class Policy:
 
     def coordinates(self, principal: Principal, account: str) -> bool:
         return self.accounting.coordinates(principal.user, account)
+
+
+def priority_interval_s(config: ControllerConfig) -> float:
+    """How long a cycle's priorities stand (SchedulerConfig.priority_interval_s): the scheduling interval (30 s
+    by default: age moves a priority by a point in minutes), or a hundredth of the fair-share half-life if
+    that is shorter, so that fair share follows usage within about 1% of a half-life however short it is
+    configured (the end-to-end tests run a one-minute half-life)."""
+    return min(config.schedule_interval_s, config.scheduler.fairshare_half_life_s / 100)
 
 
 def _group_ids(names: tuple[str, ...]) -> set[int]:

@@ -60,6 +60,8 @@ class SnapshotCache:
     def __init__(self) -> None:
         self._pending: dict[int, PendingJob] | None = None  # None until the first build reads every job
         self._dependent: set[int] = set()  # pending jobs with a -d dependency
+        # Held and dependent jobs' views as the last build patched them, with the view each came from.
+        self._patched: dict[int, tuple[PendingJob, PendingJob]] = {}
         self._nodes: dict[str, tuple[tuple[object, ...], NodeView]] = {}
         self._gpu_cpus: dict[str, tuple[object, tuple[frozenset[int], ...]]] = {}
         self._running: dict[tuple[int, int], tuple[tuple[object, ...], RunningJob]] = {}
@@ -93,15 +95,25 @@ class SnapshotCache:
                 self.job_changed(None, job)
         views = self._pending
         pending = list(views.values())
-        held = [job_id for job_id in state.held if job_id in views]
+        held = {job_id for job_id in state.held if job_id in views}
         dependencies = self._dependencies(state)
         if held or dependencies:
             patched = dict(views)
-            for job_id in held:
-                patched[job_id] = replace(views[job_id], held=True)
-            for job_id, typed in dependencies.items():
-                patched[job_id] = replace(patched[job_id], dependencies=typed)
+            before, self._patched = self._patched, {}
+            for job_id in held | dependencies.keys():
+                base, typed, is_held = views[job_id], dependencies.get(job_id), job_id in held
+                # The same view object as last cycle while nothing about it changed: the core keeps its
+                # place in the ranked queue by identity (sched/queue.py).
+                found = before.get(job_id)
+                if found is not None and found[0] is base and found[1].held == is_held and found[1].dependencies == typed:
+                    view = found[1]
+                else:
+                    view = replace(base, held=is_held, dependencies=typed)
+                self._patched[job_id] = (base, view)
+                patched[job_id] = view
             pending = list(patched.values())
+        else:
+            self._patched = {}
         singletons = any(d.singleton_key is not None for d in dependencies.values())
         return Snapshot(
             nodes=nodes,

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from operator import attrgetter
 
 from garrison.controller.sched.backfill import Reservation
 from garrison.controller.sched.capacity import Capacity
@@ -46,6 +45,7 @@ from garrison.controller.sched.placement import DEFAULT_SCORE_LIMIT, Placer, req
 from garrison.controller.sched.plan import Plan, Preempt, Reason, Start
 from garrison.controller.sched.preemption import DEFAULT_MAX_GRACE_S
 from garrison.controller.sched.priority import NO_WEIGHTS, PriorityContext, PriorityWeights
+from garrison.controller.sched.queue import RankedQueue, Shape, rank
 from garrison.controller.sched.quota import QuotaTally
 from garrison.controller.sched.snapshot import PendingJob, Snapshot
 from garrison.model.accounts import Accounting, PartitionDef
@@ -74,6 +74,11 @@ class SchedulerConfig:
     max_grace_s: int = DEFAULT_MAX_GRACE_S  # how far a victim's --signal lead time may lengthen its QoS grace
     scorer_weights: tuple[tuple[str, int], ...] = DEFAULT_SCORER_WEIGHTS
     score_limit: int = DEFAULT_SCORE_LIMIT  # passing nodes scored for a one-node job
+    # Priorities move with the clock (age, overdue) and with usage (fair share) by a point in minutes; with
+    # an interval, a cycle prices its queue as of the last plan's PriorityContext (Snapshot.pricing) until
+    # the interval has passed since that context's moment (Slurm's PriorityCalcPeriod), so that a cycle
+    # places only the jobs that changed instead of pricing and sorting them all. 0: priced every cycle.
+    priority_interval_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("reservations", "max_job_test", "max_starts_per_cycle", "max_preemptions_per_cycle",
@@ -86,6 +91,8 @@ class SchedulerConfig:
             raise ValueError("scheduler setting window_s must be positive")
         if self.resolution_s < 0:
             raise ValueError("scheduler setting resolution_s must not be negative")
+        if self.priority_interval_s < 0:
+            raise ValueError("scheduler setting priority_interval_s must not be negative")
         _pipeline(self.scorer_weights)  # unknown scorer names fail here, not in the first cycle
 
 
@@ -97,9 +104,6 @@ class SchedulerConfig:
 _REQUESTS: dict[
     int, tuple[PendingJob, PartitionDef | None, Accounting, int, Request, tuple[object, ...], bool]
 ] = {}
-
-_JOB_ID = attrgetter("job_id")
-
 
 @lru_cache(maxsize=16)
 def _pipeline(scorer_weights: tuple[tuple[str, int], ...]) -> Pipeline:
@@ -122,22 +126,23 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
         quotas=QuotaTally(accounting, snapshot.running, snapshot.usage, now, default_qos),
         default_qos=default_qos, array_running=array_running, partitions=accounting.partition_map,
     )
-    pricing = PriorityContext(snapshot, now, config.weights)
-    priorities = pricing.priorities(snapshot.pending)
+    pricing = _pricing(snapshot, now, config)
+    ranked = rank(snapshot.pending, pricing, QUEUE_ORDER)
     if config.weights.overdue:
         state.overdue_after = pricing.overdue_after
-    queue = sorted(snapshot.pending, key=lambda j: QUEUE_ORDER.key(j.job_id, j.submit_time, priorities[j.job_id]))
+    views, queue = ranked.views, ranked.ids
 
     waiting = state.waiting
     partitions = state.partitions
     requests = _REQUESTS
     quotas, memo = state.quotas, state.memo
     settled, reservations = config.backfill and not config.preemption, config.reservations
-    for position, job in enumerate(queue):
+    for job_id in queue:
         if state.failed >= config.max_job_test or len(state.starts) >= config.max_starts_per_cycle:
             # The cycle's bounded work is done: the rest get their gates' reasons, once per shape of job.
-            _bounded_tail(state, queue, position)
+            _bounded_tail(state, ranked)
             break
+        job = views[job_id]
         partition = partitions.get(job.partition)
         known = requests.get(job.job_id)
         if known is not None and known[0] is job and known[1] is partition and known[2] is accounting:
@@ -180,56 +185,81 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
                 break
     if len(requests) > 2 * len(queue) + 1024:
         # Jobs that left the queue: keep only the ones pending now.
-        pending = {job.job_id for job in queue}
-        for job_id in [job_id for job_id in requests if job_id not in pending]:
+        for job_id in [job_id for job_id in requests if job_id not in views]:
             del requests[job_id]
 
     return Plan(
         starts=tuple(state.starts),
-        waiting=waiting,
-        order=tuple(map(_JOB_ID, queue)),
-        priorities=priorities,
+        waiting=state.waiting,
+        order=tuple(queue),
+        priorities=dict(ranked.priorities),
         estimated_starts=state.estimated,
         reservations=tuple(state.reservations),
         preempts=tuple(state.preempts),
         blocked_by=state.blocked_by,
         wake_at=state.wake_at,
+        pricing=pricing,
+        reprice_at=pricing.now + config.priority_interval_s if config.priority_interval_s else None,
     )
 
 
-def _bounded_tail(state: CycleState, queue: Sequence[PendingJob], first: int) -> None:
-    """The gates' reasons for the jobs from ``queue[first]`` on, once the cycle's bounded work is done
+def _pricing(snapshot: Snapshot, now: float, config: SchedulerConfig) -> PriorityContext:
+    """The context the queue is priced as of: the last plan's (``snapshot.pricing``) while it is younger than
+    ``priority_interval_s`` and was computed for the same weights, accounting and cluster size; else one as
+    of ``now``."""
+    last = snapshot.pricing
+    interval = config.priority_interval_s
+    if (last is None or not interval or not last.now <= now < last.now + interval
+            or last.accounting is not snapshot.accounting
+            or (last.weights is not config.weights and last.weights != config.weights)
+            or last.total_gpus != (sum(node.gpu_count for node in snapshot.nodes) or 1)):
+        return PriorityContext(snapshot, now, config.weights)
+    return last
+
+
+def _bounded_tail(state: CycleState, ranked: RankedQueue) -> None:
+    """The gates' reasons for the jobs the cycle did not reach, once the cycle's bounded work is done
     (``max_job_test`` placements failed, or ``max_starts_per_cycle`` jobs started): the gates place none of
     them (at the least, Reason.PRIORITY), so nothing the gates read changes any more, and a job's reason
-    depends only on what the gates read of it (partition, account, QoS, time limit; user and GPUs where
-    quotas are set), save for its own hold, dependency, begin time and array limit. The gates run once per
-    such shape: in a deep queue of look-alike jobs, a few attribute reads and a dict lookup per job."""
-    waiting = state.waiting
-    partitions = state.partitions
+    depends only on what the gates read of it, its shape (``_tail_shape``), save for its own hold,
+    dependency, begin time and array limit (each such job is a shape of its own). The gates run once per
+    shape in the queue, on any of its jobs (they all answer alike); the ranked queue keeps each job's shape
+    from one cycle to the next, so a deep queue costs two dict lookups per job, in C."""
+    accounting = state.snapshot.accounting
     quotas = state.quotas.enabled
+    partitions = state.partitions
     # Without quotas the gates read a time limit only to compare it with partitions' and QoS's maximums, so
     # what counts of it is which of those it exceeds (with quotas, GPU-hours, all of it).
-    accounting = state.snapshot.accounting
     maximums = sorted({p.max_time_s for p in accounting.partitions}
                       | {q.max_time_s for q in accounting.qos if q.max_time_s is not None})
-    by_shape: dict[tuple[object, ...], str] = {}
-    for job in queue[first:]:
-        spec = job.spec
-        if (job.held or job.dependencies is not None or spec.begin_time is not None
-                or (job.array_job_id is not None and spec.array_max_running is not None)):
-            partition = partitions.get(job.partition)
-            waiting[job.job_id] = GATES(state, job, partition, time_limit_of(job, partition)) or Reason.PRIORITY
-            continue
-        limit = job.time_limit_s
-        if limit is None:
-            limit = time_limit_of(job, partitions.get(job.partition))
-        if quotas:
-            shape: tuple[object, ...] = (job.partition, job.account, spec.account, job.qos, spec.qos, limit, job.user,
-                                         spec.total_gpus())
-        else:
-            shape = (job.partition, job.account, spec.account, job.qos, spec.qos, bisect_left(maximums, limit))
-        reason = by_shape.get(shape)
-        if reason is None:
-            partition = partitions.get(job.partition)
-            reason = by_shape[shape] = GATES(state, job, partition, limit) or Reason.PRIORITY
-        waiting[job.job_id] = reason
+
+    def shape_of(job: PendingJob) -> Shape:
+        return _tail_shape(job, partitions, maximums, quotas)
+
+    def reason_for(job: PendingJob) -> str:
+        partition = partitions.get(job.partition)
+        return GATES(state, job, partition, time_limit_of(job, partition)) or Reason.PRIORITY
+
+    # Every job's reason by its shape, then the reasons of the jobs the cycle walked (or started) over them.
+    reasons = dict(ranked.reasons_by_shape(accounting, quotas, shape_of, reason_for))
+    reasons.update(state.waiting)
+    for start in state.starts:
+        reasons.pop(start.job_id, None)
+    state.waiting = reasons
+
+
+def _tail_shape(job: PendingJob, partitions: Mapping[str, PartitionDef], maximums: Sequence[int],
+                quotas: bool) -> Shape:
+    """What the gates read of a job: partition, account, QoS, which time-limit maximums it exceeds (with
+    quotas: its time limit, user and GPUs). A held, dependent, --begin or array-limited job is a shape of
+    its own: its gates read more of it."""
+    spec = job.spec
+    if (job.held or job.dependencies is not None or spec.begin_time is not None
+            or (job.array_job_id is not None and spec.array_max_running is not None)):
+        return ("job", job.job_id)
+    limit = job.time_limit_s
+    if limit is None:
+        limit = time_limit_of(job, partitions.get(job.partition))
+    if quotas:
+        return (job.partition, job.account, spec.account, job.qos, spec.qos, limit, job.user, spec.total_gpus())
+    return (job.partition, job.account, spec.account, job.qos, spec.qos, bisect_left(maximums, limit))

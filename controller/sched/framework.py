@@ -17,6 +17,7 @@ are wired together in one place, pipeline.py.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import Protocol
@@ -149,4 +150,10 @@ class QueueOrder(Protocol):
     def key(self, job_id: int, submit_time: float, priority: int) -> tuple[float, ...]:
         """Sort key: the pending queue runs in ascending key order. Must be a total order (end with the
         job id) so that equal inputs give equal plans."""
+        ...
+
+    def keys(
+        self, job_ids: Iterable[int], submit_times: Iterable[float], priorities: Iterable[int]
+    ) -> list[tuple[float, ...]]:
+        """``key`` of many jobs at once (the three iterables in step), for pricing a whole queue."""
         ...

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from garrison.controller.sched.backfill import Reservation
 from garrison.controller.sched.preemption import Preempt
+from garrison.controller.sched.priority import PriorityContext
 from garrison.model.domain import Allocation
 
 __all__ = ["Plan", "Preempt", "Reason", "Reservation", "Start"]
@@ -59,3 +60,9 @@ class Plan:
     # The earliest moment at which the clock alone would change this plan (a begin time a job waits for);
     # None: nothing but a change of the state or the slow drift of priorities would (controller/cycles.py).
     wake_at: float | None = None
+    # What its priorities were computed as of (the moment, usage and fair-share factors): the next snapshot's
+    # ``pricing``, and the factors gqueue --priority shows. None: a plan not made by ``schedule``.
+    pricing: PriorityContext | None = field(default=None, compare=False)
+    # When its priorities are due to be recomputed (SchedulerConfig.priority_interval_s; None: every cycle):
+    # the clock alone changes the plan then too (controller/cycles.py).
+    reprice_at: float | None = None

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import neg
 
 from garrison.controller.sched.fairshare import fair_share_factors
 from garrison.controller.sched.snapshot import FALLBACK_TIME_LIMIT_S, PendingJob, Snapshot
@@ -115,6 +116,11 @@ class PriorityOrder:
     def key(self, job_id: int, submit_time: float, priority: int) -> tuple[float, ...]:
         return (-priority, submit_time, job_id)
 
+    def keys(
+        self, job_ids: Iterable[int], submit_times: Iterable[float], priorities: Iterable[int]
+    ) -> list[tuple[float, ...]]:
+        return list(zip(map(neg, priorities), submit_times, job_ids, strict=True))
+
 
 class PriorityContext:
     """What one cycle needs to price every pending job: computed once, then a few dict lookups per job."""
@@ -138,16 +144,39 @@ class PriorityContext:
         if weights.overdue and weights.overdue_share and snapshot.pending:
             longest = now - min(job.submit_time for job in snapshot.pending)
             self.overdue_after = max(self.overdue_after, weights.overdue_share * longest)
+        # What a later cycle checks before pricing its queue as of this context (cycle.py): the accounting
+        # and the cluster's size it was computed for.
+        self.accounting = accounting
         self.fair_share: dict[tuple[str, str], float] = {}
+        self._associations: frozenset[tuple[str, str]] = frozenset()
+        self._decayed: dict[tuple[str, str], float] = {}
         if weights.fair_share:
-            associations = {(job.account_name, job.user) for job in snapshot.pending}
-            decayed = {key: usage.decayed_gpu_s for key, usage in snapshot.usage.items()}
-            self.fair_share = fair_share_factors(accounting, associations, decayed)
+            # PendingJob.account_name, spelt out: a property call per job doubles this pass over the queue.
+            self._associations = frozenset({(job.account or job.spec.account or "default", job.user)
+                                            for job in snapshot.pending})
+            self._decayed = {key: usage.decayed_gpu_s for key, usage in snapshot.usage.items()}
+            self.fair_share = fair_share_factors(accounting, self._associations, self._decayed)
+        # Associations first seen after this context was computed (a job submitted since, by a new user):
+        # their factor as of the same usage, each against this context's associations and itself, so it
+        # does not depend on which others appeared with it. A memo of a pure function of the context.
+        self._late_fair_share: dict[tuple[str, str], float] = {}
+
+    def fair_share_of(self, account: str, user: str) -> float:
+        """The fair-share factor of (account, user) as of this context's usage."""
+        key = (account, user)
+        found = self.fair_share.get(key)
+        if found is not None:
+            return found
+        found = self._late_fair_share.get(key)
+        if found is None:
+            found = fair_share_factors(self.accounting, self._associations | {key}, self._decayed)[key]
+            self._late_fair_share[key] = found
+        return found
 
     def factors(self, job: PendingJob) -> PriorityFactors:
         w = self.weights
         age = min(1.0, max(0.0, self.now - job.submit_time) / w.max_age_s)
-        fair = self.fair_share.get((job.account_name, job.user), 1.0)
+        fair = self.fair_share_of(job.account_name, job.user) if w.fair_share else 1.0
         qos = self.qos_factor.get(job.qos_name or self.default_qos, 0.0)
         size = min(1.0, job.spec.total_gpus() / self.total_gpus)
         part = self.partition_factor.get(job.partition, 0.0)
@@ -169,11 +198,13 @@ class PriorityContext:
     def priority(self, job: PendingJob) -> int:
         return self.factors(job).total
 
-    def priorities(self, jobs: Iterable[PendingJob]) -> dict[int, int]:
+    def priorities(self, jobs: Iterable[PendingJob], whole_queue: bool = True) -> dict[int, int]:
         """``factors(job).total`` for many jobs: the same sums, written for a queue of tens of thousands.
         The part of a job's priority that does not move with the clock or with usage (QoS, size, partition,
         time limit, nice, the admin's adjustment) is remembered per job view across cycles (_STATIC_PARTS):
-        a pending job's view is the same object from one snapshot to the next until the job changes."""
+        a pending job's view is the same object from one snapshot to the next until the job changes.
+        ``whole_queue``: ``jobs`` are every pending job, so the memo may forget the others (a few jobs
+        priced on their own leave it as it is)."""
         w = self.weights
         now, max_age = self.now, w.max_age_s
         fair_share = self.fair_share
@@ -181,23 +212,31 @@ class PriorityContext:
         age_w, fair_w = w.age, w.fair_share
         overdue_w, overdue_after = w.overdue, self.overdue_after
         out: dict[int, int] = {}
+        fair_terms: dict[tuple[str, str], float] = {}  # fair_w * the association's factor, once each
+        remembered = static.get
         for job in jobs:
-            known = static.get(job.job_id)
-            if known is not None and known[0] is job:
-                fixed, adjustment = known[1], known[2]
-            else:
+            job_id = job.job_id
+            known = remembered(job_id)
+            if known is None or known[0] is not job:
                 fixed, adjustment = self._static_part(job)
-                static[job.job_id] = (job, fixed, adjustment)
+                association = (job.account or job.spec.account or "default", job.user)
+                association = _ASSOCIATIONS.setdefault(association, association)  # one tuple each, not per job
+                known = static[job_id] = (job, fixed, adjustment, association)
             waited = now - job.submit_time
             age = 0.0 if waited <= 0 else (1.0 if waited >= max_age else waited / max_age)
-            value = age_w * age + fixed
+            value = age_w * age + known[1]
             if overdue_w and waited > overdue_after:
                 value += overdue_w * ((waited - overdue_after) / overdue_after + 1.0)
             if fair_w:
-                account = job.account or job.spec.account or "default"
-                value += fair_w * fair_share.get((account, job.user), 1.0)
-            out[job.job_id] = round(value) + adjustment
-        if len(static) > 2 * len(out) + 1024:
+                association = known[3]
+                term = fair_terms.get(association)
+                if term is None:
+                    fair = fair_share.get(association)
+                    term = fair_terms[association] = fair_w * (fair if fair is not None
+                                                               else self.fair_share_of(*association))
+                value += term
+            out[job_id] = round(value) + known[2]
+        if whole_queue and len(static) > 2 * len(out) + 1024:
             # Jobs that left the queue: keep only the ones priced now.
             for job_id in [job_id for job_id in static if job_id not in out]:
                 del static[job_id]
@@ -224,14 +263,15 @@ class PriorityContext:
 
 
 # Per configuration (the fingerprint of what the static part reads), per job id: (the job view it was
-# computed for, its static part, its adjustment). A memo of a pure function, so the core stays pure: a
-# result is used only for the very view object it was computed from. A few configurations at most (gsim
-# runs several policies in one process).
-_STATIC_PARTS: dict[tuple[object, ...], dict[int, tuple[PendingJob, float, int]]] = {}
+# computed for, its static part, its adjustment, its (account, user) association). A memo of a pure
+# function, so the core stays pure: a result is used only for the very view object it was computed from.
+# A few configurations at most (gsim runs several policies in one process).
+_STATIC_PARTS: dict[tuple[object, ...], dict[int, tuple[PendingJob, float, int, tuple[str, str]]]] = {}
 _MAX_CONFIGURATIONS = 4
+_ASSOCIATIONS: dict[tuple[str, str], tuple[str, str]] = {}  # (account, user) pairs seen, each one object
 
 
-def _static_parts(fingerprint: tuple[object, ...]) -> dict[int, tuple[PendingJob, float, int]]:
+def _static_parts(fingerprint: tuple[object, ...]) -> dict[int, tuple[PendingJob, float, int, tuple[str, str]]]:
     found = _STATIC_PARTS.pop(fingerprint, None)
     if found is None:
         found = {}

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from garrison.controller.sched.dependencies import JobDependencies
 from garrison.model.accounts import Accounting
 from garrison.model.cpulist import parse_cpu_list as parse_cpu_list
 from garrison.model.domain import Allocation, JobSpec, NodeInventory
+
+if TYPE_CHECKING:
+    from garrison.controller.sched.priority import PriorityContext
 
 # How long a job may run when neither it, its partition nor anything else says (Slurm's default is the
 # partition's; a snapshot built without partitions still needs an end time for backfill).
@@ -122,6 +126,9 @@ class Snapshot:
     usage: Mapping[tuple[str, str], UsageView] = field(default_factory=dict)  # (account, user) -> usage
     # (user, job name) of every job that holds resources, for -d singleton (filled only when a job needs it)
     running_names: frozenset[tuple[str, str]] = frozenset()
+    # The last plan's priorities' context (Plan.pricing): with SchedulerConfig.priority_interval_s, a cycle
+    # prices its queue as of it while it is recent enough (cycle.py). None: priced as of the cycle's now.
+    pricing: PriorityContext | None = field(default=None, compare=False)
 
 
 def node_view(

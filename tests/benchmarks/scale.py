@@ -10,6 +10,7 @@ of them can start. Then it measures, and prints even when the figures are bad:
 
 - idle_cpu_pct: the controller's CPU (user + system, all its threads) over --idle-s seconds in which
   nothing happens, as a percentage of one core (the goal: under 1); idle_cycles: the cycles it ran then;
+  idle_cpu_pct_without_pending: the same before the pending jobs are submitted (heartbeats, timers);
 - cycle_median_ms, cycle_max_ms: --cycles cycles forced one at a time by a submission of one more job that
   cannot start, each timed by the controller itself (its garrison_scheduling_cycle_seconds histogram: plan
   and apply, read before and after each cycle; the goal: under 50 ms); cycle_cpu_median_ms: their CPU time
@@ -153,6 +154,8 @@ def main() -> int:
             settle(controller)
             empty_rss = controller.memory_info().rss  # the cluster's own jobs only: what each pending one adds
             print(f"rss_mb_without_pending: {empty_rss / 2**20:.0f}")
+            # The floor: heartbeats, lease renewals, timers, with nothing to plan.
+            print(f"idle_cpu_pct_without_pending: {cpu_pct_over(controller, args.idle_s):.2f}")
             started = time.monotonic()
             left = args.pending
             while left > 0:

@@ -11,10 +11,13 @@ mix (``--pending``: that many in all, e.g. 50,000 on 4 nodes, issue 23's deep qu
 cycle follows 1% of the running jobs ending and 1% new jobs arriving, and times what the daemon's
 scheduler loop does: the snapshot from memory (Policy.snapshot), ``schedule`` with the daemon's default
 configuration (the ``garrison`` policy: fair share, backfill with reservations, topology), and applying
-the plan (ClusterState.apply_plan: the ledger's re-check, the store write, memory). The virtual clock then
-moves on 30 s.
+the plan (ClusterState.apply_plan: the ledger's re-check, the store write, memory), which the policy then
+remembers (its pricing context is the next snapshot's, as in the daemon). The virtual clock then moves on
+``--step-s`` (30 s: every cycle recomputes priorities, the daemon's priority interval being 30 s; 1 s:
+cycles in between, which price only the jobs that changed).
 
-Prints median_ms_nodes_<N> for each size (the whole cycle; plan_ms without applying the plan; snapshot_ms;
+Prints median_ms_nodes_<N> for each size (the whole cycle; cpu_ms its CPU time, which a machine loaded by
+others stretches less; plan_ms without applying the plan; snapshot_ms;
 starts and reservations per cycle),
 then growth_1000_vs_100 = median at the largest size / median at the smallest.
 """
@@ -145,12 +148,13 @@ def end_some(state: ClusterState, rng: random.Random, fraction: float, now: floa
 
 def measure(
     nodes: int, cycles: int, seed: int, cpus_per_gpu: int = 0, mem_mb: int = 0, pending_jobs: int | None = None,
-    busy_fraction: float = BUSY_FRACTION,
+    busy_fraction: float = BUSY_FRACTION, step_s: float = 30.0,
 ) -> dict[str, float]:
     state, policy, workload, now = build_cluster(nodes, seed, cpus_per_gpu, mem_mb, pending_jobs, busy_fraction)
     rng = random.Random(seed + 1)
     config = policy.scheduler
     totals: list[float] = []
+    cpus: list[float] = []
     snapshots: list[float] = []
     plans: list[float] = []
     starts: list[int] = []
@@ -158,20 +162,22 @@ def measure(
     pending = sum(1 for j in state.jobs.values() if j.state.value == "PENDING")
     running = len(state.live)
     for cycle in range(cycles + 1):
-        now += 30.0
+        now += step_s
         end_some(state, rng, 0.01, now)
         state.add_jobs([workload.job(now) for _ in range(max(1, pending // 100))])
         policy.charge_usage(now)
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         snapshot = policy.snapshot()
         built = time.perf_counter()
         plan = schedule(snapshot, now, config)
         planned = time.perf_counter()
         state.apply_plan(plan, now)  # the ledger's re-check, the store write, memory (as the daemon applies it)
-        done = time.perf_counter()
+        policy.remember(snapshot, plan, now)
+        done, done_cpu = time.perf_counter(), time.thread_time()
         if cycle == 0:
             continue  # the first cycle fills the views' caches, as the daemon's first cycle does
         totals.append((done - began) * 1000)
+        cpus.append((done_cpu - began_cpu) * 1000)
         plans.append((planned - began) * 1000)
         snapshots.append((built - began) * 1000)
         starts.append(len(plan.starts))
@@ -179,6 +185,7 @@ def measure(
     state.store.close()
     return {
         "median_ms": statistics.median(totals),
+        "cpu_ms": statistics.median(cpus),
         "plan_ms": statistics.median(plans),
         "snapshot_ms": statistics.median(snapshots),
         "max_ms": max(totals),
@@ -202,13 +209,16 @@ def main() -> None:
                         help="pending jobs in all at each size (default: 10 per node)")
     parser.add_argument("--busy", type=float, default=BUSY_FRACTION,
                         help="fraction of the GPUs busy with running jobs at the start (default 0.9)")
+    parser.add_argument("--step-s", type=float, default=30.0,
+                        help="virtual seconds between cycles (default 30: each cycle recomputes priorities)")
     args = parser.parse_args()
     sizes = [int(n) for n in args.nodes.split(",")]
     results = {}
     for nodes in sizes:
-        r = measure(nodes, args.cycles, args.seed, args.cpus_per_gpu, args.mem, args.pending, args.busy)
+        r = measure(nodes, args.cycles, args.seed, args.cpus_per_gpu, args.mem, args.pending, args.busy, args.step_s)
         results[nodes] = r
         print(f"median_ms_nodes_{nodes}: {r['median_ms']:.1f}")
+        print(f"cpu_ms_nodes_{nodes}: {r['cpu_ms']:.1f}")
         print(f"plan_ms_nodes_{nodes}: {r['plan_ms']:.1f}")
         print(f"snapshot_ms_nodes_{nodes}: {r['snapshot_ms']:.1f}")
         print(f"max_ms_nodes_{nodes}: {r['max_ms']:.1f}")
