@@ -212,6 +212,7 @@ class Timeline:
         self.free_at: list[dict[int, float]] = []  # node index -> busy GPU -> when it comes free (INFINITY: unknown)
         self.events: list[tuple[float, int, tuple[int, ...]]] = []
         self._all_cpus: dict[int, frozenset[int]] = {}
+        self._partition_members: dict[str, tuple[list[int], set[int]]] = {}
         # node index -> its CPUs and host memory over time, made on first use: a node none of whose jobs
         # holds CPUs or memory, and that no reservation asks about, never needs one.
         self._hosts: dict[int, _NodeHost] = {}
@@ -362,6 +363,15 @@ class Timeline:
             found = self._all_cpus[index] = frozenset(range(self.capacity.views[index].cpus))
         return found
 
+    def _members(self, partition: str) -> tuple[list[int], set[int]]:
+        """The ready nodes of the partition (as a list and a set): asked once per reservation."""
+        found = self._partition_members.get(partition)
+        if found is None:
+            capacity = self.capacity
+            members = [i for i, view in enumerate(capacity.views) if capacity.ready[i] and partition in view.partitions]
+            found = self._partition_members[partition] = (members, set(members))
+        return found
+
     def earliest_start(
         self, request: Request, placer: Placer, resolution_s: float, window_s: float
     ) -> tuple[float, Allocation] | None:
@@ -369,12 +379,9 @@ class Timeline:
         with the allocation it would get then; None if not within the window."""
         capacity = self.capacity
         counts = list(self.usable_now)
-        members = [
-            i for i, view in enumerate(capacity.views) if capacity.ready[i] and request.partition in view.partitions
-        ]
+        members, member_set = self._members(request.partition)
         if not members:
             return None
-        member_set = set(members)
         histogram = [0] * (capacity.max_gpus + 1)
         for i in members:
             histogram[counts[i]] += 1
