@@ -137,7 +137,8 @@ class _RunningHolds:
     __slots__ = ("running", "names", "by_id", "until", "events", "host_jobs", "conflict")
 
     def __init__(self) -> None:
-        self.running: Sequence[RunningJob] | None = None  # the snapshot's tuple this describes
+        self.running: tuple[RunningJob, ...] | None = None  # the snapshot's tuple this describes (never a list,
+        # which could change in place and still be the same object)
         self.names: tuple[str, ...] = ()  # node order the indices refer to
         self.by_id: dict[int, RunningJob] = {}  # id(view) -> view: keeps the views alive, so ids stay unique
         self.until: list[dict[int, float]] = []  # node index -> GPU -> when it comes free
@@ -162,7 +163,7 @@ class _RunningHolds:
         for key in came:
             self._add(fresh[key], index_of)
         self.by_id = fresh
-        self.running = running
+        self.running = running if isinstance(running, tuple) else None
 
     @staticmethod
     def _end_of(job: RunningJob) -> float:

@@ -33,7 +33,8 @@ class _NodeIndex:
     renamed, moved, repartitioned, or with other GPUs) rebuilds it."""
 
     def __init__(self, nodes: Sequence[NodeView]) -> None:
-        self.nodes = nodes  # the snapshot's node list this describes, in its order
+        # The node list this describes, in its order (a copy unless a tuple: a list could change in place).
+        self.nodes: tuple[NodeView, ...] = nodes if isinstance(nodes, tuple) else tuple(nodes)
         self.views: tuple[NodeView, ...] = tuple(sorted(nodes, key=lambda v: (v.switches, v.name)))
         self.names: tuple[str, ...] = tuple(v.name for v in self.views)
         self.index_of = {name: i for i, name in enumerate(self.names)}
@@ -81,7 +82,7 @@ class _NodeIndex:
                 bucket[before].discard(index)
                 bucket[after].add(index)
         self.views = tuple(views)
-        self.nodes = nodes
+        self.nodes = nodes if isinstance(nodes, tuple) else tuple(nodes)
         return True
 
 
