@@ -121,15 +121,99 @@ class _NodeHost:
         return max(0, self.memory_mb - held)
 
 
+class _RunningHolds:
+    """What the running jobs of a snapshot hold, per node: each busy GPU's end, and the release events in
+    time order. Kept from one cycle to the next (a module-level memo, like cycle.py's requests) and updated
+    by the jobs that started and ended since, found by object identity: snapshots are built incrementally,
+    so a job's view is the same object from one snapshot to the next until it changes, and most events
+    change one job of hundreds. Building this from every running job was a quarter of a replay's cycle.
+
+    A stopping job's GPUs count as free from now on: its end is recorded as -inf, which every question of
+    the timeline (all asked at or after ``now``) answers as it would ``now``; for the same reason a job past
+    its expected end needs no clamping to ``now``. Only the plain case is kept: jobs holding CPUs or memory
+    (``host_jobs``) or two jobs claiming one GPU make the timeline fall back to its full build.
+    """
+
+    __slots__ = ("running", "names", "by_id", "until", "events", "host_jobs", "conflict")
+
+    def __init__(self) -> None:
+        self.running: tuple[RunningJob, ...] | None = None  # the snapshot's tuple this describes (never a list,
+        # which could change in place and still be the same object)
+        self.names: tuple[str, ...] = ()  # node order the indices refer to
+        self.by_id: dict[int, RunningJob] = {}  # id(view) -> view: keeps the views alive, so ids stay unique
+        self.until: list[dict[int, float]] = []  # node index -> GPU -> when it comes free
+        self.events: list[tuple[float, int, tuple[int, ...]]] = []  # (end, node index, GPUs), one per job and node
+        self.host_jobs = 0  # running jobs that hold CPUs or host memory
+        self.conflict = False  # two jobs claimed one GPU: the full build decides, as it always did
+
+    def sync(self, running: Sequence[RunningJob], names: tuple[str, ...], index_of: dict[str, int]) -> None:
+        if running is self.running and names == self.names:
+            return
+        fresh = {id(job): job for job in running}
+        old = self.by_id
+        if names != self.names or self.conflict or len(old) > 2 * len(fresh) + 64:
+            self.names, self.by_id, self.host_jobs, self.conflict = names, {}, 0, False
+            self.until = [{} for _ in names]
+            self.events = []
+            old = {}
+        gone = old.keys() - fresh.keys()
+        came = fresh.keys() - old.keys()
+        for key in gone:
+            self._drop(old[key], index_of)
+        for key in came:
+            self._add(fresh[key], index_of)
+        self.by_id = fresh
+        self.running = running if isinstance(running, tuple) else None
+
+    @staticmethod
+    def _end_of(job: RunningJob) -> float:
+        return -INFINITY if job.stopping else job.expected_end
+
+    def _add(self, job: RunningJob, index_of: dict[str, int]) -> None:
+        end = self._end_of(job)
+        host = False
+        for node_alloc in job.allocation.nodes:
+            index = index_of.get(node_alloc.node)
+            if index is None:
+                continue
+            held = self.until[index]
+            for gpu in node_alloc.gpus:
+                if gpu in held:
+                    self.conflict = True
+                held[gpu] = end
+            bisect.insort(self.events, (end, index, tuple(sorted(node_alloc.gpus))))
+            host = host or bool(node_alloc.cpus or node_alloc.mem_mb)
+        self.host_jobs += host
+
+    def _drop(self, job: RunningJob, index_of: dict[str, int]) -> None:
+        end = self._end_of(job)
+        host = False
+        for node_alloc in job.allocation.nodes:
+            index = index_of.get(node_alloc.node)
+            if index is None:
+                continue
+            held = self.until[index]
+            for gpu in node_alloc.gpus:
+                held.pop(gpu, None)
+            event = (end, index, tuple(sorted(node_alloc.gpus)))
+            position = bisect.bisect_left(self.events, event)
+            if position < len(self.events) and self.events[position] == event:
+                del self.events[position]
+            host = host or bool(node_alloc.cpus or node_alloc.mem_mb)
+        self.host_jobs -= host
+
+
+_HOLDS = _RunningHolds()
+
+
 class Timeline:
     def __init__(self, capacity: Capacity, running: Sequence[RunningJob], now: float) -> None:
         self.capacity = capacity
         self.now = now
-        # node index -> busy GPU -> when it comes free (INFINITY: unknown)
-        self.free_at: list[dict[int, float]] = [{} for _ in capacity.views]
+        self.free_at: list[dict[int, float]] = []  # node index -> busy GPU -> when it comes free (INFINITY: unknown)
         self.events: list[tuple[float, int, tuple[int, ...]]] = []
         self._all_cpus: dict[int, frozenset[int]] = {}
-        # node index -> its CPUs and host memory over time (built on first use)
+        self._partition_members: dict[str, tuple[list[int], set[int]]] = {}
         # node index -> its CPUs and host memory over time, made on first use: a node none of whose jobs
         # holds CPUs or memory, and that no reservation asks about, never needs one.
         self._hosts: dict[int, _NodeHost] = {}
@@ -137,7 +221,50 @@ class Timeline:
         # is made (starts after this take CPUs and memory from the capacity, and hold them here).
         self._free_cpus_then = list(capacity.free_cpus)
         self._free_memory_then = list(capacity.free_memory)
-        free_at, gpu_counts = self.free_at, capacity.gpu_counts
+        if not self._from_holds(running):
+            self._build(running)
+        # GPUs usable from now on, per node (free now and not held by a start or reservation): every GPU
+        # but those busy past now (a GPU busy for a reason the snapshot does not give stays INFINITY).
+        gpu_counts, free_at = capacity.gpu_counts, self.free_at
+        self.usable_now = [
+            gpu_counts[i] - sum(1 for until in free_at[i].values() if until > now) if free_at[i] else gpu_counts[i]
+            for i in range(len(gpu_counts))
+        ]
+
+    def _from_holds(self, running: Sequence[RunningJob]) -> bool:
+        """The timeline from the running holds kept across cycles (_RunningHolds); False where only the
+        full build gives the same answer."""
+        capacity = self.capacity
+        holds = _HOLDS
+        holds.sync(running, capacity.names, capacity.index_of)
+        if holds.conflict or holds.host_jobs:
+            return False
+        free_at: list[dict[int, float]] = []
+        gpu_counts, until = capacity.gpu_counts, holds.until
+        for index, free in enumerate(capacity.free):
+            gpu_count = gpu_counts[index]
+            held = until[index]
+            if len(free) >= gpu_count:
+                if held:
+                    return False  # a running job holds a GPU the node calls free
+                free_at.append({})
+                continue
+            if not free.isdisjoint(held):
+                return False
+            if len(held) + len(free) == gpu_count:
+                free_at.append(dict(held))  # every busy GPU is a running job's
+            else:
+                free_at.append({g: held.get(g, INFINITY) for g in range(gpu_count) if g not in free})
+        self.free_at = free_at
+        self.events = list(holds.events)
+        return True
+
+    def _build(self, running: Sequence[RunningJob]) -> None:
+        """The timeline from every running job of the snapshot."""
+        capacity, now = self.capacity, self.now
+        free_at: list[dict[int, float]] = [{} for _ in capacity.views]
+        gpu_counts = capacity.gpu_counts
+        self.free_at = free_at
         for index, free in enumerate(capacity.free):
             gpu_count = gpu_counts[index]
             if len(free) < gpu_count:
@@ -159,12 +286,6 @@ class Timeline:
                 if node_alloc.cpus or node_alloc.mem_mb:
                     self._host(found).explain(node_alloc.cpus, node_alloc.mem_mb, end)
         self.events = sorted((t, i, tuple(sorted(g))) for (t, i), g in by_time.items())
-        # GPUs usable from now on, per node (free now and not held by a start or reservation): every GPU
-        # but those busy past now (a GPU busy for a reason the snapshot does not give stays INFINITY).
-        self.usable_now = [
-            gpu_counts[i] - sum(1 for until in free_at[i].values() if until > now) if free_at[i] else gpu_counts[i]
-            for i in range(len(gpu_counts))
-        ]
 
     def _host(self, index: int) -> _NodeHost:
         found = self._hosts.get(index)
@@ -243,6 +364,15 @@ class Timeline:
             found = self._all_cpus[index] = frozenset(range(self.capacity.views[index].cpus))
         return found
 
+    def _members(self, partition: str) -> tuple[list[int], set[int]]:
+        """The ready nodes of the partition (as a list and a set): asked once per reservation."""
+        found = self._partition_members.get(partition)
+        if found is None:
+            capacity = self.capacity
+            members = [i for i, view in enumerate(capacity.views) if capacity.ready[i] and partition in view.partitions]
+            found = self._partition_members[partition] = (members, set(members))
+        return found
+
     def earliest_start(
         self, request: Request, placer: Placer, resolution_s: float, window_s: float
     ) -> tuple[float, Allocation] | None:
@@ -250,12 +380,9 @@ class Timeline:
         with the allocation it would get then; None if not within the window."""
         capacity = self.capacity
         counts = list(self.usable_now)
-        members = [
-            i for i, view in enumerate(capacity.views) if capacity.ready[i] and request.partition in view.partitions
-        ]
+        members, member_set = self._members(request.partition)
         if not members:
             return None
-        member_set = set(members)
         histogram = [0] * (capacity.max_gpus + 1)
         for i in members:
             histogram[counts[i]] += 1
@@ -304,5 +431,4 @@ class Timeline:
                 allocation = try_at(step)
                 if allocation is not None:
                     return step, allocation
-        return None
         return None

@@ -23,15 +23,90 @@ from garrison.model.domain import Allocation
 INFINITY = float("inf")
 
 
+class _NodeIndex:
+    """What a cycle's capacity derives from its node views before any decision: their topology order, the
+    per-node facts read once (GPU count, readiness, GPU type matches) and the ready nodes bucketed by free
+    GPUs. Kept from one cycle to the next (a module-level memo, like cycle.py's requests) and updated for
+    the views that changed, found by object identity: the simulator's snapshot hands the same view object
+    for a node until its free GPUs change, so an event re-buckets one or two nodes instead of sorting and
+    bucketing all of them. Any change besides free GPUs, CPUs, memory and idleness (a node added, drained,
+    renamed, moved, repartitioned, or with other GPUs) rebuilds it."""
+
+    def __init__(self, nodes: Sequence[NodeView]) -> None:
+        # The node list this describes, in its order (a copy unless a tuple: a list could change in place).
+        self.nodes: tuple[NodeView, ...] = nodes if isinstance(nodes, tuple) else tuple(nodes)
+        self.views: tuple[NodeView, ...] = tuple(sorted(nodes, key=lambda v: (v.switches, v.name)))
+        self.names: tuple[str, ...] = tuple(v.name for v in self.views)
+        self.index_of = {name: i for i, name in enumerate(self.names)}
+        self.sorted_index = [self.index_of[v.name] for v in nodes]  # position in ``nodes`` -> index
+        self.ready: list[bool] = [v.schedulable and not v.drained for v in self.views]
+        self.gpu_counts: list[int] = [len(v.gpu_names) for v in self.views]  # NodeView.gpu_count, read once
+        self.max_gpus = max(self.gpu_counts, default=0)
+        self.buckets: dict[str, list[set[int]]] = {}
+        for i, view in enumerate(self.views):
+            if self.ready[i]:
+                for part in view.partitions:
+                    self.bucket(part)[len(view.free_gpus)].add(i)
+        # (index, GPU type, GPU memory) -> the node's matching GPUs: static facts of the node
+        self.matching: dict[tuple[int, str | None, int], frozenset[int]] = {}
+
+    def bucket(self, partition: str) -> list[set[int]]:
+        found = self.buckets.get(partition)
+        if found is None:
+            found = [set() for _ in range(self.max_gpus + 1)]
+            self.buckets[partition] = found
+        return found
+
+    def follow(self, nodes: Sequence[NodeView]) -> bool:
+        """Update for ``nodes``, the next cycle's list; False if only a rebuild can."""
+        if nodes is self.nodes:
+            return True
+        if len(nodes) != len(self.nodes):
+            return False
+        views = list(self.views)
+        moves: list[tuple[int, int, int]] = []
+        for position, (new, old) in enumerate(zip(nodes, self.nodes, strict=True)):
+            if new is old:
+                continue
+            if (new.name != old.name or new.switches != old.switches or new.schedulable != old.schedulable
+                    or new.drained != old.drained or new.partitions != old.partitions
+                    or new.gpu_names != old.gpu_names or new.gpu_memory_mib != old.gpu_memory_mib):
+                return False
+            index = self.sorted_index[position]
+            views[index] = new
+            if self.ready[index] and len(new.free_gpus) != len(old.free_gpus):
+                moves.append((index, len(old.free_gpus), len(new.free_gpus)))
+        for index, before, after in moves:
+            for part in views[index].partitions:
+                bucket = self.buckets[part]
+                bucket[before].discard(index)
+                bucket[after].add(index)
+        self.views = tuple(views)
+        self.nodes = nodes if isinstance(nodes, tuple) else tuple(nodes)
+        return True
+
+
+_NODES: _NodeIndex | None = None
+
+
+def _node_index(nodes: Sequence[NodeView]) -> _NodeIndex:
+    global _NODES
+    if _NODES is None or not _NODES.follow(nodes):
+        _NODES = _NodeIndex(nodes)
+    return _NODES
+
+
 class Capacity:
     def __init__(self, nodes: Sequence[NodeView]) -> None:
+        index = _node_index(nodes)
         # Topology order, then name: node indices double as rank order for gangs (placement.py).
-        self.views: tuple[NodeView, ...] = tuple(sorted(nodes, key=lambda v: (v.switches, v.name)))
-        self.index_of = {v.name: i for i, v in enumerate(self.views)}
-        self.free: list[set[int]] = [set(v.free_gpus) for v in self.views]
+        self.views: tuple[NodeView, ...] = index.views
+        self.names: tuple[str, ...] = index.names
+        self.index_of = index.index_of
+        self.free: list[frozenset[int]] = [v.free_gpus for v in self.views]
         self.free_cpus: list[frozenset[int]] = [v.free_cpus for v in self.views]
         self.free_memory: list[int] = [v.free_memory_mb for v in self.views]
-        self.ready: list[bool] = [v.schedulable and not v.drained for v in self.views]
+        self.ready: list[bool] = index.ready  # never changed by a cycle
         self.idle: list[bool] = [v.idle for v in self.views]  # --exclusive: nothing runs there
         self.exclusive: list[bool] = [v.held_exclusively for v in self.views]
         # node index -> GPU -> (start, job id) of the earliest reservation that holds it
@@ -40,15 +115,13 @@ class Capacity:
         self.reserved_cpus: dict[int, dict[int, tuple[float, int]]] = {}
         # node index -> (reservation start, host memory MB the node can lend to jobs still running then, job id)
         self.memory_room: dict[int, list[tuple[float, int, int]]] = {}
-        self.gpu_counts: list[int] = [len(v.gpu_names) for v in self.views]  # NodeView.gpu_count, read once
-        self.max_gpus = max(self.gpu_counts, default=0)
-        self.buckets: dict[str, list[set[int]]] = {}
-        for i, view in enumerate(self.views):
-            if not self.ready[i]:
-                continue
-            for part in view.partitions:
-                self._bucket(part)[len(self.free[i])].add(i)
-        self._matching: dict[tuple[int, str | None, int], frozenset[int]] = {}
+        self.gpu_counts: list[int] = index.gpu_counts  # never changed by a cycle
+        self.max_gpus = index.max_gpus
+        # The cycle changes its own copy of the buckets as it takes GPUs.
+        self.buckets: dict[str, list[set[int]]] = {
+            part: [set(members) for members in bucket] for part, bucket in index.buckets.items()
+        }
+        self._matching = index.matching
         # partition -> (free GPUs on its ready nodes, nodes with at least k free GPUs for each k), for the
         # capacity version it was counted at: might_fit asks it for every job of a deep queue, and the
         # buckets only change when something starts.
@@ -108,7 +181,7 @@ class Capacity:
         view = self.views[index]
         match = self.matching(index, request.gpu_type, request.gpu_mem_mib)
         free = self.free[index]
-        usable = free if len(match) == self.gpu_counts[index] else free & match
+        usable: frozenset[int] | set[int] = free if len(match) == self.gpu_counts[index] else free & match
         reserved = self.reserved.get(index)
         if reserved:
             usable = {g for g in usable if g not in reserved or reserved[g][0] >= end_time}
@@ -161,7 +234,7 @@ class Capacity:
             self.idle[index] = False
             self.exclusive[index] = self.exclusive[index] or exclusive
             before = len(self.free[index])
-            self.free[index] -= set(node_alloc.gpus)
+            self.free[index] = self.free[index].difference(node_alloc.gpus)
             if node_alloc.cpus:
                 self.free_cpus[index] = self.free_cpus[index] - set(node_alloc.cpus)
             self.free_memory[index] -= node_alloc.mem_mb

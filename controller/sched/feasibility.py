@@ -105,9 +105,17 @@ def gang_fits(request: Request, rooms: Sequence[int]) -> bool:
     return all(room >= need for room, need in zip(ranked, needs, strict=False))
 
 
+# The verdicts of the last node set asked about, kept from one IdleCluster to the next (a module-level memo
+# of a pure function, like cycle.py's requests): each cycle makes its own IdleCluster, but the verdicts
+# depend only on what _class_key reads of each node, its name and order, and the filters, which change far
+# more rarely than cycles run (a node added, drained or reconfigured). (signature, verdicts) or None.
+_SHARED: tuple[tuple[object, ...], dict[tuple[object, ...], Verdict]] | None = None
+
+
 class IdleCluster:
     """The nodes of one cycle (or of a submission's partition) as if idle; answers are cached per request
-    key, so a deep queue of look-alikes pays for one answer."""
+    key, so a deep queue of look-alikes pays for one answer, and shared with the next IdleCluster of the
+    same nodes (_SHARED)."""
 
     def __init__(self, nodes: Sequence[NodeView], placer: Placer, max_cached: int = 4096) -> None:
         self.nodes = nodes
@@ -115,6 +123,7 @@ class IdleCluster:
         self.max_cached = max_cached  # a long-lived one (submission checks) forgets its answers past this
         self._classes: list[list[int]] | None = None
         self._cache: dict[tuple[object, ...], Verdict] = {}
+        self._signature: tuple[object, ...] | None = None
         self.static_filters = tuple(f for f in placer.pipeline.filters
                                     if not f.reads_node_name and not f.about_node_state)
         self.name_filters = tuple(f for f in placer.pipeline.filters if f.reads_node_name and not f.about_node_state)
@@ -133,11 +142,27 @@ class IdleCluster:
             key = placement_key(request)
         found = self._cache.get(key)
         if found is None:
-            found = self._judge(request)
+            shared = self._shared()
+            found = shared.get(key)
+            if found is None:
+                found = self._judge(request)
+                if len(shared) >= self.max_cached:
+                    shared.clear()
+                shared[key] = found
             if len(self._cache) >= self.max_cached:
                 self._cache.clear()
             self._cache[key] = found
         return found
+
+    def _shared(self) -> dict[tuple[object, ...], Verdict]:
+        """The verdicts cached for these very nodes and filters, by whichever IdleCluster asked first."""
+        global _SHARED
+        if self._signature is None:
+            self._signature = (self.placer.pipeline, self.placer.score_limit,
+                               tuple((view.name, _class_key(view)) for view in self.nodes))
+        if _SHARED is None or _SHARED[0] != self._signature:
+            _SHARED = (self._signature, {})
+        return _SHARED[1]
 
     def _judge(self, request: Request) -> Verdict:
         filtered: Counter[tuple[str, str]] = Counter()

@@ -167,6 +167,9 @@ class SnapshotBuilder:
                 switches=configured_switches.get(node.name, (node.switch,)),
             )
         self._views = dict(self._base)
+        self._free_views: dict[str, dict[frozenset[int], NodeView]] = {
+            name: {view.free_gpus: view} for name, view in self._base.items()
+        }
         self._pending: dict[int, PendingJob] = {}
         self._running: dict[int, _Running] = {}
         # GPUs held per (account, user): charged as one holder each, since decayed usage is linear in the
@@ -181,7 +184,13 @@ class SnapshotBuilder:
     # -- changes ---------------------------------------------------------------------------------------
 
     def set_free(self, node: str, free: frozenset[int]) -> None:
-        self._views[node] = replace(self._base[node], free_gpus=free)
+        # A node has few distinct sets of free GPUs (at most 2^8): one view each, made once, so a node that
+        # comes back to an earlier state hands the core the very view it had then.
+        known = self._free_views[node]
+        view = known.get(free)
+        if view is None:
+            view = known[free] = replace(self._base[node], free_gpus=free)
+        self._views[node] = view
         self._nodes_tuple = None
 
     def job_arrived(self, job_id: int, job: TraceJob, submit_time: float) -> None:

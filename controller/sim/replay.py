@@ -83,9 +83,10 @@ class Replay:
         self, cluster: SimCluster, jobs: Sequence[TraceJob], policy: Policy, options: ReplayOptions | None = None
     ) -> None:
         self.cluster = cluster
-        # SimCluster derives its total from its nodes on every call: read once, it is asked at every event.
+        # SimCluster derives these from its nodes on every call: read once, they are asked at every event.
         self.total_gpus = cluster.total_gpus
         self.max_gpus_per_node = cluster.max_gpus_per_node
+        self.nodes_per_switch = cluster.nodes_per_switch
         self.held_gpus = 0  # GPUs the attempts hold, kept as they start and end (the ledger would count them)
         self.policy = policy
         self.options = options or ReplayOptions()
@@ -262,7 +263,7 @@ class Replay:
         if factor <= 0:
             return 1.0
         nodes_needed = math.ceil(job.trace.gpus / self.max_gpus_per_node)
-        switches_needed = math.ceil(nodes_needed / self.cluster.nodes_per_switch)
+        switches_needed = math.ceil(nodes_needed / self.nodes_per_switch)
         slowdown = 1.0
         if len(allocation.nodes) > nodes_needed:
             slowdown *= 1.0 + factor
