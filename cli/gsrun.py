@@ -77,10 +77,10 @@ def _parser() -> Parser:
     add("-l", "--label", action="store_true", help='Prefix each output line with its task number ("3: ").')
     # srun's -K[0|1]: the value only attached (--kill-on-bad-exit=1), as scripts write it; alone it means 1.
     add("-K", "--kill-on-bad-exit", choices=["0", "1"], help="A task exiting non-zero stops the others (=0: not).")
-    # srun's options real scripts carry that change nothing here: each task's output is sent as it comes
-    # (-u), and --wait's grace after the first task ends is left to -K.
+    # --wait's grace after the first task ends is left to -K: accepted, not acted on.
     add("-W", "--wait", type=int, help="Accepted for srun's scripts; not acted on.")
-    add("-u", "--unbuffered", action="store_true", help="Accepted for srun's scripts: output is never held back.")
+    add("-u", "--unbuffered", action="store_true",
+        help="Send the tasks' output as it is written, not held back to whole lines.")
     add("--export", default="ALL", help="ALL (default), NONE, or a comma list of NAME and NAME=VALUE (with ALL,...).")
     add("--pty", action="store_true", help="Run task 0 on a pseudo-terminal, connected to this one.")
     add("--jobid", default="", help="The job to run the step in (default: SLURM_JOB_ID / GARRISON_JOB_ID).")
@@ -244,7 +244,7 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
         "argv": list(args.command), "env": exported_environment(args.export, environ), "cwd": cwd,
         "nodelist": list(nodelist), "gpu_bind": gpu_bind, "gpu_bind_arg": gpu_args, "cpu_bind": cpu_bind,
         "cpu_bind_arg": cpu_args, "label": args.label, "kill_on_bad_exit": args.kill_on_bad_exit == "1", "pty": args.pty,
-        "name": args.job_name,
+        "unbuffered": args.unbuffered, "name": args.job_name,
     }
     gres_per_task = _gres_gpus_per_task(args, environ, ntasks, nodes, per_node)
     for name, value in (("ntasks", ntasks), ("nodes", nodes), ("ntasks_per_node", per_node),

@@ -178,7 +178,7 @@ class StepManager:
                 job_id=job_id, step_id=step_id, user=job.user, uid=job.uid, gid=job.gid, argv=request.argv,
                 env=request.env, cwd=request.cwd, layout=layout, node_index=index, master_addr=master,
                 master_port=step_master_port(job_id, step_id), kill_wait_s=self.kill_wait_s,
-                pty=request.pty, umask=umask if umask is not None else job.spec.umask,
+                pty=request.pty, unbuffered=request.unbuffered, umask=umask if umask is not None else job.spec.umask,
             )
             if not self.send(node.node, LaunchStep(description)):
                 running.errors.append(f"node {node.node} is not connected")

@@ -55,6 +55,7 @@ class LocalStep:
     tasks: tuple[int, ...]
     pty: bool
     sent: dict[str, int] = field(default_factory=dict)  # output file name -> bytes sent
+    unbuffered: bool = False  # -u: output goes as it is written, not held back to whole lines
     reported: set[int] = field(default_factory=set)  # tasks whose exit was sent
     finished_sent: bool = False
     pty_fd: int | None = None
@@ -153,7 +154,8 @@ class StepRunner:
             cpus=_usable_cpus(tuple(sorted({c for cpus in here.task_cpus for c in cpus}))) if not any(
                 r.cpus for r in ranks) else None,
         )
-        (staging / "tasks.json").write_text(json.dumps({"tasks": list(here.tasks), "pty": step.pty}))
+        (staging / "tasks.json").write_text(json.dumps({"tasks": list(here.tasks), "pty": step.pty,
+                                                         "unbuffered": step.unbuffered}))
         staging.rename(directory)
         supervisor.spawn(directory, spec, forkserver=self.forkserver())
         self._track(directory)
@@ -170,13 +172,15 @@ class StepRunner:
             info = json.loads((directory / "tasks.json").read_text())
             tasks = tuple(int(t) for t in info["tasks"])
             pty = bool(info.get("pty"))
+            unbuffered = bool(info.get("unbuffered"))
         except (OSError, ValueError, KeyError, TypeError):
             return None
         try:
             sent = {str(k): int(v) for k, v in json.loads((directory / SENT_FILE).read_text()).items()}
         except (OSError, ValueError, AttributeError):
             sent = {}
-        step = LocalStep(job_id=key[0], step_id=key[1], directory=directory, tasks=tasks, pty=pty, sent=sent)
+        step = LocalStep(job_id=key[0], step_id=key[1], directory=directory, tasks=tasks, pty=pty, sent=sent,
+                         unbuffered=unbuffered)
         self.local[key] = step
         return step
 
@@ -322,12 +326,12 @@ class StepRunner:
         Whole lines, as srun delivers them (slurmstepd buffers each task's output by line unless -u): gsrun
         writes every task's stdout and stderr into one file or terminal, so a line sent in two pieces could
         have another task's (or its own stderr's) bytes land in its middle. A line's end is waited for while
-        its task runs, unless the line is longer than a chunk; a --pty task's bytes go as they come."""
+        its task runs, unless the line is longer than a chunk; a --pty or -u step's bytes go as they come."""
         budget = MAX_BYTES_PER_TICK
         drained = True
         changed = False
         for task in step.tasks:
-            whole_lines = not (step.pty or all_ended or task in ended)
+            whole_lines = not (step.pty or step.unbuffered or all_ended or task in ended)
             for stream, prefix in ((1, "out"), (2, "err")):
                 name = f"{prefix}-{task}"
                 offset = step.sent.get(name, 0)

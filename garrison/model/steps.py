@@ -73,6 +73,7 @@ class StepRequest:
     label: bool = False  # --label: output lines prefixed "N: " (gsrun does it; kept for the record)
     kill_on_bad_exit: bool = False  # -K: a task ending non-zero stops the others
     pty: bool = False  # --pty: task 0 runs on a pseudo-terminal, its bytes both ways
+    unbuffered: bool = False  # -u: output sent as written, not held back to whole lines
     name: str = ""  # --job-name for the step; default the command's name
 
 
@@ -159,6 +160,7 @@ class StepLaunchDescription:
     kill_wait_s: float
     pty: bool = False  # task 0 on a pseudo-terminal
     umask: int | None = None
+    unbuffered: bool = False  # -u: output sent as written, not held back to whole lines
 
     @property
     def here(self) -> StepNode:

@@ -45,6 +45,7 @@ def step_request_from_pb(spec: pb.StepSpec) -> StepRequest:
         label=spec.label,
         kill_on_bad_exit=spec.kill_on_bad_exit,
         pty=spec.pty,
+        unbuffered=spec.unbuffered,
         name=spec.name,
     )
 
@@ -54,7 +55,7 @@ def step_request_to_pb(job_id: int, request: StepRequest, umask: int | None = No
         job_id=job_id, argv=list(request.argv), env=dict(request.env), cwd=request.cwd,
         nodelist=list(request.nodelist), gpu_bind=request.gpu_bind.value, gpu_bind_arg=list(request.gpu_bind_arg),
         cpu_bind=request.cpu_bind.value, cpu_bind_arg=list(request.cpu_bind_arg), label=request.label,
-        kill_on_bad_exit=request.kill_on_bad_exit, pty=request.pty, name=request.name,
+        kill_on_bad_exit=request.kill_on_bad_exit, pty=request.pty, unbuffered=request.unbuffered, name=request.name,
     )
     for name in ("ntasks", "nodes", "ntasks_per_node", "gpus_per_task", "cpus_per_task"):
         value = getattr(request, name)
@@ -89,7 +90,7 @@ def step_launch_to_pb(launch: StepLaunchDescription) -> pb.StepLaunch:
         argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
         nodes=[_node_to_pb(n) for n in launch.layout.nodes], node_index=launch.node_index,
         master_addr=launch.master_addr, master_port=launch.master_port, kill_wait_s=launch.kill_wait_s,
-        pty=launch.pty,
+        pty=launch.pty, unbuffered=launch.unbuffered,
     )
     if launch.umask is not None:
         message.umask = launch.umask
@@ -104,7 +105,7 @@ def step_launch_from_pb(message: pb.StepLaunch) -> StepLaunchDescription:
         job_id=message.job_id, step_id=message.step_id, user=message.user, uid=message.uid, gid=message.gid,
         argv=tuple(message.argv), env=dict(message.env), cwd=message.cwd, layout=layout,
         node_index=message.node_index, master_addr=message.master_addr, master_port=message.master_port,
-        kill_wait_s=message.kill_wait_s, pty=message.pty,
+        kill_wait_s=message.kill_wait_s, pty=message.pty, unbuffered=message.unbuffered,
         umask=message.umask if message.HasField("umask") else None,
     )
 

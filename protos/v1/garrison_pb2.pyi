@@ -2034,6 +2034,7 @@ class StepSpec(_message.Message):
     PTY_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     UMASK_FIELD_NUMBER: _builtins.int
+    UNBUFFERED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     cwd: _builtins.str
     ntasks: _builtins.int
@@ -2050,6 +2051,8 @@ class StepSpec(_message.Message):
     pty: _builtins.bool
     name: _builtins.str
     umask: _builtins.int
+    unbuffered: _builtins.bool
+    """-u: output as it is written, not held back to whole lines"""
     @_builtins.property
     def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -2084,10 +2087,11 @@ class StepSpec(_message.Message):
         pty: _builtins.bool = ...,
         name: _builtins.str = ...,
         umask: _builtins.int | None = ...,
+        unbuffered: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus_per_task", b"_gpus_per_task", "_nodes", b"_nodes", "_ntasks", b"_ntasks", "_ntasks_per_node", b"_ntasks_per_node", "_umask", b"_umask", "cpus_per_task", b"cpus_per_task", "gpus_per_task", b"gpus_per_task", "nodes", b"nodes", "ntasks", b"ntasks", "ntasks_per_node", b"ntasks_per_node", "umask", b"umask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus_per_task", b"_gpus_per_task", "_nodes", b"_nodes", "_ntasks", b"_ntasks", "_ntasks_per_node", b"_ntasks_per_node", "_umask", b"_umask", "argv", b"argv", "cpu_bind", b"cpu_bind", "cpu_bind_arg", b"cpu_bind_arg", "cpus_per_task", b"cpus_per_task", "cwd", b"cwd", "env", b"env", "gpu_bind", b"gpu_bind", "gpu_bind_arg", b"gpu_bind_arg", "gpus_per_task", b"gpus_per_task", "job_id", b"job_id", "kill_on_bad_exit", b"kill_on_bad_exit", "label", b"label", "name", b"name", "nodelist", b"nodelist", "nodes", b"nodes", "ntasks", b"ntasks", "ntasks_per_node", b"ntasks_per_node", "pty", b"pty", "umask", b"umask"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus_per_task", b"_gpus_per_task", "_nodes", b"_nodes", "_ntasks", b"_ntasks", "_ntasks_per_node", b"_ntasks_per_node", "_umask", b"_umask", "argv", b"argv", "cpu_bind", b"cpu_bind", "cpu_bind_arg", b"cpu_bind_arg", "cpus_per_task", b"cpus_per_task", "cwd", b"cwd", "env", b"env", "gpu_bind", b"gpu_bind", "gpu_bind_arg", b"gpu_bind_arg", "gpus_per_task", b"gpus_per_task", "job_id", b"job_id", "kill_on_bad_exit", b"kill_on_bad_exit", "label", b"label", "name", b"name", "nodelist", b"nodelist", "nodes", b"nodes", "ntasks", b"ntasks", "ntasks_per_node", b"ntasks_per_node", "pty", b"pty", "umask", b"umask", "unbuffered", b"unbuffered"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpus_per_task: _TypeAlias = _typing.Literal["cpus_per_task"]  # noqa: Y015
     _WhichOneofArgType__cpus_per_task: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task"]  # noqa: Y015
@@ -2515,6 +2519,7 @@ class StepLaunch(_message.Message):
     KILL_WAIT_S_FIELD_NUMBER: _builtins.int
     PTY_FIELD_NUMBER: _builtins.int
     UMASK_FIELD_NUMBER: _builtins.int
+    UNBUFFERED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     step_id: _builtins.int
     user: _builtins.str
@@ -2527,6 +2532,8 @@ class StepLaunch(_message.Message):
     kill_wait_s: _builtins.float
     pty: _builtins.bool
     umask: _builtins.int
+    unbuffered: _builtins.bool
+    """-u: output as it is written, not held back to whole lines"""
     @_builtins.property
     def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -2551,10 +2558,11 @@ class StepLaunch(_message.Message):
         kill_wait_s: _builtins.float = ...,
         pty: _builtins.bool = ...,
         umask: _builtins.int | None = ...,
+        unbuffered: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_umask", b"_umask", "umask", b"umask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_umask", b"_umask", "argv", b"argv", "cwd", b"cwd", "env", b"env", "gid", b"gid", "job_id", b"job_id", "kill_wait_s", b"kill_wait_s", "master_addr", b"master_addr", "master_port", b"master_port", "node_index", b"node_index", "nodes", b"nodes", "pty", b"pty", "step_id", b"step_id", "uid", b"uid", "umask", b"umask", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_umask", b"_umask", "argv", b"argv", "cwd", b"cwd", "env", b"env", "gid", b"gid", "job_id", b"job_id", "kill_wait_s", b"kill_wait_s", "master_addr", b"master_addr", "master_port", b"master_port", "node_index", b"node_index", "nodes", b"nodes", "pty", b"pty", "step_id", b"step_id", "uid", b"uid", "umask", b"umask", "unbuffered", b"unbuffered", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__umask: _TypeAlias = _typing.Literal["umask"]  # noqa: Y015
     _WhichOneofArgType__umask: _TypeAlias = _typing.Literal["_umask", b"_umask"]  # noqa: Y015

@@ -359,6 +359,23 @@ def test_a_step_survives_an_agent_restart_and_its_output_resumes(cluster: Cluste
     cluster.run("gcancel", job_id)
 
 
+def test_output_comes_in_whole_lines_and_with_u_as_it_is_written(cluster: Cluster) -> None:
+    """srun's buffering: a line still being written waits for its newline (or its task's end); with -u the
+    bytes go as they come, so a progress line without a newline is seen while the task still runs."""
+    job_id = running_job(cluster, "-G", "1")
+    flag = cluster.work / f"flag-u-{job_id}"
+    step = gsrun(cluster, job_id, "-u", "bash", "-c",
+                 f"printf 'epoch 1: '; while [ ! -e {flag} ]; do sleep 0.1; done; echo done")
+    assert step.stdout is not None
+    assert step.stdout.read(len("epoch 1: ")) == "epoch 1: "  # before the task goes on: it waits for the flag
+    flag.touch()
+    out, err = step.communicate(timeout=60)
+    assert (out, step.returncode) == ("done\n", 0), err
+    buffered = cluster.run("gsrun", "--jobid", job_id, "bash", "-c", "printf 'a'; printf 'b\\nc'")
+    assert buffered.stdout == "ab\nc"  # the last partial line goes once its task has ended
+    cluster.run("gcancel", job_id)
+
+
 def test_a_step_that_outlives_a_controller_restart_is_still_recorded(cluster: Cluster) -> None:
     job_id = running_job(cluster, "-G", "1")
     flag = cluster.work / f"flag-{job_id}"

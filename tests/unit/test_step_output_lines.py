@@ -3,7 +3,7 @@
 gsrun writes every task's stdout and stderr into one file or terminal; a line sent in two pieces could have
 another task's bytes land in its middle (a multi-rank job's log then has lines no grep finds). So while a
 task runs the agent sends what it wrote up to its last newline; the rest goes once the task has ended (or
-the step has), or when a line is longer than a chunk. A --pty task's bytes go as they come.
+the step has), or when a line is longer than a chunk. A --pty task's bytes, and a -u step's, go as they come.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ def runner(tmp_path: Path) -> tuple[StepRunner, list[pb.AgentMessage]]:
     return StepRunner(tmp_path, True, sent.append, lambda: 0, lambda: None), sent
 
 
-def a_step(runner: StepRunner, tasks: tuple[int, ...] = (0, 1), pty: bool = False) -> LocalStep:
+def a_step(runner: StepRunner, tasks: tuple[int, ...] = (0, 1), pty: bool = False,
+           unbuffered: bool = False) -> LocalStep:
     directory = runner.step_dir(7, 0)
     (directory / IO_DIR).mkdir(parents=True)
-    return LocalStep(job_id=7, step_id=0, directory=directory, tasks=tasks, pty=pty)
+    return LocalStep(job_id=7, step_id=0, directory=directory, tasks=tasks, pty=pty, unbuffered=unbuffered)
 
 
 def write(step: LocalStep, name: str, data: bytes) -> None:
@@ -78,3 +79,12 @@ def test_a_pty_tasks_bytes_go_as_they_come(runner: tuple[StepRunner, list[pb.Age
     write(step, "out-0", b"password: ")
     agent._send_output(step)
     assert received(sent) == [(0, 1, b"password: ")]
+
+
+def test_an_unbuffered_steps_bytes_go_as_they_come(runner: tuple[StepRunner, list[pb.AgentMessage]]) -> None:
+    """gsrun -u (srun's --unbuffered): a progress line without its newline yet is shown at once."""
+    agent, sent = runner
+    step = a_step(agent, tasks=(0,), unbuffered=True)
+    write(step, "err-0", b"epoch 1: 10%\r")
+    agent._send_output(step)
+    assert received(sent) == [(0, 2, b"epoch 1: 10%\r")]

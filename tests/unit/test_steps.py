@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -155,10 +156,13 @@ def test_task_environment_has_srun_and_torchrun_variables() -> None:
 def test_step_launch_and_request_survive_the_wire() -> None:
     description = launch(1, pty=True)
     assert step_launch_from_pb(step_launch_to_pb(description)) == description
+    unbuffered = replace(launch(1), unbuffered=True)
+    assert step_launch_from_pb(step_launch_to_pb(unbuffered)) == unbuffered
     request = StepRequest(argv=("a", "b"), env={"X": "1"}, cwd="/w", ntasks=3, nodes=2, gpus_per_task=1,
                           nodelist=("n1",), gpu_bind=GpuBind.MAP_GPU, gpu_bind_arg=(1, 0), cpu_bind=CpuBind.CORES,
-                          label=True, kill_on_bad_exit=True, name="s")
+                          label=True, kill_on_bad_exit=True, name="s", unbuffered=True)
     assert step_request_from_pb(step_request_to_pb(12, request)) == request
+    assert gsrun_spec("-u", "true")["unbuffered"] and not gsrun_spec("true")["unbuffered"]
 
 
 def gsrun_spec(*argv: str, environ: dict[str, str] | None = None) -> dict[str, Any]:
