@@ -254,8 +254,8 @@ def remove_subtree(cgroup_root: str) -> None:
 
 
 def _make_subtree(controller: str, subtree: str) -> None:
-    """mkdir -p of the agent's subtree; each new cpuset level gets its parent's CPUs and memory nodes (a
-    cpuset without them cannot hold a task)."""
+    """mkdir -p of the agent's subtree; each cpuset level without CPUs or memory nodes gets its parent's (a
+    cpuset without them cannot hold a task: joining it fails with ENOSPC)."""
     missing: list[str] = []
     path = subtree
     while not os.path.isdir(path):
@@ -264,10 +264,27 @@ def _make_subtree(controller: str, subtree: str) -> None:
     for directory in reversed(missing):
         with contextlib.suppress(FileExistsError):
             os.mkdir(directory)
-        if controller == CPUSET:
-            _copy_cpuset(os.path.dirname(directory), directory)
-    if controller == CPUSET and not _read(os.path.join(subtree, "cpuset.cpus")):
-        _copy_cpuset(os.path.dirname(subtree), subtree)
+    if controller == CPUSET:
+        _fill_cpuset_levels(subtree)
+
+
+def _fill_cpuset_levels(subtree: str) -> None:
+    """Give every level of ``subtree`` still without CPUs or memory nodes its parent's, from the top down.
+
+    Every level, not only those this agent made: the agents of one local cluster start at once and share
+    its levels, and one may find a level another has just made and not filled in yet. Copying that empty
+    parent left a node's cgroup without memory nodes, and every job there failed to join it."""
+    unfilled: list[str] = []
+    path = subtree
+    while os.path.dirname(path) != path and not all(
+            _read(os.path.join(path, name)) for name in ("cpuset.cpus", "cpuset.mems")):
+        unfilled.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(unfilled):
+        parent = os.path.dirname(directory)
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            if not _read(os.path.join(directory, name)):
+                _write(os.path.join(directory, name), _read(os.path.join(parent, name)))
 
 
 def _copy_cpuset(parent: str, child: str) -> None:

@@ -21,7 +21,7 @@ import pytest
 from helpers.polling import wait_until
 
 from garrison.nodeagent.containment import probe
-from garrison.nodeagent.containment.cgroup_v1 import CgroupV1, remove_subtree
+from garrison.nodeagent.containment.cgroup_v1 import CgroupV1, remove_subtree, v1_hierarchies
 from garrison.nodeagent.containment.interface import ENFORCING, AttemptLimits, ContainmentError
 from garrison.nodeagent.jobs import JOBS_DIR, JobManager
 from garrison.nodeagent.supervisor import cgroup_runtime, client
@@ -106,6 +106,31 @@ def attempts(tmp_path: Path) -> Iterator[Attempts]:
 def wait_for_file(path: Path) -> str:
     return wait_until(lambda: path.read_text().strip() if path.exists() and path.read_text().strip() else None,
                       DEADLINE_S, what=f"{path.name} to be written")
+
+
+def test_a_level_another_agent_made_and_has_not_filled_in_yet_is_filled(tmp_path: Path) -> None:
+    """The agents of one local cluster start at once and share their cgroup_root's first levels: one may
+    find a cpuset level another has just made, still without CPUs or memory nodes. Its own node's level
+    must not copy that emptiness (joining a cpuset without memory nodes fails with ENOSPC)."""
+    cpuset = v1_hierarchies().get("cpuset")
+    if os.geteuid() != 0 or cpuset is None:
+        pytest.skip("needs root and the cpuset controller mounted as cgroup v1")
+    shared = f"garrison-test-{uuid.uuid4().hex[:12]}"
+    os.mkdir(cpuset.subtree(shared))  # as another agent's mkdir leaves it, before it copies its parent's
+    node = f"{shared}/node3"
+    containment = CgroupV1.probe(node)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        for level in (shared, node):
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                assert Path(cpuset.subtree(level), name).read_text().strip(), (level, name)
+        Path(cpuset.subtree(node), "cgroup.procs").write_text(str(sleeper.pid))  # ENOSPC if it had no mems
+        assert str(sleeper.pid) in Path(cpuset.subtree(node), "cgroup.procs").read_text().split()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        assert containment.subtrees
+        remove_subtree(node)
 
 
 def test_the_probe_finds_every_controller_and_check_prints_them(attempts: Attempts, tmp_path: Path) -> None:
