@@ -194,9 +194,9 @@ def main() -> int:
                 gqueue_ms.append((time.perf_counter() - began) * 1000)
             print(f"gqueue_all_ms: {statistics.median(gqueue_ms):.0f}")
             folded = client.call("ListJobs", pb.ListJobsRequest(states=["PENDING"], fold_pending_arrays=True)).jobs
-            # The second task of the last array submitted, by its own job id (the first task's id names the
+            # The second task of the last array folded, by its own job id (the first task's id names the
             # whole array, as in Slurm: gjob and gqueue -j would show all 10,000 of its tasks).
-            one = str(folded[-1].job_id + 1)
+            one = str(next(row for row in reversed(folded) if row.folded_tasks).job_id + 1)
             for name, argv in (("gqueue_one_ms", ["gqueue", "-j", one]), ("gjob_one_ms", ["gjob", one])):
                 times = []
                 for _ in range(5):
