@@ -339,7 +339,9 @@ echo "torchrun exit $?"
     job = cluster.wait_done(job_id, timeout=180)
     out = output_of(cluster, job_id)
     assert job["state"] == "COMPLETED" and "torchrun exit 0" in out, out
-    assert sorted(line.split()[1] for line in out.splitlines() if line.startswith("rank ")) == ["0", "1", "2", "3"]
+    # (The whole output in the message: twice a rank's line was missing, with every exit code 0, on a loaded
+    # machine; the output says whether it was lost or merged into another line.)
+    assert sorted(line.split()[1] for line in out.splitlines() if line.startswith("rank ")) == ["0", "1", "2", "3"], out
     assert all(" sum 10 " in line for line in out.splitlines() if line.startswith("rank ")), out
 
 
