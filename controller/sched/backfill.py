@@ -30,7 +30,7 @@ from garrison.controller.sched.capacity import INFINITY, Capacity
 from garrison.controller.sched.framework import Candidate, Request
 from garrison.controller.sched.placement import Placer
 from garrison.controller.sched.snapshot import RunningJob
-from garrison.model.domain import Allocation
+from garrison.model.domain import Allocation, NodeAllocation
 
 # Real placements tried per reservation once the cheap test passes (each costs a scan of the partition).
 MAX_PLACEMENT_ATTEMPTS = 24
@@ -169,13 +169,19 @@ class _RunningHolds:
     def _end_of(job: RunningJob) -> float:
         return -INFINITY if job.stopping else job.expected_end
 
+    @staticmethod
+    def _on_indexed_nodes(job: RunningJob, index_of: dict[str, int]) -> Iterator[tuple[int, NodeAllocation]]:
+        """The job's node allocations on nodes of the index, with each node's index: what _add records and
+        _drop takes back."""
+        for node_alloc in job.allocation.nodes:
+            index = index_of.get(node_alloc.node)
+            if index is not None:
+                yield index, node_alloc
+
     def _add(self, job: RunningJob, index_of: dict[str, int]) -> None:
         end = self._end_of(job)
         host = False
-        for node_alloc in job.allocation.nodes:
-            index = index_of.get(node_alloc.node)
-            if index is None:
-                continue
+        for index, node_alloc in self._on_indexed_nodes(job, index_of):
             held = self.until[index]
             for gpu in node_alloc.gpus:
                 if gpu in held:
@@ -188,10 +194,7 @@ class _RunningHolds:
     def _drop(self, job: RunningJob, index_of: dict[str, int]) -> None:
         end = self._end_of(job)
         host = False
-        for node_alloc in job.allocation.nodes:
-            index = index_of.get(node_alloc.node)
-            if index is None:
-                continue
+        for index, node_alloc in self._on_indexed_nodes(job, index_of):
             held = self.until[index]
             for gpu in node_alloc.gpus:
                 held.pop(gpu, None)
