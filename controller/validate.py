@@ -116,8 +116,6 @@ def validate_submission(
     _positive(spec.gpus, "--gpus", MAX_GPUS)
     _positive(spec.gpus_per_node, "--gpus-per-node", MAX_GPUS)
     _positive(spec.ntasks_per_node, "--ntasks-per-node", 4096)
-    if spec.gpus is not None and spec.gpus_per_node is not None:
-        raise ValidationError("give either --gpus or --gpus-per-node, not both")
     if spec.nodes is not None and spec.gpus is not None and spec.gpus < spec.nodes:
         raise ValidationError(f"--gpus {spec.gpus} is fewer than one GPU per node on {spec.nodes} nodes")
     if spec.cpus_per_gpu < 0 or spec.mem_mb < 0 or spec.max_restarts < 0 or spec.gpu_mem_mb < 0:

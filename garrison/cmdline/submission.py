@@ -342,12 +342,14 @@ def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | 
         gpu_type = requested_type or gpu_type
     gres = chosen.text("gres")
     if gres is not None:
-        if counts["gpus_per_node"] is not None:
-            raise chosen.error("gres", "give either --gres or --gpus-per-node, not both")
         try:
-            requested_type, counts["gpus_per_node"] = parse_gres(gres)
+            requested_type, per_node = parse_gres(gres)
         except UsageError as problem:
             raise chosen.error("gres", str(problem)) from None
+        # --gres=gpu:N is --gpus-per-node=N: the same count given both ways is accepted, as Slurm does.
+        if counts["gpus_per_node"] is not None and counts["gpus_per_node"] != per_node:
+            raise chosen.error("gres", f"gpu:{per_node} conflicts with --gpus-per-node {counts['gpus_per_node']}")
+        counts["gpus_per_node"] = per_node
         if requested_type is not None and gpu_type is not None and requested_type != gpu_type:
             raise chosen.error("gres", f"GPU type {requested_type!r} differs from --gpus type {gpu_type!r}")
         gpu_type = requested_type or gpu_type
