@@ -83,13 +83,13 @@ def resolve(spec: JobSpec) -> JobSpec:
                 _agree("--gpus", gpus, gpus_per_node * (nodes or 1), "--ntasks-per-node x --gpus-per-task x --nodes")
                 gpus = None
         else:
-            total = (ntasks or 1) * spec.gpus_per_task
+            task_gpus = (ntasks or 1) * spec.gpus_per_task
             if gpus_per_node is None:
-                gpus = _agree("--gpus", gpus, total, "--ntasks x --gpus-per-task")
+                gpus = _agree("--gpus", gpus, task_gpus, "--ntasks x --gpus-per-task")
             else:
-                if nodes is None and total % gpus_per_node == 0:
-                    nodes = total // gpus_per_node
-                _agree("--gpus-per-node x --nodes", gpus_per_node * (nodes or 1), total,
+                if nodes is None and task_gpus % gpus_per_node == 0:
+                    nodes = task_gpus // gpus_per_node
+                _agree("--gpus-per-node x --nodes", gpus_per_node * (nodes or 1), task_gpus,
                        "--ntasks x --gpus-per-task")
                 if ntasks is not None and nodes is not None and ntasks < nodes:
                     raise ResourceError(f"--ntasks {ntasks} x --gpus-per-task {spec.gpus_per_task} needs "
