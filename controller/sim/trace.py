@@ -2,9 +2,13 @@
 
 The ElasticFlow format (``job_id,submission_time,duration,num_gpu``; seconds) is recognised by its header.
 Any other CSV is read through a ``ColumnMapping`` that names the columns holding the arrival time, the
-duration and the GPU count, and optionally the job id, user, account, QoS and time limit. A malformed row
-stops the whole read with ``TraceError`` naming the file, the line and the column: a replay never starts on
-half a trace.
+duration (or the start and end times it follows from) and the GPU count, and optionally the job id, user,
+account, QoS and time limit. A malformed row stops the whole read with ``TraceError`` naming the file, the
+line and the column: a replay never starts on half a trace.
+
+Real clusters' traces also hold jobs that have no place in a GPU replay: jobs without GPUs (CPU jobs: most
+rows of some traces) and jobs that never ran (cancelled while pending: no run time, or no start or end).
+Those are left out, not refused, and counted (``TraceRead``), so a study says what it left out.
 
 Traces rarely say who submitted a job or what time limit was asked for, yet fair share needs accounts and
 backfill needs limits. ``complete_jobs`` fills both in deterministically from a seed, before any policy
@@ -16,7 +20,7 @@ from __future__ import annotations
 import csv
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,19 +44,22 @@ class ColumnMapping:
     Slurm duration such as ``4:00:00`` or ``1-00:00:00``."""
 
     arrival: str
-    duration: str
     gpus: str
+    duration: str | None = None  # or both of start and end: the run time is end - start
+    start: str | None = None
+    end: str | None = None
     job_id: str | None = None
     user: str | None = None
     account: str | None = None
     qos: str | None = None
     time_limit: str | None = None
 
-    FIELDS = ("arrival", "duration", "gpus", "job_id", "user", "account", "qos", "time_limit")
+    FIELDS = ("arrival", "duration", "gpus", "start", "end", "job_id", "user", "account", "qos", "time_limit")
 
     @classmethod
     def parse(cls, text: str) -> ColumnMapping:
-        """``arrival=submit,duration=run,gpus=ngpu[,user=..,account=..,qos=..,time_limit=..,job_id=..]``."""
+        """``arrival=submit,duration=run,gpus=ngpu[,user=..,account=..,qos=..,time_limit=..,job_id=..]``, with
+        ``start=..,end=..`` in place of ``duration`` where a trace gives when each job ran."""
         values: dict[str, str] = {}
         for item in text.split(","):
             key, sep, column = (part.strip() for part in item.partition("="))
@@ -63,7 +70,11 @@ class ColumnMapping:
             if key in values:
                 raise TraceError(f"column mapping: field {key!r} given twice")
             values[key] = column
-        missing = [f for f in ("arrival", "duration", "gpus") if f not in values]
+        if "duration" in values and ("start" in values or "end" in values):
+            raise TraceError("column mapping: give either duration or start and end, not both")
+        timed = "duration" in values or ("start" in values and "end" in values)
+        missing = [f if f != "duration" else "duration (or start and end)"
+                   for f in ("arrival", "duration", "gpus") if f not in values and (f != "duration" or not timed)]
         if missing:
             raise TraceError(f"column mapping: missing {', '.join(missing)}")
         return cls(**values)
@@ -116,13 +127,31 @@ def _arrival(text: str, where: str, column: str) -> tuple[float, bool]:
 
 
 def _gpu_count(text: str, where: str, column: str) -> int:
+    """A whole number of GPUs, 0 included (a CPU job, which the caller leaves out)."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not value.is_integer() or value < 1:
-        raise TraceError(f"{where}, column {column!r}: expected a whole number of GPUs (1 or more), got {text!r}")
+    if not value.is_integer() or value < 0:
+        raise TraceError(f"{where}, column {column!r}: expected a whole number of GPUs, got {text!r}")
     return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRead:
+    """A trace's jobs with GPUs that ran, and how many rows were left out, and why."""
+
+    jobs: list[TraceJob]
+    without_gpus: int = 0  # CPU jobs: nothing to replay on GPUs
+    never_ran: int = 0  # no run time (an empty duration, start or end): cancelled before they started
+
+    def left_out_text(self) -> str:
+        """``left out: 3 jobs without GPUs, 1 that never ran`` (empty when nothing was)."""
+        parts = [f"{self.without_gpus} {'job' if self.without_gpus == 1 else 'jobs'} without GPUs"
+                 if self.without_gpus else "",
+                 f"{self.never_ran} that never ran (no run time)" if self.never_ran else ""]
+        shown = ", ".join(part for part in parts if part)
+        return f"left out: {shown}" if shown else ""
 
 
 def _is_number(text: str) -> bool:
@@ -149,12 +178,19 @@ def _time_limit(text: str, where: str, column: str) -> int | None:
 
 
 def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[TraceJob]:
-    """Every job of the CSV at ``path`` in arrival order (ties keep file order), or TraceError."""
+    """Every job of the CSV at ``path`` that has GPUs and ran, in arrival order (ties keep file order), or
+    TraceError."""
+    return read_trace_counted(path, mapping).jobs
+
+
+def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -> TraceRead:
+    """``read_trace``, with the counts of the rows left out."""
     path = Path(path)
     try:
         handle = path.open(newline="", encoding="utf-8")
     except OSError as err:
         raise TraceError(f"{path}: cannot read trace: {err.strerror or err}") from None
+    without_gpus = never_ran = 0
     with handle:
         reader = csv.reader(handle)
         try:
@@ -203,13 +239,21 @@ def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[T
                         f"{'a date' if dated else 'a number of seconds'} among arrival times given as "
                         f"{'dates' if arrivals_dated else 'seconds'}, got {cell('arrival')!r}"
                     )
+                gpus = _gpu_count(cell("gpus") or "", where, mapping.gpus)
+                duration = _run_time(cell, mapping, where)
+                if duration is None:
+                    never_ran += 1
+                    continue
+                if gpus == 0:
+                    without_gpus += 1
+                    continue
                 jobs.append(
                     TraceJob(
                         job_id=job_id,
                         line=line,
                         submit_s=submit_s,
-                        duration_s=_number(cell("duration") or "", where, mapping.duration),
-                        gpus=_gpu_count(cell("gpus") or "", where, mapping.gpus),
+                        duration_s=duration,
+                        gpus=gpus,
                         user=cell("user") or None,
                         account=cell("account") or None,
                         qos=cell("qos") or None,
@@ -223,9 +267,30 @@ def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[T
         except (csv.Error, UnicodeDecodeError) as err:
             raise TraceError(f"{path}, line {reader.line_num}: unreadable CSV: {err}") from None
     if not jobs:
-        raise TraceError(f"{path}: the trace has a header but no jobs")
+        left = TraceRead([], without_gpus, never_ran).left_out_text()
+        raise TraceError(f"{path}: the trace has no job with GPUs that ran{f' ({left})' if left else ''}")
     jobs.sort(key=lambda j: j.submit_s)  # stable: simultaneous arrivals keep file order
-    return jobs
+    return TraceRead(jobs, without_gpus, never_ran)
+
+
+def _run_time(cell: Callable[[str], str | None], mapping: ColumnMapping, where: str) -> float | None:
+    """A row's run time in seconds: its duration, or its end minus its start (both dates, or both seconds);
+    None when the row has none (an empty cell: the job never ran)."""
+    if mapping.duration is not None:
+        text = cell("duration") or ""
+        return _number(text, where, mapping.duration) if text else None
+    assert mapping.start is not None and mapping.end is not None  # ColumnMapping.parse asks for both
+    started, ended = cell("start") or "", cell("end") or ""
+    if not started or not ended:
+        return None
+    start_s, start_dated = _arrival(started, where, mapping.start)
+    end_s, end_dated = _arrival(ended, where, mapping.end)
+    if start_dated != end_dated:
+        raise TraceError(f"{where}, column {mapping.end!r}: the start and end must both be dates or both seconds, "
+                         f"got {started!r} and {ended!r}")
+    if end_s < start_s:
+        raise TraceError(f"{where}, column {mapping.end!r}: the job ends ({ended!r}) before it starts ({started!r})")
+    return end_s - start_s
 
 
 def round_up_limit(seconds: float) -> int:

@@ -15,6 +15,7 @@ from garrison.controller.sim.trace import (
     TraceJob,
     complete_jobs,
     read_trace,
+    read_trace_counted,
     round_up_limit,
 )
 
@@ -51,8 +52,8 @@ def test_simultaneous_arrivals_keep_file_order(tmp_path: Path) -> None:
     [
         ("x,10,abc,1", "line 3, column 'duration': expected a number of seconds, got 'abc'"),
         ("x,-4,100,1", "line 3, column 'submission_time': expected a non-negative number, got '-4'"),
-        ("x,10,100,0", "line 3, column 'num_gpu': expected a whole number of GPUs (1 or more), got '0'"),
-        ("x,10,100,2.5", "line 3, column 'num_gpu': expected a whole number of GPUs (1 or more), got '2.5'"),
+        ("x,10,100,-1", "line 3, column 'num_gpu': expected a whole number of GPUs, got '-1'"),
+        ("x,10,100,2.5", "line 3, column 'num_gpu': expected a whole number of GPUs, got '2.5'"),
         ("x,10,nan,1", "line 3, column 'duration': expected a non-negative number, got 'nan'"),
         ("x,10,100", "line 3: 3 columns, the header has 4"),
     ],
@@ -69,8 +70,10 @@ def test_unknown_format_and_empty_files_are_refused(tmp_path: Path) -> None:
         read_trace(write(tmp_path, "submit,run,ngpu\n0,1,1\n"))
     with pytest.raises(TraceError, match="the trace is empty"):
         read_trace(write(tmp_path, ""))
-    with pytest.raises(TraceError, match="has a header but no jobs"):
+    with pytest.raises(TraceError, match="has no job with GPUs that ran$"):
         read_trace(write(tmp_path, "job_id,submission_time,duration,num_gpu\n\n"))
+    with pytest.raises(TraceError, match=r"has no job with GPUs that ran \(left out: 2 jobs without GPUs\)"):
+        read_trace(write(tmp_path, "job_id,submission_time,duration,num_gpu\na,0,5,0\nb,1,5,0\n"))
     with pytest.raises(TraceError, match="cannot read trace"):
         read_trace(tmp_path / "missing.csv")
 
@@ -92,7 +95,36 @@ def test_a_column_mapping_reads_other_csvs_with_users_accounts_qos_and_limits(tm
     ]
 
 
+def test_cpu_jobs_and_jobs_that_never_ran_are_left_out_and_counted(tmp_path: Path) -> None:
+    # A trace as real clusters keep them (Helios-like): CPU jobs, and a job cancelled while pending, with no
+    # start or end; the run time follows from the start and end, dates or seconds.
+    path = write(
+        tmp_path,
+        "job_id,user,gpu_num,submit_time,start_time,end_time,state\n"
+        "1,u1,8,2020-04-01 00:00:00,2020-04-01 00:00:05,2020-04-01 01:00:05,COMPLETED\n"
+        "2,u2,0,2020-04-01 00:01:00,2020-04-01 00:01:00,2020-04-01 00:11:00,COMPLETED\n"
+        "3,u1,16,2020-04-01 00:02:00,2020-04-01 00:03:00,2020-04-01 00:04:00,FAILED\n"
+        "4,u3,1,2020-04-01 00:03:00,,,CANCELLED\n",
+    )
+    read = read_trace_counted(path, ColumnMapping.parse(
+        "arrival=submit_time,start=start_time,end=end_time,gpus=gpu_num,user=user,job_id=job_id"))
+    assert [(j.job_id, j.duration_s, j.gpus) for j in read.jobs] == [("1", 3600.0, 8), ("3", 60.0, 16)]
+    assert (read.without_gpus, read.never_ran) == (1, 1)
+    assert read.left_out_text() == "left out: 1 job without GPUs, 1 that never ran (no run time)"
+    # An empty duration is a job that never ran too; a row that ends before it starts is refused.
+    read = read_trace_counted(write(tmp_path, "t,run,g\n0,,1\n1,5,2\n"), ColumnMapping.parse("arrival=t,duration=run,gpus=g"))
+    assert ([j.gpus for j in read.jobs], read.never_ran, read.left_out_text()) == ([2], 1, "left out: 1 that never ran (no run time)")
+    with pytest.raises(TraceError, match=r"line 2, column 'e': the job ends \('3'\) before it starts \('5'\)"):
+        read_trace(write(tmp_path, "a,s,e,g\n1,5,3,1\n"), ColumnMapping.parse("arrival=a,start=s,end=e,gpus=g"))
+    with pytest.raises(TraceError, match="the start and end must both be dates or both seconds"):
+        read_trace(write(tmp_path, "a,s,e,g\n1,5,2020-01-01 00:00:00,1\n"), ColumnMapping.parse("arrival=a,start=s,end=e,gpus=g"))
+
+
 def test_mapping_errors(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match=r"missing duration \(or start and end\)$"):
+        ColumnMapping.parse("arrival=a,gpus=c,start=s")
+    with pytest.raises(TraceError, match="either duration or start and end, not both"):
+        ColumnMapping.parse("arrival=a,gpus=c,duration=d,start=s,end=e")
     with pytest.raises(TraceError, match="missing gpus"):
         ColumnMapping.parse("arrival=a,duration=b")
     with pytest.raises(TraceError, match="unknown field 'size'"):
