@@ -85,7 +85,7 @@ def test_a_malformed_row_stops_before_any_replay(queue_trace: Path, tmp_path: Pa
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr == (
-        f"gsim: error: {queue_trace}, line 4, column 'd': expected a number of seconds, got 'soon'\n"
+        f"gsim: error: {queue_trace}, line 4, column 'd': expected a number of seconds or a duration like 01:02:03, got 'soon'\n"
     )
     assert not out.exists()
 
