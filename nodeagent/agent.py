@@ -34,6 +34,7 @@ from garrison.logs import kv
 from garrison.loopback_listener import UntrustedListener, check_loopback_listener
 from garrison.model.domain import NodeInventory
 from garrison.nodeagent.containment.interface import Containment
+from garrison.nodeagent.health import StateDirHealth
 from garrison.nodeagent.jobs import AttemptResult, JobManager, RefusedLaunch
 from garrison.nodeagent.lease import LEASE_FILE, NodeLease
 from garrison.nodeagent.steps import StepRunner
@@ -106,6 +107,7 @@ class Agent:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.notify_path = str(self.state_dir / "notify.sock")
         self.lease = NodeLease(self.state_dir / LEASE_FILE)
+        self.health = StateDirHealth(self.state_dir)  # a full or failing state directory drains the node
         # Slurm's command names (srun, scontrol, ...) first on every job's and step's PATH, as scripts expect.
         slurm_path = ensure_slurm_path()
         self.jobs = JobManager(self.state_dir, self.notify_path, allow_root_jobs, lease_file=self.lease.path,
@@ -273,6 +275,10 @@ class Agent:
             self.checkpoints[key] = when
             self._send(pb.AgentMessage(checkpointed=pb.Checkpointed(job_id=key[0], attempt=key[1], time=when)))
 
+    def _report_fault(self) -> None:
+        """Say the node's fault now, not at the next heartbeat: no more jobs should come here meanwhile."""
+        self._send(pb.AgentMessage(heartbeat=pb.Heartbeat(time=time.time(), node_fault=self.health.fault)))
+
     def _send(self, message: pb.AgentMessage) -> None:
         if self.outbox is not None:
             self.outbox.put_nowait(message)
@@ -298,7 +304,7 @@ class Agent:
                 return
             refused = await asyncio.get_running_loop().run_in_executor(self._pool, self._controller_refuses)
             # The controller is down, not cut off from us: keep the running jobs (nodeagent/lease.py).
-            if refused and self.lease.extend_while_no_controller():
+            if refused and self._extend_lease_while_no_controller():
                 log.info("controller %s refuses connections (not running): node lease extended by %.0fs",
                          self.config.controller, self.lease.duration_s or 0.0)
             if self._registered:
@@ -308,6 +314,14 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def _extend_lease_while_no_controller(self) -> bool:
+        try:
+            return self.lease.extend_while_no_controller()
+        except OSError as error:
+            if not self.health.record(error, "extending the node lease"):
+                raise
+            return False
 
     def _controller_refuses(self) -> bool:
         """Whether a TCP connection to the controller's address is refused (its host is up and nothing
@@ -415,8 +429,11 @@ class Agent:
                 await asyncio.get_running_loop().run_in_executor(self._pool, self._stop_all_attempts)
                 raise LeaseLost(f"node lease expired {-(self.lease.remaining_s() or 0.0):.1f}s ago: "
                                 "stopped every attempt here; registering again")
+            if self.health.fault:  # off the loop: a failing disk may block
+                await asyncio.get_running_loop().run_in_executor(self._pool, self.health.probe)
             outbox.put_nowait(pb.AgentMessage(heartbeat=pb.Heartbeat(time=time.time(),
-                                                                     lease_request=self.lease.request())))
+                                                                     lease_request=self.lease.request(),
+                                                                     node_fault=self.health.fault)))
             self._report_running_usage(outbox)
             await asyncio.sleep(self.heartbeat_interval_s)
 
@@ -465,7 +482,14 @@ class Agent:
                 self._check_attempt(key)
         elif kind == "lease":
             # On the loop, like the requests it answers: a few microseconds to rewrite the lease file.
-            self.lease.granted(message.lease.request, message.lease.duration_s)
+            try:
+                self.lease.granted(message.lease.request, message.lease.duration_s)
+            except OSError as error:
+                # A full disk: the lease is not renewed (the supervisors stop their ranks at its end, as for a
+                # node cut off), the link stays, and the heartbeats say why, so the node is drained meanwhile.
+                if not self.health.record(error, "renewing the node lease"):
+                    raise
+                self._report_fault()
         elif kind == "release":
             key = (message.release.job_id, message.release.attempt)
             await asyncio.get_running_loop().run_in_executor(self._pool, self.jobs.release, *key)
@@ -486,6 +510,8 @@ class Agent:
             return
         except Exception as exc:
             log.exception("launch failed job=%d attempt=%d node=%s", key[0], key[1], self.node_name)
+            if self.health.record(exc, f"launching job {key[0]}"):
+                self._report_fault()
             self._send(
                 pb.AgentMessage(
                     finished=pb.JobResult(job_id=msg.job_id, attempt=msg.attempt, error=f"launch failed: {exc}",

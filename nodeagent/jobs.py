@@ -320,7 +320,17 @@ class JobManager:
         if cgroup is not None:  # what escaped the ranks' process groups is still in the cgroup
             self.containment.destroy(cgroup)
         last = _last_log_line(job_dir / supervisor_core.LOG_FILE)
-        return AttemptResult(job_id, attempt, (), error=f"supervisor died: {last}" if last else "supervisor died")
+        # A supervisor that dies once the node's lease has run out (it could not record its stop: a full disk
+        # is what stops the lease's renewals too) died of the node's failure, not the job's: the controller
+        # then requeues the job as for any lease stop.
+        return AttemptResult(job_id, attempt, (), error=f"supervisor died: {last}" if last else "supervisor died",
+                             lease_expired=lease_stopped or self._lease_ran_out())
+
+    def _lease_ran_out(self) -> bool:
+        if self.lease_file is None:
+            return False
+        end = supervisor_core.read_lease_end(str(self.lease_file))
+        return end is not None and supervisor_core.boottime() >= end
 
     def running_usage(self, job_id: int, attempt: int) -> dict[str, int] | None:
         """A running attempt's figures so far, read from its cgroup (None: unconfined, or already gone)."""
