@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -119,6 +120,8 @@ class Agent:
         self.outbox: asyncio.Queue[pb.AgentMessage] | None = None
         self.heartbeat_interval_s = 5.0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
+        self._forkserver: subprocess.Popen[bytes] | None = None
+        self._forkserver_lock = threading.Lock()  # launch threads may find it dead at once
         # Acknowledged attempts' job directories and cgroups are removed on a thread of their own, which the
         # stream's reader does not wait for: removing a directory of a dozen files is a quarter of the
         # agent's work per job, and the launches, releases and signals read after an acknowledgement (and
@@ -160,7 +163,8 @@ class Agent:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        forkserver = self._start_forkserver()
+        self._forkserver = self._start_forkserver()
+        self.jobs.revive_forkserver = self.steps.revive_forkserver = self._revive_forkserver
         notify = self._open_notify_socket()
         loop.add_reader(notify.fileno(), self._on_notify, notify)
         self._in_background(self.jobs.remove_leftover_removals)
@@ -177,9 +181,10 @@ class Agent:
             # Removals not done yet are done again: the renamed ones at the next start, the others when the
             # controller acknowledges their results again after this agent has registered anew.
             self._cleanup.shutdown(wait=False, cancel_futures=True)
-            if forkserver is not None:
-                forkserver.terminate()
-                forkserver.wait()
+            with self._forkserver_lock:
+                if self._forkserver is not None:
+                    self._forkserver.terminate()
+                    self._forkserver.wait()
 
     def _start_forkserver(self) -> subprocess.Popen[bytes] | None:
         """Start the supervisor fork server; jobs still start without it, only slower."""
@@ -191,6 +196,20 @@ class Agent:
             return None
         self.jobs.forkserver = path
         return server
+
+    def _revive_forkserver(self) -> bool:
+        """The fork server refused a connection: start it again if its process has ended (a stray kill, the
+        OOM killer); True once one runs (a launch thread that found it dead at the same time as another
+        finds it running again). Called from the launch threads, which live as long as the agent (the
+        server dies with the thread that started it: PR_SET_PDEATHSIG)."""
+        with self._forkserver_lock:
+            current = self._forkserver
+            if current is not None and current.poll() is None:
+                return True
+            if current is not None:
+                log.warning("supervisor fork server exited (status %s): starting it again", current.returncode)
+            self._forkserver = self._start_forkserver()
+            return self._forkserver is not None
 
     def stop(self) -> None:
         self._stop.set()

@@ -16,7 +16,7 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -97,6 +97,7 @@ class JobManager:
         self.notify_socket = notify_socket
         self.allow_root_jobs = allow_root_jobs
         self.forkserver = forkserver  # forks supervisors in ~8 ms instead of starting an interpreter (~25 ms)
+        self.revive_forkserver: Callable[[], bool] | None = None  # starts a fork server that died again
         self.lease_file = lease_file  # the node lease every supervisor honours (nodeagent/lease.py); None: none
         self.containment: Containment = containment or Unconfined()
         self.pids_max = pids_max
@@ -187,7 +188,7 @@ class JobManager:
         # Rename first so a crash never leaves a half-written job dir under the attempt's real name.
         staging.rename(job_dir)
         try:
-            supervisor.spawn(job_dir, spec, forkserver=self.forkserver)
+            supervisor.spawn(job_dir, spec, forkserver=self.forkserver, revive=self.revive_forkserver)
         except BaseException:
             if cgroup is not None and supervisor.read_status(job_dir) is None and not supervisor.is_alive(job_dir):
                 self.containment.destroy(cgroup)
