@@ -63,7 +63,7 @@ IGNORED_VALUE_OPTIONS = (
     ("--profile",), ("--acctg-freq",), ("-m", "--distribution"), ("--switches",), ("--reservation",),
     ("--threads-per-core",), ("--cores-per-socket",), ("--sockets-per-node",), ("--mincpus",), ("--tmp",),
     ("--gpu-bind",), ("--gpu-freq",), ("--cpu-freq",), ("--network",), ("--mcs-label",), ("--deadline",),
-    ("--delay-boot",), ("--propagate",), ("--get-user-env",), ("-M", "--clusters"), ("--power",),
+    ("--delay-boot",), ("--propagate",), ("-M", "--clusters"), ("--power",),
     ("--core-spec",), ("--thread-spec",), ("--cpu-bind",), ("--mem-bind",), ("--priority",),
     ("--kill-on-invalid-dep",), ("--container",), ("--uid",), ("--gid",), ("-B", "--extra-node-info"),
     # Found in real scripts (docs/slurm.md, "A corpus of real scripts"): placement hints Garrison's own placement
@@ -76,7 +76,8 @@ IGNORED_FLAG_OPTIONS = (
     ("-O", "--overcommit"), ("-s", "--oversubscribe"), ("--contiguous",), ("--spread-job",),
     ("-k", "--no-kill"), ("--use-min-nodes",), ("-Q", "--quiet"), ("-v", "--verbose"), ("-I", "--immediate"),
     ("--ignore-pbs",), ("--reboot",), ("--spread-segments",), ("--consolidate-segments",), ("--stepmgr",),
-    ("--oom-kill-step",), ("--resv-ports",),  # these two take an optional value, attached (--resv-ports=4)
+    # These take an optional value, attached (--resv-ports=4, --get-user-env=10L): alone, they are flags.
+    ("--oom-kill-step",), ("--resv-ports",), ("--get-user-env",),
 )
 # Other names Slurm gives an option (getopt_long reads a prefix of these as the option too: sbatch --tasks=14 is
 # --tasks-per-node=14, its deprecated spelling of --ntasks-per-node).
