@@ -63,7 +63,7 @@ IGNORED_VALUE_OPTIONS = (
     ("--profile",), ("--acctg-freq",), ("-m", "--distribution"), ("--switches",), ("--reservation",),
     ("--threads-per-core",), ("--cores-per-socket",), ("--sockets-per-node",), ("--mincpus",), ("--tmp",),
     ("--gpu-bind",), ("--gpu-freq",), ("--cpu-freq",), ("--network",), ("--mcs-label",), ("--deadline",),
-    ("--delay-boot",), ("--propagate",), ("-M", "--clusters"), ("--power",),
+    ("--delay-boot",), ("-M", "--clusters"), ("--power",),
     ("--core-spec",), ("--thread-spec",), ("--cpu-bind",), ("--mem-bind",), ("--priority",),
     ("--kill-on-invalid-dep",), ("--container",), ("--uid",), ("--gid",), ("-B", "--extra-node-info"),
     # Found in real scripts (docs/slurm.md, "A corpus of real scripts"): placement hints Garrison's own placement
@@ -77,7 +77,7 @@ IGNORED_FLAG_OPTIONS = (
     ("-k", "--no-kill"), ("--use-min-nodes",), ("-Q", "--quiet"), ("-v", "--verbose"), ("-I", "--immediate"),
     ("--ignore-pbs",), ("--reboot",), ("--spread-segments",), ("--consolidate-segments",), ("--stepmgr",),
     # These take an optional value, attached (--resv-ports=4, --get-user-env=10L): alone, they are flags.
-    ("--oom-kill-step",), ("--resv-ports",), ("--get-user-env",),
+    ("--oom-kill-step",), ("--resv-ports",), ("--get-user-env",), ("--propagate",),
 )
 # Other names Slurm gives an option (getopt_long reads a prefix of these as the option too: sbatch --tasks=14 is
 # --tasks-per-node=14, its deprecated spelling of --ntasks-per-node).
