@@ -53,7 +53,7 @@ MAX_BACKOFF_S = 2.0
 RESCAN_INTERVAL_S = 1.0
 STEP_POLL_INTERVAL_S = 0.02  # how often running steps' output is read and sent (gsrun --pty's latency)
 MAX_EARLY_NOTIFICATIONS = 10_000  # notifications kept for launches not done yet (beyond: the rescan finds them)
-STEP_MESSAGE_KINDS = frozenset({"launch_step", "signal_step", "step_input", "step_ack"})
+STEP_MESSAGE_KINDS = frozenset({"launch_step", "signal_step", "step_input", "step_ack", "step_output_ack"})
 
 
 def result_to_pb(result: AttemptResult) -> pb.JobResult:
