@@ -202,9 +202,11 @@ class StepRunner:
 
     def reconnected(self) -> None:
         """A new link: what was sent on the old one and not acknowledged may be lost (queued in our outbox or
-        in flight when it broke), so it goes again, from the acknowledged offsets; and so do the results."""
+        in flight when it broke), so it goes again, from the acknowledged offsets; and so do the tasks'
+        exits (--kill-on-bad-exit acts on them; the controller takes one twice as once) and the results."""
         for step in self.local.values():
             step.sent = dict(step.acked)
+            step.reported.clear()
             step.finished_sent = False
 
     def _output_acked(self, message: pb.StepOutputAck) -> None:

@@ -22,6 +22,8 @@ from garrison.controller.store import open_store
 from garrison.controller.store.interface import Store
 from garrison.model.steps import StepRequest
 from garrison.nodeagent.steps import IO_DIR, LocalStep, StepRunner
+from garrison.nodeagent.supervisor.core import STATUS_FILE
+from garrison.nodeagent.supervisor.spec import RankStatus, SupervisorStatus
 from garrison.protos.v1 import garrison_pb2 as pb
 
 
@@ -137,3 +139,27 @@ def test_the_agent_sends_again_from_the_acknowledged_offset_after_a_reconnect_an
     link.agent._send_output(link.step)
     link.deliver_up(len(link.up))
     assert link.client.chunks == [(0, 1, b"a\nb\n"), (0, 1, b"c\n")]
+
+
+def test_a_nodes_result_lost_with_its_link_goes_again_after_its_output(link: Link) -> None:
+    """The step's end on the node (every task ended, all output read) queued on a link that broke: on the
+    next link the output goes again from the acknowledged offset, then the result, and gsrun gets both."""
+    write(link, "out-0", b"first\n")
+    link.agent._send_output(link.step)
+    link.deliver_up(len(link.up))
+    link.deliver_down(len(link.down))
+    write(link, "out-0", b"last words")
+    status = SupervisorStatus(job_id=7, attempt=0, supervisor_pid=1, state="finished", started_at=1.0,
+                              finished_at=2.0, ranks=[RankStatus(0, 10, 10, 3, True, None)])
+    (link.step.directory / STATUS_FILE).write_text(status.to_json())
+    link.agent.tick()
+    assert [m.WhichOneof("kind") for m in link.up] == ["step_output", "step_result"]
+    link.break_(restart_agent=False)
+    link.agent.tick()
+    link.deliver_up(len(link.up))
+    assert link.client.chunks == [(0, 1, b"first\n"), (0, 1, b"last words")]
+    assert link.client.end is None  # the step's other node has not ended
+    assert [m.WhichOneof("kind") for m in link.down] == ["step_output_ack", "step_ack"]
+    directory = link.step.directory
+    link.deliver_down(len(link.down))
+    assert (7, 0) not in link.agent.local and not directory.exists()  # the result is recorded: forgotten
