@@ -85,6 +85,9 @@ class RunningStep:
     # step recovered after a controller restart takes each stream's first offset as where it stands.
     received: dict[tuple[int, int], int] = field(default_factory=dict)
     recovered: bool = False
+    # node -> its launch, sent again when the node's agent connects anew while the step waits for it: a launch
+    # sent on a link that then broke may never have arrived (the agent ignores one it has).
+    launches: dict[str, StepLaunchDescription] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -185,6 +188,7 @@ class StepManager:
                 master_port=step_master_port(job_id, step_id), kill_wait_s=self.kill_wait_s,
                 pty=request.pty, unbuffered=request.unbuffered, umask=umask if umask is not None else job.spec.umask,
             )
+            running.launches[node.node] = description
             if not self.send(node.node, LaunchStep(description)):
                 running.errors.append(f"node {node.node} is not connected")
                 running.pending_nodes.discard(node.node)
@@ -194,6 +198,15 @@ class StepManager:
         if not running.pending_nodes:
             self._finish(running)
         return step
+
+    def node_connected(self, node: str) -> None:
+        """A node's agent has a new link: the launches it may have missed go again (the steps still waiting
+        for its result; a step recovered after a controller restart was launched by the old one, and its
+        agent has it unless the node lost its disk)."""
+        for running in self.running.values():
+            description = running.launches.get(node)
+            if description is not None and node in running.pending_nodes:
+                self.send(node, LaunchStep(description))
 
     def client_gone(self, job_id: int, step_id: int) -> None:
         """gsrun's stream ended before the step did (gsrun killed, its host gone): as srun's death, the step

@@ -226,3 +226,17 @@ def test_a_recovered_step_takes_up_each_stream_where_its_agent_resends_it(harnes
     recovered.agent_event("n1", StepOutputReceived(7, 0, 0, 1, b"x\n", offset=120))
     recovered.agent_event("n1", StepOutputReceived(7, 0, 0, 1, b"x\ny\n", offset=120))
     assert harness.taken() == [("n1", AckStepOutput(7, 0, ((0, 1, 122),))), ("n1", AckStepOutput(7, 0, ((0, 1, 124),)))]
+
+
+def test_a_launch_goes_again_when_the_nodes_agent_connects_anew(harness: Harness) -> None:
+    """A launch sent on a link that then broke may never have arrived: a new link brings it again, to the nodes
+    the step still waits for (the agent ignores a launch it has)."""
+    harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), Client())
+    first = dict(harness.taken())
+    harness.manager.node_connected("n2")
+    assert harness.taken() == [("n2", first["n2"])]
+    harness.manager.agent_event("n2", StepNodeFinished(7, 0, ((1, 0),)))
+    harness.taken()
+    harness.manager.node_connected("n2")
+    harness.manager.node_connected("n3")
+    assert harness.taken() == []
