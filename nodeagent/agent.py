@@ -440,6 +440,7 @@ class Agent:
         if kind == "registered":
             self.heartbeat_interval_s = message.registered.heartbeat_interval_s or self.heartbeat_interval_s
             self._registered = True
+            self.steps.controller_acks(message.registered.step_output_acks)
             log.info("registered with controller %s as %s", self.config.controller, self.node_name)
             # Ready for systemd (Type=notify) only now: the node is part of the cluster. Repeats are ignored.
             sdnotify.ready(f"registered with the controller at {self.config.controller} as {self.node_name}")

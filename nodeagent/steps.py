@@ -89,6 +89,7 @@ class StepRunner:
         self.forkserver = forkserver
         self.step_cgroup = step_cgroup  # the step's cgroup, a child of its job's attempt's (nodeagent/jobs.py)
         self.local: dict[tuple[int, int], LocalStep] = {}
+        self.acks = True  # the controller acknowledges output (RegisterAck.step_output_acks); told at each link
 
     def step_dir(self, job_id: int, step_id: int) -> Path:
         return self.steps_dir / f"{job_id}.{step_id}"
@@ -208,6 +209,19 @@ class StepRunner:
             step.sent = dict(step.acked)
             step.reported.clear()
             step.finished_sent = False
+
+    def controller_acks(self, acks: bool) -> None:
+        """Whether this link's controller acknowledges output. One that does not (older than offsets) would
+        never move the acknowledged offsets: output counts as had once it is queued, as it did before."""
+        self.acks = acks
+        if not acks:
+            for step in self.local.values():
+                self._count_as_acked(step)
+
+    def _count_as_acked(self, step: LocalStep) -> None:
+        if step.acked != step.sent:
+            step.acked = dict(step.sent)
+            step.acked_changed = True
 
     def _output_acked(self, message: pb.StepOutputAck) -> None:
         step = self.local.get((message.job_id, message.step_id))
@@ -397,6 +411,8 @@ class StepRunner:
                     log.warning("step %d.%d: not reading %s: %s", step.job_id, step.step_id, name, exc)
                     continue
                 step.sent[name] = offset
+        if not self.acks:
+            self._count_as_acked(step)
         return drained
 
 

@@ -1684,15 +1684,22 @@ class RegisterAck(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    STEP_OUTPUT_ACKS_FIELD_NUMBER: _builtins.int
     heartbeat_interval_s: _builtins.float
+    step_output_acks: _builtins.bool
+    """The controller acknowledges step output by offset (StepOutputAck): the agent sends again, after a
+    reconnect, what was not acknowledged. An older controller never does: its agents count output as had
+    once it is queued, as before, rather than send it all again on every new link.
+    """
     def __init__(
         self,
         *,
         heartbeat_interval_s: _builtins.float = ...,
+        step_output_acks: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s", "step_output_acks", b"step_output_acks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from test_step_manager import ANN, Client, running  # tests/unit is on the path
 
+from garrison.controller.commands import Welcome
+from garrison.controller.rpc.convert_requests import instruction_to_pb
 from garrison.controller.rpc.convert_step_messages import step_event_from_pb, step_instruction_to_pb
 from garrison.controller.step_commands import StepInstruction
 from garrison.controller.steps import StepManager
@@ -163,3 +165,21 @@ def test_a_nodes_result_lost_with_its_link_goes_again_after_its_output(link: Lin
     directory = link.step.directory
     link.deliver_down(len(link.down))
     assert (7, 0) not in link.agent.local and not directory.exists()  # the result is recorded: forgotten
+
+
+def test_with_a_controller_that_never_acknowledges_output_counts_as_had_once_queued(link: Link) -> None:
+    """A controller older than offsets (RegisterAck without step_output_acks) would never move the acknowledged
+    offsets, and the agent would send all of a step's output again on every new link: it does as before."""
+    link.agent.controller_acks(False)
+    write(link, "out-0", b"a\nb\n")
+    link.agent._send_output(link.step)
+    link.agent.save_acked(link.step)
+    link.break_(restart_agent=True)
+    link.agent.controller_acks(False)
+    write(link, "out-0", b"c\n")
+    link.agent._send_output(link.step)
+    assert [(m.step_output.offset, m.step_output.data) for m in link.up] == [(4, b"c\n")]
+
+
+def test_this_controller_says_it_acknowledges_output_when_an_agent_registers() -> None:
+    assert instruction_to_pb(Welcome(heartbeat_interval_s=1.0)).registered.step_output_acks
