@@ -6,13 +6,13 @@ groups, and survive an agent restart like attempts do. The tasks write stdout an
 directory's ``io/`` (out-TASK, err-TASK); the agent reads them from where it last stopped and sends the
 bytes on its link to the controller, each piece with its offset in its file. The disk is the buffer: a task
 never blocks on a slow link, the agent's memory holds at most one chunk per file, and what was not sent yet
-is still there after an agent restart.
+is still there after an agent restart. A --pty step's task 0 is nodeagent/steps_pty.py, which runs the
+command on a pseudo-terminal; the bytes typed at gsrun come to it through a FIFO in ``io/``.
 
 Exactly once: output queued on a link that then breaks (the controller restarts, the stream is reset, the
 agent is killed) may never have arrived. The controller acknowledges output by offset; the agent keeps the
 acknowledged offsets (``sent.json``) and, on every new link, reads again from them. What arrives twice is
-dropped by the controller, which knows how far it has each stream (controller/steps.py, ``new_output``). A --pty step's task 0 is nodeagent/steps_pty.py, which runs the command on a
-pseudo-terminal; the bytes typed at gsrun come to it through a FIFO in ``io/``.
+dropped by the controller, which knows how far it has each stream (controller/steps.py, ``new_output``).
 
 The step ends on this node when every task has ended and its output is all sent; the controller's
 acknowledgement of that result lets the agent remove the directory.
