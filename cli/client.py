@@ -256,10 +256,8 @@ class Client:
 
         return self.service_call(garrison_pb2_grpc.ControllerStub, method, request, authenticated)
 
-    def service_call(self, stub_class: Any, method: str, request: Any, authenticated: bool = True) -> Any:
-        """One RPC of any garrison.v1 service over gRPC (TLS when configured), with this user's identity."""
-        import grpc
-
+    def _stub(self, stub_class: Any) -> Any:
+        """A stub of ``stub_class`` on this client's one channel (TLS when configured), both made once."""
         if self._channel is None:
             from garrison.tls import TlsError, client_ca_file, client_channel
 
@@ -271,6 +269,13 @@ class Client:
         stub = self._stubs.get(stub_class)
         if stub is None:
             stub = self._stubs[stub_class] = stub_class(self._channel)
+        return stub
+
+    def service_call(self, stub_class: Any, method: str, request: Any, authenticated: bool = True) -> Any:
+        """One RPC of any garrison.v1 service over gRPC (TLS when configured), with this user's identity."""
+        import grpc
+
+        stub = self._stub(stub_class)
         if authenticated and not self._tls:
             self._check_plaintext_server()
         for fresh in (False, True):
@@ -305,17 +310,7 @@ class Client:
     def stream_call(self, stub_class: Any, method: str, requests: Any) -> Any:
         """A streaming RPC over gRPC (gsrun's RunStep): the iterator of answers. No deadline: a step runs as
         long as its job lets it; errors come out of the iterator as grpc.RpcError (see ``error_of``)."""
-        if self._channel is None:
-            from garrison.tls import TlsError, client_ca_file, client_channel
-
-            try:
-                self._tls = bool(client_ca_file(self.address))
-                self._channel = client_channel(self.address)
-            except TlsError as exc:
-                raise CliError(str(exc)) from None
-        stub = self._stubs.get(stub_class)
-        if stub is None:
-            stub = self._stubs[stub_class] = stub_class(self._channel)
+        stub = self._stub(stub_class)
         return getattr(stub, method)(requests, metadata=(self._identity(),))
 
     def error_of(self, exc: Any) -> CliError:

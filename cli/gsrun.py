@@ -83,6 +83,8 @@ def _parser() -> Parser:
         help="Send the tasks' output as it is written, not held back to whole lines.")
     add("--export", default="ALL", help="ALL (default), NONE, or a comma list of NAME and NAME=VALUE (with ALL,...).")
     add("--pty", action="store_true", help="Run task 0 on a pseudo-terminal, connected to this one.")
+    add("--multi-prog", action="store_true",
+        help="COMMAND is a file of 'RANKS PROGRAM ARGS' lines: each task runs its own (%%t, %%o expand).")
     add("--jobid", default="", help="The job to run the step in (default: SLURM_JOB_ID / GARRISON_JOB_ID).")
     add("-J", "--job-name", default="", help="The step's name (default: the command's).")
     add("-D", "--chdir", default="", help="The tasks' working directory (default: this one).")
@@ -107,6 +109,23 @@ def _parser() -> Parser:
     parser.aliases = dict(OPTION_ALIASES)
     parser.slurm_names = frozenset(f"--{name}" for name in SRUN_OPTION_NAMES)
     return parser
+
+
+def _multi_prog(command: list[str], ntasks: int | None, pty: bool) -> list[str]:
+    """srun --multi-prog FILE: the one command that runs each task's own line (garrison/cmdline/multiprog.py)."""
+    from garrison.cmdline.multiprog import dispatcher
+
+    if pty:
+        raise UsageError("--multi-prog and --pty cannot go together")
+    if len(command) != 1:
+        raise UsageError("--multi-prog takes one configuration file and nothing after it")
+    try:
+        with open(command[0], encoding="utf-8") as config:
+            text = config.read(1 << 20)
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"--multi-prog {command[0]}: cannot read it: {getattr(error, 'strerror', None) or error}") \
+            from None
+    return dispatcher(text, command[0], ntasks)
 
 
 def _positive(value: int | None, option: str) -> int | None:
@@ -240,8 +259,9 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
     cpu_bind, cpu_args = _binding(args.cpu_bind, "--cpu-bind", ("none", "cores"), "map_cpu") if args.cpu_bind \
         else ("", [])
     cwd = os.path.abspath(args.chdir) if args.chdir else os.getcwd()
+    argv = _multi_prog(args.command, ntasks, args.pty) if args.multi_prog else list(args.command)
     spec: dict[str, Any] = {
-        "argv": list(args.command), "env": exported_environment(args.export, environ), "cwd": cwd,
+        "argv": argv, "env": exported_environment(args.export, environ), "cwd": cwd,
         "nodelist": list(nodelist), "gpu_bind": gpu_bind, "gpu_bind_arg": gpu_args, "cpu_bind": cpu_bind,
         "cpu_bind_arg": cpu_args, "label": args.label, "kill_on_bad_exit": args.kill_on_bad_exit == "1", "pty": args.pty,
         "unbuffered": args.unbuffered, "name": args.job_name,

@@ -158,6 +158,7 @@ class StillAlive:
     """Any other message (a heartbeat): it proves the node is alive, and may ask for the node lease."""
 
     lease_request: int = 0  # 0: no lease asked for
+    node_fault: str | None = None  # a heartbeat's: "" healthy, else what keeps the node from running jobs
 
 
 AgentEvent = AttemptStarted | CheckpointMarked | RunningUsageReported | AttemptFinished | StillAlive | StepEvent

@@ -804,6 +804,11 @@ class Engine:
             self.backlog.deliver(session.node, lambda: self._apply_report(session.node, event, now), now)
         elif isinstance(event, StillAlive):
             self._grant_lease(session, event.lease_request)
+            if event.node_fault is not None:  # a heartbeat: it says whether the node has a fault
+                try:
+                    self.state.node_fault(session.node, event.node_fault)
+                except StoreUnavailable as error:  # the next heartbeat says it again
+                    self._store_unavailable("node fault", error)
         elif isinstance(event, StepOutputReceived | StepTasksExited | StepNodeFinished):
             self.steps.agent_event(session.node, event)
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from garrison.controller.validate import ValidationError
+from garrison.controller.validate import MAX_JOB_NAME_CHARS, ValidationError
 from garrison.model.domain import JobSpec, NodeInventory
 
 if TYPE_CHECKING:
@@ -91,9 +91,6 @@ def check_list(values: Sequence[str], what: str, max_chars: int = MAX_USER_CHARS
     for value in values:
         if len(value) > max_chars or not _printable(value):
             raise ValidationError(f"invalid {what[:-1] if what.endswith('s') else what} {shown(value)}")
-
-
-MAX_JOB_NAME_CHARS = 128  # validate.py's JOB_NAME
 
 
 def check_filters(request: pb.ListJobsRequest | pb.CancelJobsRequest | adminpb.QueueDetailsRequest) -> None:

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("garrison.controller.state")
 
+# The reason of a node drained because its agent reported a fault (a drain of the controller's own, which it
+# lifts when the fault is gone; an admin's drain has a reason of the admin's).
+NODE_FAULT_REASON = "agent: "
+
 
 class NodeReconciliation(JobLifecycle):
     """The nodes, their agents' connections, and what happens to jobs when nodes come and go."""
@@ -84,6 +88,25 @@ class NodeReconciliation(JobLifecycle):
             node = replace(node, state=NodeState.UP if up else NodeState.DOWN, reason="" if up else "not responding")
         self._save_node(node)
         return node
+
+    def node_fault(self, name: str, fault: str) -> Node | None:
+        """What the node's agent says keeps it from running jobs (``fault``; "" for nothing): a node that is
+        up is drained for it (no new jobs; an admin sees why), and a node this drained is resumed once its
+        agent no longer says it. A drain an admin made is never lifted here. Returns the node when changed."""
+        node = self.nodes.get(name)
+        if node is None:
+            return None
+        ours = node.state == NodeState.DRAIN and node.reason.startswith(NODE_FAULT_REASON)
+        if fault and node.state == NodeState.UP:
+            log.warning("node %s drained: its agent reports: %s", name, fault)
+            return self.set_drain(name, True, NODE_FAULT_REASON + fault)
+        if fault and ours and node.reason != NODE_FAULT_REASON + fault:
+            return self.set_drain(name, True, NODE_FAULT_REASON + fault)
+        if not fault and ours:
+            log.warning("node %s resumed: its agent no longer reports a fault (was: %s)", name,
+                        node.reason.removeprefix(NODE_FAULT_REASON))
+            return self.set_drain(name, False, "")
+        return None
 
     # ---------------------------------------------------------------------------------------------
     # Agents

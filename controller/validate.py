@@ -29,7 +29,6 @@ MAX_PATTERN_LEN = 4096
 MAX_NICE = 2_147_483_645  # sbatch's range
 MAX_COMMENT_LEN = 1024
 OPEN_MODES = ("append", "truncate")
-JOB_NAME = re.compile(r"^[A-Za-z0-9._+@:=,-][A-Za-z0-9._+@:=, -]{0,127}$")
 # gsub's host name (SLURM_SUBMIT_HOST): informational, but it lands in every rank's environment.
 SUBMIT_HOST = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252}[A-Za-z0-9])?$")
 
@@ -70,6 +69,16 @@ def partition_nodes(part: PartitionConfig | PartitionDef, nodes: Sequence[Node])
     return [n for n in nodes if not part.nodes or n.name in part.nodes]
 
 
+# As Slurm, a job name may be any text (``train-%j``, ``exp/lr=0.1``, ``run (v2)``, ``résumé``: %x puts it in
+# output paths as given, and those are opened with the user's own rights); what is refused is what would corrupt
+# a listing or a log line: control characters, line breaks, nothing but spaces.
+MAX_JOB_NAME_CHARS = 128
+
+
+def valid_job_name(name: str) -> bool:
+    return 0 < len(name) <= MAX_JOB_NAME_CHARS and name.isprintable() and not name.isspace()
+
+
 def validate_submission(
     spec: JobSpec,
     principal: Principal,
@@ -82,8 +91,8 @@ def validate_submission(
     controller always passes it) accounts, partitions and QoS come from there; without, from ``config``."""
     if principal.uid == 0 and not config.allow_root_jobs:
         raise ValidationError("jobs may not run as root on this cluster (allow_root_jobs is off)")
-    if not spec.name or not JOB_NAME.match(spec.name):
-        raise ValidationError("job name must be 1-128 characters of letters, digits, space and ._+@:=,-")
+    if not valid_job_name(spec.name):
+        raise ValidationError(f"job name must be 1-{MAX_JOB_NAME_CHARS} printable characters, not only spaces")
     # Sizes and characters of every field (limits.py imports this module, hence the late import).
     from garrison.controller.limits import check_spec_limits, shown
 
@@ -116,8 +125,6 @@ def validate_submission(
     _positive(spec.gpus, "--gpus", MAX_GPUS)
     _positive(spec.gpus_per_node, "--gpus-per-node", MAX_GPUS)
     _positive(spec.ntasks_per_node, "--ntasks-per-node", 4096)
-    if spec.gpus is not None and spec.gpus_per_node is not None:
-        raise ValidationError("give either --gpus or --gpus-per-node, not both")
     if spec.nodes is not None and spec.gpus is not None and spec.gpus < spec.nodes:
         raise ValidationError(f"--gpus {spec.gpus} is fewer than one GPU per node on {spec.nodes} nodes")
     if spec.cpus_per_gpu < 0 or spec.mem_mb < 0 or spec.max_restarts < 0 or spec.gpu_mem_mb < 0:

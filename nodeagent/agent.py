@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,6 +35,7 @@ from garrison.logs import kv
 from garrison.loopback_listener import UntrustedListener, check_loopback_listener
 from garrison.model.domain import NodeInventory
 from garrison.nodeagent.containment.interface import Containment
+from garrison.nodeagent.health import StateDirHealth
 from garrison.nodeagent.jobs import AttemptResult, JobManager, RefusedLaunch
 from garrison.nodeagent.lease import LEASE_FILE, NodeLease
 from garrison.nodeagent.steps import StepRunner
@@ -106,6 +108,7 @@ class Agent:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.notify_path = str(self.state_dir / "notify.sock")
         self.lease = NodeLease(self.state_dir / LEASE_FILE)
+        self.health = StateDirHealth(self.state_dir)  # a full or failing state directory drains the node
         # Slurm's command names (srun, scontrol, ...) first on every job's and step's PATH, as scripts expect.
         slurm_path = ensure_slurm_path()
         self.jobs = JobManager(self.state_dir, self.notify_path, allow_root_jobs, lease_file=self.lease.path,
@@ -117,6 +120,8 @@ class Agent:
         self.outbox: asyncio.Queue[pb.AgentMessage] | None = None
         self.heartbeat_interval_s = 5.0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
+        self._forkserver: subprocess.Popen[bytes] | None = None
+        self._forkserver_lock = threading.Lock()  # launch threads may find it dead at once
         # Acknowledged attempts' job directories and cgroups are removed on a thread of their own, which the
         # stream's reader does not wait for: removing a directory of a dozen files is a quarter of the
         # agent's work per job, and the launches, releases and signals read after an acknowledgement (and
@@ -158,7 +163,8 @@ class Agent:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        forkserver = self._start_forkserver()
+        self._forkserver = self._start_forkserver()
+        self.jobs.revive_forkserver = self.steps.revive_forkserver = self._revive_forkserver
         notify = self._open_notify_socket()
         loop.add_reader(notify.fileno(), self._on_notify, notify)
         self._in_background(self.jobs.remove_leftover_removals)
@@ -175,9 +181,10 @@ class Agent:
             # Removals not done yet are done again: the renamed ones at the next start, the others when the
             # controller acknowledges their results again after this agent has registered anew.
             self._cleanup.shutdown(wait=False, cancel_futures=True)
-            if forkserver is not None:
-                forkserver.terminate()
-                forkserver.wait()
+            with self._forkserver_lock:
+                if self._forkserver is not None:
+                    self._forkserver.terminate()
+                    self._forkserver.wait()
 
     def _start_forkserver(self) -> subprocess.Popen[bytes] | None:
         """Start the supervisor fork server; jobs still start without it, only slower."""
@@ -189,6 +196,20 @@ class Agent:
             return None
         self.jobs.forkserver = path
         return server
+
+    def _revive_forkserver(self) -> bool:
+        """The fork server refused a connection: start it again if its process has ended (a stray kill, the
+        OOM killer); True once one runs (a launch thread that found it dead at the same time as another
+        finds it running again). Called from the launch threads, which live as long as the agent (the
+        server dies with the thread that started it: PR_SET_PDEATHSIG)."""
+        with self._forkserver_lock:
+            current = self._forkserver
+            if current is not None and current.poll() is None:
+                return True
+            if current is not None:
+                log.warning("supervisor fork server exited (status %s): starting it again", current.returncode)
+            self._forkserver = self._start_forkserver()
+            return self._forkserver is not None
 
     def stop(self) -> None:
         self._stop.set()
@@ -273,6 +294,10 @@ class Agent:
             self.checkpoints[key] = when
             self._send(pb.AgentMessage(checkpointed=pb.Checkpointed(job_id=key[0], attempt=key[1], time=when)))
 
+    def _report_fault(self) -> None:
+        """Say the node's fault now, not at the next heartbeat: no more jobs should come here meanwhile."""
+        self._send(pb.AgentMessage(heartbeat=pb.Heartbeat(time=time.time(), node_fault=self.health.fault)))
+
     def _send(self, message: pb.AgentMessage) -> None:
         if self.outbox is not None:
             self.outbox.put_nowait(message)
@@ -298,7 +323,7 @@ class Agent:
                 return
             refused = await asyncio.get_running_loop().run_in_executor(self._pool, self._controller_refuses)
             # The controller is down, not cut off from us: keep the running jobs (nodeagent/lease.py).
-            if refused and self.lease.extend_while_no_controller():
+            if refused and self._extend_lease_while_no_controller():
                 log.info("controller %s refuses connections (not running): node lease extended by %.0fs",
                          self.config.controller, self.lease.duration_s or 0.0)
             if self._registered:
@@ -308,6 +333,14 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def _extend_lease_while_no_controller(self) -> bool:
+        try:
+            return self.lease.extend_while_no_controller()
+        except OSError as error:
+            if not self.health.record(error, "extending the node lease"):
+                raise
+            return False
 
     def _controller_refuses(self) -> bool:
         """Whether a TCP connection to the controller's address is refused (its host is up and nothing
@@ -415,8 +448,11 @@ class Agent:
                 await asyncio.get_running_loop().run_in_executor(self._pool, self._stop_all_attempts)
                 raise LeaseLost(f"node lease expired {-(self.lease.remaining_s() or 0.0):.1f}s ago: "
                                 "stopped every attempt here; registering again")
+            if self.health.fault:  # off the loop: a failing disk may block
+                await asyncio.get_running_loop().run_in_executor(self._pool, self.health.probe)
             outbox.put_nowait(pb.AgentMessage(heartbeat=pb.Heartbeat(time=time.time(),
-                                                                     lease_request=self.lease.request())))
+                                                                     lease_request=self.lease.request(),
+                                                                     node_fault=self.health.fault)))
             self._report_running_usage(outbox)
             await asyncio.sleep(self.heartbeat_interval_s)
 
@@ -466,7 +502,14 @@ class Agent:
                 self._check_attempt(key)
         elif kind == "lease":
             # On the loop, like the requests it answers: a few microseconds to rewrite the lease file.
-            self.lease.granted(message.lease.request, message.lease.duration_s)
+            try:
+                self.lease.granted(message.lease.request, message.lease.duration_s)
+            except OSError as error:
+                # A full disk: the lease is not renewed (the supervisors stop their ranks at its end, as for a
+                # node cut off), the link stays, and the heartbeats say why, so the node is drained meanwhile.
+                if not self.health.record(error, "renewing the node lease"):
+                    raise
+                self._report_fault()
         elif kind == "release":
             key = (message.release.job_id, message.release.attempt)
             await asyncio.get_running_loop().run_in_executor(self._pool, self.jobs.release, *key)
@@ -487,6 +530,8 @@ class Agent:
             return
         except Exception as exc:
             log.exception("launch failed job=%d attempt=%d node=%s", key[0], key[1], self.node_name)
+            if self.health.record(exc, f"launching job {key[0]}"):
+                self._report_fault()
             self._send(
                 pb.AgentMessage(
                     finished=pb.JobResult(job_id=msg.job_id, attempt=msg.attempt, error=f"launch failed: {exc}",

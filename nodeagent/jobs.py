@@ -16,7 +16,7 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -97,6 +97,7 @@ class JobManager:
         self.notify_socket = notify_socket
         self.allow_root_jobs = allow_root_jobs
         self.forkserver = forkserver  # forks supervisors in ~8 ms instead of starting an interpreter (~25 ms)
+        self.revive_forkserver: Callable[[], bool] | None = None  # starts a fork server that died again
         self.lease_file = lease_file  # the node lease every supervisor honours (nodeagent/lease.py); None: none
         self.containment: Containment = containment or Unconfined()
         self.pids_max = pids_max
@@ -187,7 +188,7 @@ class JobManager:
         # Rename first so a crash never leaves a half-written job dir under the attempt's real name.
         staging.rename(job_dir)
         try:
-            supervisor.spawn(job_dir, spec, forkserver=self.forkserver)
+            supervisor.spawn(job_dir, spec, forkserver=self.forkserver, revive=self.revive_forkserver)
         except BaseException:
             if cgroup is not None and supervisor.read_status(job_dir) is None and not supervisor.is_alive(job_dir):
                 self.containment.destroy(cgroup)
@@ -320,7 +321,17 @@ class JobManager:
         if cgroup is not None:  # what escaped the ranks' process groups is still in the cgroup
             self.containment.destroy(cgroup)
         last = _last_log_line(job_dir / supervisor_core.LOG_FILE)
-        return AttemptResult(job_id, attempt, (), error=f"supervisor died: {last}" if last else "supervisor died")
+        # A supervisor that dies once the node's lease has run out (it could not record its stop: a full disk
+        # is what stops the lease's renewals too) died of the node's failure, not the job's: the controller
+        # then requeues the job as for any lease stop.
+        return AttemptResult(job_id, attempt, (), error=f"supervisor died: {last}" if last else "supervisor died",
+                             lease_expired=lease_stopped or self._lease_ran_out())
+
+    def _lease_ran_out(self) -> bool:
+        if self.lease_file is None:
+            return False
+        end = supervisor_core.read_lease_end(str(self.lease_file))
+        return end is not None and supervisor_core.boottime() >= end
 
     def running_usage(self, job_id: int, attempt: int) -> dict[str, int] | None:
         """A running attempt's figures so far, read from its cgroup (None: unconfined, or already gone)."""

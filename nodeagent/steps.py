@@ -87,6 +87,7 @@ class StepRunner:
         self.send = send
         self.outbox_size = outbox_size
         self.forkserver = forkserver
+        self.revive_forkserver: Callable[[], bool] | None = None  # the agent's: a fork server that died again
         self.step_cgroup = step_cgroup  # the step's cgroup, a child of its job's attempt's (nodeagent/jobs.py)
         self.local: dict[tuple[int, int], LocalStep] = {}
         self.acks = True  # the controller acknowledges output (RegisterAck.step_output_acks); told at each link
@@ -168,7 +169,7 @@ class StepRunner:
         (staging / "tasks.json").write_text(json.dumps({"tasks": list(here.tasks), "pty": step.pty,
                                                          "unbuffered": step.unbuffered}))
         staging.rename(directory)
-        supervisor.spawn(directory, spec, forkserver=self.forkserver())
+        supervisor.spawn(directory, spec, forkserver=self.forkserver(), revive=self.revive_forkserver)
         self._track(directory)
         log.info("step %d.%d started: tasks %s", step.job_id, step.step_id, ",".join(map(str, here.tasks)))
 

@@ -150,6 +150,14 @@ def registration_from_pb(register: pb.Register, address: str) -> Registration:
     )
 
 
+# An agent's node fault becomes the node's reason in listings: bounded, one printable line.
+MAX_NODE_FAULT_CHARS = 200
+
+
+def shown_node_fault(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text[:MAX_NODE_FAULT_CHARS])
+
+
 def agent_event_from_pb(message: pb.AgentMessage) -> AgentEvent:
     """What an agent's message after its Register says; a heartbeat, an empty message or a second Register
     only shows that the node is alive."""
@@ -162,7 +170,8 @@ def agent_event_from_pb(message: pb.AgentMessage) -> AgentEvent:
     if kind == "finished":
         return AttemptFinished(result=convert.result_from_pb(message.finished))
     if kind == "heartbeat":
-        return StillAlive(lease_request=message.heartbeat.lease_request)
+        return StillAlive(lease_request=message.heartbeat.lease_request,
+                          node_fault=shown_node_fault(message.heartbeat.node_fault))
     if kind == "running_usage":
         u = message.running_usage
         return RunningUsageReported(job_id=u.job_id, attempt=u.attempt, usage=convert.attempt_usage_from_pb(u.usage))

@@ -96,7 +96,9 @@ def gsim(
 
     results = study.run()
     summaries = [summarize(r) for r in results]
-    context = {"trace": str(trace), "cluster": study.cluster.describe(), "jobs": len(study.jobs)}
+    context: dict[str, object] = {"trace": str(trace), "cluster": study.cluster.describe(), "jobs": len(study.jobs)}
+    if study.left_out:
+        context["left_out"] = study.left_out.removeprefix("left out: ")
     if out_dir is not None:
         try:
             write_plots(results, out_dir)
@@ -108,6 +110,8 @@ def gsim(
         click.echo(to_json(summaries, context))
         return
     title = f"{trace.name}: {len(study.jobs)} jobs on {study.cluster.describe()}"
+    if study.left_out:
+        title += f" ({study.left_out})"
     if sys.stdout.isatty():
         from rich.console import Console
 

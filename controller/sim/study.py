@@ -21,7 +21,7 @@ from garrison.controller.sim.trace import (
     TraceError,
     TraceJob,
     complete_jobs,
-    read_trace,
+    read_trace_counted,
 )
 
 
@@ -32,6 +32,7 @@ class Study:
     jobs: tuple[TraceJob, ...]
     policies: tuple[Policy, ...]
     options: ReplayOptions
+    left_out: str = ""  # the trace's rows not replayed, and why (TraceRead.left_out_text)
 
     def run(self) -> list[ReplayResult]:
         return [replay(self.cluster, self.jobs, policy, self.options) for policy in self.policies]
@@ -60,14 +61,15 @@ def prepare(
 ) -> Study:
     """Read and check everything a study needs; raises TraceError, ClusterError or PolicyError."""
     mapping = ColumnMapping.parse(columns) if columns else None
-    traced = read_trace(trace_path, mapping)
+    read = read_trace_counted(trace_path, mapping)
+    traced = read.jobs
     cluster = parse_cluster(cluster_spec)
     config_path = Path(config_file) if config_file is not None else None
     loaded = tuple(load_policy(name, config_path, preemption=preemption) for name in policy_names(policies))
     jobs = complete_jobs(traced, model or CompletionModel())
     jobs = fit_time_limits(jobs, traced, default_partition(loaded[0]).max_time_s, str(trace_path))
     check_fits(cluster, jobs, str(trace_path), loaded[0])
-    return Study(Path(trace_path), cluster, tuple(jobs), loaded, options or ReplayOptions())
+    return Study(Path(trace_path), cluster, tuple(jobs), loaded, options or ReplayOptions(), read.left_out_text())
 
 
 def fit_time_limits(

@@ -2,9 +2,13 @@
 
 The ElasticFlow format (``job_id,submission_time,duration,num_gpu``; seconds) is recognised by its header.
 Any other CSV is read through a ``ColumnMapping`` that names the columns holding the arrival time, the
-duration and the GPU count, and optionally the job id, user, account, QoS and time limit. A malformed row
-stops the whole read with ``TraceError`` naming the file, the line and the column: a replay never starts on
-half a trace.
+duration (or the start and end times it follows from) and the GPU count, and optionally the job id, user,
+account, QoS and time limit. A malformed row stops the whole read with ``TraceError`` naming the file, the
+line and the column: a replay never starts on half a trace.
+
+Real clusters' traces also hold jobs that have no place in a GPU replay: jobs without GPUs (CPU jobs: most
+rows of some traces) and jobs that never ran (cancelled while pending: no run time, or no start or end).
+Those are left out, not refused, and counted (``TraceRead``), so a study says what it left out.
 
 Traces rarely say who submitted a job or what time limit was asked for, yet fair share needs accounts and
 backfill needs limits. ``complete_jobs`` fills both in deterministically from a seed, before any policy
@@ -16,7 +20,8 @@ from __future__ import annotations
 import csv
 import math
 import random
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,19 +45,22 @@ class ColumnMapping:
     Slurm duration such as ``4:00:00`` or ``1-00:00:00``."""
 
     arrival: str
-    duration: str
     gpus: str
+    duration: str | None = None  # or both of start and end: the run time is end - start
+    start: str | None = None
+    end: str | None = None
     job_id: str | None = None
     user: str | None = None
     account: str | None = None
     qos: str | None = None
     time_limit: str | None = None
 
-    FIELDS = ("arrival", "duration", "gpus", "job_id", "user", "account", "qos", "time_limit")
+    FIELDS = ("arrival", "duration", "gpus", "start", "end", "job_id", "user", "account", "qos", "time_limit")
 
     @classmethod
     def parse(cls, text: str) -> ColumnMapping:
-        """``arrival=submit,duration=run,gpus=ngpu[,user=..,account=..,qos=..,time_limit=..,job_id=..]``."""
+        """``arrival=submit,duration=run,gpus=ngpu[,user=..,account=..,qos=..,time_limit=..,job_id=..]``, with
+        ``start=..,end=..`` in place of ``duration`` where a trace gives when each job ran."""
         values: dict[str, str] = {}
         for item in text.split(","):
             key, sep, column = (part.strip() for part in item.partition("="))
@@ -63,7 +71,11 @@ class ColumnMapping:
             if key in values:
                 raise TraceError(f"column mapping: field {key!r} given twice")
             values[key] = column
-        missing = [f for f in ("arrival", "duration", "gpus") if f not in values]
+        if "duration" in values and ("start" in values or "end" in values):
+            raise TraceError("column mapping: give either duration or start and end, not both")
+        timed = "duration" in values or ("start" in values and "end" in values)
+        missing = [f if f != "duration" else "duration (or start and end)"
+                   for f in ("arrival", "duration", "gpus") if f not in values and (f != "duration" or not timed)]
         if missing:
             raise TraceError(f"column mapping: missing {', '.join(missing)}")
         return cls(**values)
@@ -116,13 +128,53 @@ def _arrival(text: str, where: str, column: str) -> tuple[float, bool]:
 
 
 def _gpu_count(text: str, where: str, column: str) -> int:
+    """A whole number of GPUs, 0 included (a CPU job, which the caller leaves out), or a Slurm TRES list as
+    sacct prints AllocTRES (``billing=8,cpu=8,gres/gpu=2,mem=64G,node=1``: 2; no gres/gpu: 0)."""
+    if "=" in text:
+        return _tres_gpus(text, where, column)
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not value.is_integer() or value < 1:
-        raise TraceError(f"{where}, column {column!r}: expected a whole number of GPUs (1 or more), got {text!r}")
+    if not value.is_integer() or value < 0:
+        raise TraceError(f"{where}, column {column!r}: expected a whole number of GPUs, got {text!r}")
     return int(value)
+
+
+def _tres_gpus(text: str, where: str, column: str) -> int:
+    """The GPUs of a TRES list: its ``gres/gpu=N``, or else the sum of its typed ``gres/gpu:TYPE=N`` (Slurm
+    lists both for a typed request; only the typed ones for some)."""
+    plain, typed = None, 0
+    for item in text.split(","):
+        name, _, count = item.strip().partition("=")
+        if name != "gres/gpu" and not name.startswith("gres/gpu:"):
+            continue
+        if not count.isdigit():
+            raise TraceError(f"{where}, column {column!r}: expected a GPU count in {item.strip()!r}, got {text!r}")
+        if name == "gres/gpu":
+            plain = int(count)
+        else:
+            typed += int(count)
+    return plain if plain is not None else typed
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRead:
+    """A trace's jobs with GPUs that ran, and how many rows were left out, and why."""
+
+    jobs: list[TraceJob]
+    without_gpus: int = 0  # CPU jobs: nothing to replay on GPUs
+    never_ran: int = 0  # no run time (an empty duration, start or end): cancelled before they started
+    steps: int = 0  # sacct's rows of job steps (123.batch, 123.0): the job's own row is the job
+
+    def left_out_text(self) -> str:
+        """``left out: 3 jobs without GPUs, 1 that never ran`` (empty when nothing was)."""
+        parts = [f"{self.without_gpus} {'job' if self.without_gpus == 1 else 'jobs'} without GPUs"
+                 if self.without_gpus else "",
+                 f"{self.never_ran} that never ran (no run time)" if self.never_ran else "",
+                 f"{self.steps} job step rows" if self.steps else ""]
+        shown = ", ".join(part for part in parts if part)
+        return f"left out: {shown}" if shown else ""
 
 
 def _is_number(text: str) -> bool:
@@ -132,8 +184,21 @@ def _is_number(text: str) -> bool:
         return False
 
 
+# A job step's id as sacct prints it (123.batch, 123.extern, 123.0, 77_3.0, 9+1.0): its job has a row of its own.
+SLURM_STEP_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?\.[A-Za-z0-9]+$")
+
+# What sacct prints where a time, a limit or a run time is not known: the cell is read as empty.
+NOT_KNOWN = frozenset({"unknown", "none", "unlimited", "partition_limit", "invalid"})
+
+
+def _known(text: str | None) -> str:
+    """``text`` stripped, or "" where it says the value is not known."""
+    stripped = (text or "").strip()
+    return "" if stripped.lower() in NOT_KNOWN else stripped
+
+
 def _time_limit(text: str, where: str, column: str) -> int | None:
-    stripped = text.strip()
+    stripped = _known(text)
     if not stripped:
         return None
     try:
@@ -149,14 +214,27 @@ def _time_limit(text: str, where: str, column: str) -> int | None:
 
 
 def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[TraceJob]:
-    """Every job of the CSV at ``path`` in arrival order (ties keep file order), or TraceError."""
+    """Every job of the CSV at ``path`` that has GPUs and ran, in arrival order (ties keep file order), or
+    TraceError."""
+    return read_trace_counted(path, mapping).jobs
+
+
+def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -> TraceRead:
+    """``read_trace``, with the counts of the rows left out."""
     path = Path(path)
     try:
         handle = path.open(newline="", encoding="utf-8")
     except OSError as err:
         raise TraceError(f"{path}: cannot read trace: {err.strerror or err}") from None
+    without_gpus = never_ran = steps = 0
     with handle:
-        reader = csv.reader(handle)
+        try:
+            first = handle.readline()
+            handle.seek(0)
+        except UnicodeDecodeError as err:
+            raise TraceError(f"{path}, line 1: unreadable CSV header: {err}") from None
+        # sacct -P (--parsable2) separates its fields with '|': such a dump is read as it is.
+        reader = csv.reader(handle, delimiter="|" if "|" in first and "," not in first else ",")
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
@@ -193,6 +271,9 @@ def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[T
                     return row[index[field]].strip() if field in index else None
 
                 job_id = cell("job_id") or str(len(jobs) + 1)
+                if mapping.job_id is not None and SLURM_STEP_ID.match(job_id):
+                    steps += 1
+                    continue
                 submit_s, dated = _arrival(cell("arrival") or "", where, mapping.arrival)
                 if arrivals_dated is None:
                     arrivals_dated = dated
@@ -203,13 +284,22 @@ def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[T
                         f"{'a date' if dated else 'a number of seconds'} among arrival times given as "
                         f"{'dates' if arrivals_dated else 'seconds'}, got {cell('arrival')!r}"
                     )
+                duration = _run_time(cell, mapping, where)
+                if duration is None:
+                    never_ran += 1
+                    continue
+                # An empty GPU cell is nothing allocated (sacct's AllocTRES of a job that never started).
+                gpus = _gpu_count(gpus_text, where, mapping.gpus) if (gpus_text := cell("gpus") or "") else 0
+                if gpus == 0:
+                    without_gpus += 1
+                    continue
                 jobs.append(
                     TraceJob(
                         job_id=job_id,
                         line=line,
                         submit_s=submit_s,
-                        duration_s=_number(cell("duration") or "", where, mapping.duration),
-                        gpus=_gpu_count(cell("gpus") or "", where, mapping.gpus),
+                        duration_s=duration,
+                        gpus=gpus,
                         user=cell("user") or None,
                         account=cell("account") or None,
                         qos=cell("qos") or None,
@@ -223,9 +313,42 @@ def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[T
         except (csv.Error, UnicodeDecodeError) as err:
             raise TraceError(f"{path}, line {reader.line_num}: unreadable CSV: {err}") from None
     if not jobs:
-        raise TraceError(f"{path}: the trace has a header but no jobs")
+        left = TraceRead([], without_gpus, never_ran, steps).left_out_text()
+        raise TraceError(f"{path}: the trace has no job with GPUs that ran{f' ({left})' if left else ''}")
     jobs.sort(key=lambda j: j.submit_s)  # stable: simultaneous arrivals keep file order
-    return jobs
+    return TraceRead(jobs, without_gpus, never_ran, steps)
+
+
+def _run_seconds(text: str, where: str, column: str) -> float:
+    """A run time: seconds, or a Slurm duration as sacct prints Elapsed (``01:02:03``, ``1-00:00:00``)."""
+    if _is_number(text) or text.lstrip().startswith("-"):
+        return _number(text, where, column)
+    try:
+        return float(parse_duration(text, where))
+    except ConfigError:
+        raise TraceError(
+            f"{where}, column {column!r}: expected a number of seconds or a duration like 01:02:03, got {text!r}"
+        ) from None
+
+
+def _run_time(cell: Callable[[str], str | None], mapping: ColumnMapping, where: str) -> float | None:
+    """A row's run time in seconds: its duration, or its end minus its start (both dates, or both seconds);
+    None when the row has none (an empty cell: the job never ran)."""
+    if mapping.duration is not None:
+        text = _known(cell("duration"))
+        return _run_seconds(text, where, mapping.duration) if text else None
+    assert mapping.start is not None and mapping.end is not None  # ColumnMapping.parse asks for both
+    started, ended = _known(cell("start")), _known(cell("end"))
+    if not started or not ended:
+        return None
+    start_s, start_dated = _arrival(started, where, mapping.start)
+    end_s, end_dated = _arrival(ended, where, mapping.end)
+    if start_dated != end_dated:
+        raise TraceError(f"{where}, column {mapping.end!r}: the start and end must both be dates or both seconds, "
+                         f"got {started!r} and {ended!r}")
+    if end_s < start_s:
+        raise TraceError(f"{where}, column {mapping.end!r}: the job ends ({ended!r}) before it starts ({started!r})")
+    return end_s - start_s
 
 
 def round_up_limit(seconds: float) -> int:

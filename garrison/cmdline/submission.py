@@ -63,7 +63,7 @@ IGNORED_VALUE_OPTIONS = (
     ("--profile",), ("--acctg-freq",), ("-m", "--distribution"), ("--switches",), ("--reservation",),
     ("--threads-per-core",), ("--cores-per-socket",), ("--sockets-per-node",), ("--mincpus",), ("--tmp",),
     ("--gpu-bind",), ("--gpu-freq",), ("--cpu-freq",), ("--network",), ("--mcs-label",), ("--deadline",),
-    ("--delay-boot",), ("--propagate",), ("--get-user-env",), ("-M", "--clusters"), ("--power",),
+    ("--delay-boot",), ("-M", "--clusters"), ("--power",),
     ("--core-spec",), ("--thread-spec",), ("--cpu-bind",), ("--mem-bind",), ("--priority",),
     ("--kill-on-invalid-dep",), ("--container",), ("--uid",), ("--gid",), ("-B", "--extra-node-info"),
     # Found in real scripts (docs/slurm.md, "A corpus of real scripts"): placement hints Garrison's own placement
@@ -76,7 +76,8 @@ IGNORED_FLAG_OPTIONS = (
     ("-O", "--overcommit"), ("-s", "--oversubscribe"), ("--contiguous",), ("--spread-job",),
     ("-k", "--no-kill"), ("--use-min-nodes",), ("-Q", "--quiet"), ("-v", "--verbose"), ("-I", "--immediate"),
     ("--ignore-pbs",), ("--reboot",), ("--spread-segments",), ("--consolidate-segments",), ("--stepmgr",),
-    ("--oom-kill-step",), ("--resv-ports",),  # these two take an optional value, attached (--resv-ports=4)
+    # These take an optional value, attached (--resv-ports=4, --get-user-env=10L): alone, they are flags.
+    ("--oom-kill-step",), ("--resv-ports",), ("--get-user-env",), ("--propagate",),
 )
 # Other names Slurm gives an option (getopt_long reads a prefix of these as the option too: sbatch --tasks=14 is
 # --tasks-per-node=14, its deprecated spelling of --ntasks-per-node).
@@ -342,12 +343,14 @@ def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | 
         gpu_type = requested_type or gpu_type
     gres = chosen.text("gres")
     if gres is not None:
-        if counts["gpus_per_node"] is not None:
-            raise chosen.error("gres", "give either --gres or --gpus-per-node, not both")
         try:
-            requested_type, counts["gpus_per_node"] = parse_gres(gres)
+            requested_type, per_node = parse_gres(gres)
         except UsageError as problem:
             raise chosen.error("gres", str(problem)) from None
+        # --gres=gpu:N is --gpus-per-node=N: the same count given both ways is accepted, as Slurm does.
+        if counts["gpus_per_node"] is not None and counts["gpus_per_node"] != per_node:
+            raise chosen.error("gres", f"gpu:{per_node} conflicts with --gpus-per-node {counts['gpus_per_node']}")
+        counts["gpus_per_node"] = per_node
         if requested_type is not None and gpu_type is not None and requested_type != gpu_type:
             raise chosen.error("gres", f"GPU type {requested_type!r} differs from --gpus type {gpu_type!r}")
         gpu_type = requested_type or gpu_type

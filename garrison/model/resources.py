@@ -67,17 +67,36 @@ def resolve(spec: JobSpec) -> JobSpec:
     if ntasks is not None and nodes is not None and per_node is None and ntasks % nodes == 0:
         per_node = ntasks // nodes
 
-    # GPUs.
+    # GPUs. Scripts often state one count several ways (--gpus-per-node=1 --gpus=1 --gpus-per-task=1); as in
+    # Slurm, counts that agree are accepted and only a contradiction is refused. One form is kept: per node
+    # where a per-node count was given or follows, the job's total otherwise.
+    if gpus is not None and gpus_per_node is not None:
+        if nodes is None and gpus % gpus_per_node == 0:
+            nodes = gpus // gpus_per_node
+        _agree("--gpus", gpus, gpus_per_node * (nodes or 1), "--gpus-per-node x --nodes")
+        gpus = None
     if spec.gpus_per_task is not None:
         if per_node is not None and (ntasks is None or nodes is not None):
             gpus_per_node = _agree("--gpus-per-node", gpus_per_node, per_node * spec.gpus_per_task,
                                    "--ntasks-per-node x --gpus-per-task")
             if gpus is not None:
-                raise ResourceError("give either --gpus or --gpus-per-task with --ntasks-per-node, not both")
+                _agree("--gpus", gpus, gpus_per_node * (nodes or 1), "--ntasks-per-node x --gpus-per-task x --nodes")
+                gpus = None
         else:
-            if gpus_per_node is not None:
-                raise ResourceError("give either --gpus-per-node or --gpus-per-task with --ntasks, not both")
-            gpus = _agree("--gpus", gpus, (ntasks or 1) * spec.gpus_per_task, "--ntasks x --gpus-per-task")
+            task_gpus = (ntasks or 1) * spec.gpus_per_task
+            if gpus_per_node is None:
+                gpus = _agree("--gpus", gpus, task_gpus, "--ntasks x --gpus-per-task")
+            else:
+                if nodes is None and task_gpus % gpus_per_node == 0:
+                    nodes = task_gpus // gpus_per_node
+                _agree("--gpus-per-node x --nodes", gpus_per_node * (nodes or 1), task_gpus,
+                       "--ntasks x --gpus-per-task")
+                if ntasks is not None and nodes is not None and ntasks < nodes:
+                    raise ResourceError(f"--ntasks {ntasks} x --gpus-per-task {spec.gpus_per_task} needs "
+                                        f"{nodes} nodes of --gpus-per-node {gpus_per_node}: a task cannot "
+                                        "span nodes")
+    if ntasks is not None and nodes is not None and per_node is None and ntasks % nodes == 0:
+        per_node = ntasks // nodes  # the nodes may follow from the GPU counts: as above, so resolve is idempotent
     if spec.ntasks_per_gpu is not None:
         total = gpus if gpus is not None else (gpus_per_node * (nodes or 1) if gpus_per_node is not None else None)
         if total is None:

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from . import cgroup_runtime, core
@@ -61,12 +61,17 @@ class SpawnError(RuntimeError):
     """The supervisor could not be started."""
 
 
+class ForkServerUnreachable(SpawnError):
+    """Nothing listens on the fork server's socket: it has died (nothing was asked of it)."""
+
+
 def spawn(
     job_dir: Path,
     spec: LaunchSpec,
     *,
     forkserver: Path | None = None,
     python: str = sys.executable,
+    revive: Callable[[], bool] | None = None,
 ) -> int:
     """Write launch.json and start the attempt's supervisor, detached; return its pid.
 
@@ -74,7 +79,10 @@ def spawn(
     ranks on its own. If job_dir already has a live supervisor or a status.json, nothing
     is started and the recorded pid is returned (that supervisor may since have died:
     check is_alive()). With forkserver, the supervisor is forked by the fork server
-    listening on that socket (see forkserver.py) instead of starting a new interpreter.
+    listening on that socket (see forkserver.py) instead of starting a new interpreter. A fork server that
+    refuses the connection (it has died: killed, or by the OOM killer) is started again by ``revive``
+    (True once one listens again) and asked once more; without one, the supervisor starts as a new
+    interpreter. Nothing was sent to a server that refused, so asking again cannot start two supervisors.
     """
     job_dir = Path(os.path.abspath(job_dir))
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -94,7 +102,14 @@ def spawn(
                 core.write_file_atomically(str(job_dir / core.PID_FILE), f"{pid}\n".encode())
             else:
                 # The fork server has written it (and the supervisor does not) before it answers.
-                pid = _start_through_forkserver(job_dir, lock_fd, forkserver)
+                try:
+                    pid = _start_through_forkserver(job_dir, lock_fd, forkserver)
+                except ForkServerUnreachable:
+                    if revive is not None and revive():
+                        pid = _start_through_forkserver(job_dir, lock_fd, forkserver)
+                    else:
+                        pid = _start_detached_interpreter(job_dir, lock_fd, python)
+                        core.write_file_atomically(str(job_dir / core.PID_FILE), f"{pid}\n".encode())
         finally:
             # The supervisor holds its own descriptor of the same open file, so the
             # lock stays held as long as it lives.
@@ -183,7 +198,10 @@ def _start_detached_interpreter(job_dir: Path, lock_fd: int, python: str) -> int
 def _start_through_forkserver(job_dir: Path, lock_fd: int, forkserver: Path) -> int:
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
         connection.settimeout(SPAWN_TIMEOUT_S)
-        connection.connect(str(forkserver))
+        try:
+            connection.connect(str(forkserver))
+        except (ConnectionRefusedError, FileNotFoundError) as error:
+            raise ForkServerUnreachable(f"fork server {forkserver}: {error.strerror}") from None
         socket.send_fds(connection, [json.dumps({"job_dir": str(job_dir)}).encode()], [lock_fd])
         reply = json.loads(connection.recv(65536) or b"{}")
     if not isinstance(reply.get("pid"), int):

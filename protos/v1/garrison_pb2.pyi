@@ -1529,18 +1529,25 @@ class Heartbeat(_message.Message):
 
     TIME_FIELD_NUMBER: _builtins.int
     LEASE_REQUEST_FIELD_NUMBER: _builtins.int
+    NODE_FAULT_FIELD_NUMBER: _builtins.int
     time: _builtins.float
     lease_request: _builtins.int
     """as Register.lease_request: every heartbeat asks for the lease anew"""
+    node_fault: _builtins.str
+    """What keeps this node from running jobs safely, as the agent sees it ("" when nothing does): its state
+    directory cannot be written (a full disk), so neither launches nor the node lease's renewals can be.
+    The controller drains the node for it, and resumes the node when a heartbeat no longer says it.
+    """
     def __init__(
         self,
         *,
         time: _builtins.float = ...,
         lease_request: _builtins.int = ...,
+        node_fault: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_request", b"lease_request", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_request", b"lease_request", "node_fault", b"node_fault", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -234,3 +234,54 @@ def test_controller_outage_longer_than_the_lease_kills_nothing_either(twin: Clus
     assert sorted(found) == [0] and found[0].events.get("end") == {"node1", "node2"}
     assert "term" not in found[0].events
     assert any("node lease extended" in line for line in (c.state_dir / "agent-1.log").read_text().splitlines())
+
+
+def node_reasons(c: Cluster) -> dict[str, str]:
+    """Each node's reason, as `sinfo -N -o %N|%E` gives it ("none": no reason)."""
+    sinfo = Path(c.run("garrison", "slurm-path").stdout.strip()) / "sinfo"
+    rows = (line.split("|", 1) for line in c.run(str(sinfo), "-N", "-h", "-o", "%N|%E").stdout.splitlines())
+    return {name: "" if reason == "none" else reason for name, reason in rows}
+
+
+def test_a_full_agent_disk_drains_the_node_requeues_its_job_and_the_node_resumes_when_freed(twin: Cluster) -> None:
+    """An agent whose state directory fills up (a real tmpfs filled to the last byte) keeps its link, says so in
+    its heartbeats and is drained: new jobs go elsewhere, the job it ran (stopped at the lease's end, which it
+    could not renew) is requeued, not failed, and once space is freed the node resumes and runs it again."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    c = twin
+    agent_dir = c.state_dir / "agent-2"
+    os.kill(c.pid("agent-2"), signal.SIGTERM)
+    wait_until(lambda: "node2" not in node_states(c) or node_states(c)["node2"] != "IDLE", 30,
+               what="agent-2 to stop")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(agent_dir)], check=True)
+    try:
+        c.up()
+        wait_until(lambda: node_states(c)["node2"] == "IDLE", 30, what="node2 to register on its new disk")
+        log = c.work / "disk.log"
+        held = c.submit("-w", "node2", "-G", "1", "-o", "/dev/null", "--wrap", job_body(log, 2000, 2))
+        wait_for(c, held, lambda: 0 in runs(log), 60, "the job to start on node2")
+        filler = agent_dir / "filler"
+        with filler.open("wb", buffering=0) as f, pytest.raises(OSError):
+            while True:
+                f.write(b"\0" * (1 << 16))
+        wait_until(lambda: "No space left on device" in node_reasons(c)["node2"], 30, what="node2 to be drained")
+        assert node_states(c)["node2"].startswith("DRAIN")
+        elsewhere = c.submit("-G", "1", "-o", "/dev/null", "--wrap", "true")
+        assert c.wait_done(elsewhere)["state"] == "COMPLETED"
+        assert "node1" in c.run("gjob", elsewhere).stdout
+        # The lease cannot be renewed: its supervisor stops the job at the lease's end; the node's failure.
+        wait_for(c, held, lambda: "term" in runs(log).get(0, Run()).events, LEASE_S + 30, "the job to be stopped")
+        job = c.wait_state(held, {"PENDING", "FAILED", "NODE_FAIL"}, 60)
+        assert job["state"] == "PENDING", job
+        filler.unlink()
+        wait_until(lambda: node_states(c)["node2"] in ("IDLE", "MIXED", "ALLOCATED"), 30, what="node2 to resume")
+        job = c.wait_done(held, 90)
+        assert job["state"] == "COMPLETED" and job["restart_count"] == 1, job
+        assert_no_overlap(runs(log))
+        assert node_reasons(c)["node2"] == ""
+    finally:
+        c.run("garrison", "down", "--state-dir", str(c.state_dir), check=False)  # before its disk goes
+        subprocess.run(["umount", "-l", str(agent_dir)], check=False)

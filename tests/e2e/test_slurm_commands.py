@@ -78,6 +78,31 @@ def test_an_sbatch_script_runs_srun_and_scontrol_by_their_slurm_names(cluster: C
     ], out
 
 
+def test_srun_multi_prog_runs_each_tasks_own_program(cluster: Cluster) -> None:
+    (cluster.work / "mp.conf").write_text(
+        "# rank 0 coordinates, the others work\n"
+        "0    echo coordinator %t\n"
+        "1-3  bash -c 'echo worker %t offset %o on $SLURMD_NODENAME; exit %o'\n"
+    )
+    script = write(cluster.work / "multi-prog.sh", (
+        "#!/bin/bash\n"
+        "#SBATCH -N 2 --ntasks-per-node=2 --gpus-per-node=1\n"
+        "srun -l --multi-prog mp.conf | sort\n"
+        'echo "srun exit ${PIPESTATUS[0]}"\n'
+    ))
+    job_id = sbatch(cluster, str(script))
+    job = cluster.wait_done(job_id)
+    out = (cluster.work / f"slurm-{job_id}.out").read_text()
+    nodes = job["nodes"]
+    assert out.splitlines() == [
+        "0: coordinator 0",
+        f"1: worker 1 offset 0 on {nodes[0]}",
+        f"2: worker 2 offset 1 on {nodes[1]}",
+        f"3: worker 3 offset 2 on {nodes[1]}",
+        "srun exit 2",  # each task's program is its own process: its exit code is the task's (srun's: the largest)
+    ], out
+
+
 def test_parsable_wrap_and_array_outputs(cluster: Cluster) -> None:
     job_id = sbatch(cluster, "-a", "1-2", "-o", "/dev/null", "--wrap", "true")
     assert job_id.isdigit(), job_id  # the id alone: no "Submitted", no ";cluster"

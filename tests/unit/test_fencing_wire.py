@@ -21,8 +21,13 @@ from garrison.wire.convert import launch_from_pb, launch_to_pb, result_from_pb
 
 def test_lease_requests_become_events_and_grants_become_messages() -> None:
     heartbeat = pb.AgentMessage(heartbeat=pb.Heartbeat(time=1.0, lease_request=41))
-    assert agent_event_from_pb(heartbeat) == StillAlive(lease_request=41)
-    assert agent_event_from_pb(pb.AgentMessage(heartbeat=pb.Heartbeat(time=1.0))) == StillAlive()
+    # A heartbeat also says whether the node has a fault ("": none); another message proves only life.
+    assert agent_event_from_pb(heartbeat) == StillAlive(lease_request=41, node_fault="")
+    assert agent_event_from_pb(pb.AgentMessage(heartbeat=pb.Heartbeat(time=1.0))) == StillAlive(node_fault="")
+    assert agent_event_from_pb(pb.AgentMessage()) == StillAlive()
+    faulty = pb.AgentMessage(heartbeat=pb.Heartbeat(time=1.0, node_fault="disk\nfull\x1b[2J" + "x" * 500))
+    fault = agent_event_from_pb(faulty).node_fault  # type: ignore[union-attr]
+    assert fault is not None and fault.startswith("disk?full?[2J") and len(fault) == 200
     register = pb.Register(node_name="n1", lease_request=7)
     assert registration_from_pb(register, "10.0.0.1").lease_request == 7
     grant = instruction_to_pb(LeaseGrant(41, 60.0))

@@ -56,6 +56,33 @@ def test_memory_per_cpu_and_per_gpu() -> None:
     assert mem_needed(whole, 2, node_memory_mb=512_000) == 512_000
 
 
+def test_gpu_counts_given_several_ways_are_accepted_when_they_agree() -> None:
+    # A real script's header (tests/data/slurm_corpus's wider sample): one GPU stated three ways.
+    spec = resolved(gpus_per_node=1, gpus=1, gpus_per_task=1)
+    assert (spec.gpus_per_node, spec.gpus, spec.total_gpus(), spec.nodes) == (1, None, 1, 1)
+    spec = resolved(gpus=8, gpus_per_node=4)  # the nodes follow, as Slurm lays 8 GPUs at 4 a node on 2
+    assert (spec.gpus_per_node, spec.nodes, spec.total_gpus()) == (4, 2, 8)
+    spec = resolved(ntasks=8, gpus_per_task=1, gpus_per_node=4)
+    assert (spec.nodes, spec.gpus_per_node, spec.total_gpus(), spec.ntasks) == (2, 4, 8, 8)
+    spec = resolved(nodes=2, ntasks_per_node=4, gpus_per_task=1, gpus=8)
+    assert (spec.gpus_per_node, spec.gpus, spec.total_gpus()) == (4, None, 8)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"gpus": 3, "gpus_per_node": 2}, "--gpus 3 conflicts with --gpus-per-node x --nodes (which make 2)"),
+        ({"gpus": 4, "gpus_per_node": 2, "nodes": 1}, "--gpus 4 conflicts with --gpus-per-node x --nodes"),
+        ({"gpus_per_node": 2, "gpus_per_task": 1, "ntasks": 3}, "--gpus-per-node x --nodes 2 conflicts with"),
+        ({"gpus_per_node": 4, "gpus_per_task": 8, "ntasks": 1}, "a task cannot span nodes"),
+        ({"nodes": 2, "ntasks_per_node": 4, "gpus_per_task": 1, "gpus": 6}, "--gpus 6 conflicts"),
+    ],
+)
+def test_gpu_counts_that_contradict_each_other_are_refused(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ResourceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        resolve(replace(BASE, **fields))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -102,7 +129,7 @@ def test_sbatch_directives_give_slurm_resources(tmp_path: Path) -> None:
     [
         ("--gres=nvme:1", "job.sh line 2: --gres: unknown generic resource 'nvme'"),
         ("--gres=gpu:x:y", "job.sh line 2: --gres: invalid --gres 'gpu:x:y'"),
-        ("--gres=gpu:2 --gpus-per-node=2", "give either --gres or --gpus-per-node"),
+        ("--gres=gpu:2 --gpus-per-node=4", "--gres: gpu:2 conflicts with --gpus-per-node 4"),
         ("-N 2 -n 16 --ntasks-per-node=4", "--ntasks 16 cannot fit in --ntasks-per-node 4 x --nodes 2"),
         ("--mem=4G --mem-per-cpu=1G", "--mem-per-cpu and --mem"),
         ("-c 0", "--cpus-per-task"),

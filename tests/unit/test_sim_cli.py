@@ -44,6 +44,17 @@ def test_json_figures(queue_trace: Path) -> None:
         assert key in fifo
 
 
+def test_the_rows_left_out_are_said(queue_trace: Path) -> None:
+    with queue_trace.open("a") as trace:
+        trace.write(f"cpu,{U},{U},0,a,{U}\nnever,{U},,1,a,{U}\n")
+    proc = gsim(str(queue_trace), "--cluster", "1x8", "--policy", "fifo", "--columns", COLUMNS, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert (data["jobs"], data["left_out"]) == (5, "1 job without GPUs, 1 that never ran (no run time)")
+    table = gsim(str(queue_trace), "--cluster", "1x8", "--policy", "fifo", "--columns", COLUMNS)
+    assert "5 jobs on 1x8 GPU" in table.stdout and "(left out: 1 job without GPUs, 1 that never ran" in table.stdout
+
+
 def test_table_by_default(queue_trace: Path) -> None:
     proc = gsim(str(queue_trace), "--cluster", "1x8", "--policy", "fifo", "--columns", COLUMNS)
     assert proc.returncode == 0, proc.stderr
@@ -74,7 +85,7 @@ def test_a_malformed_row_stops_before_any_replay(queue_trace: Path, tmp_path: Pa
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr == (
-        f"gsim: error: {queue_trace}, line 4, column 'd': expected a number of seconds, got 'soon'\n"
+        f"gsim: error: {queue_trace}, line 4, column 'd': expected a number of seconds or a duration like 01:02:03, got 'soon'\n"
     )
     assert not out.exists()
 
@@ -85,7 +96,7 @@ def test_a_malformed_row_stops_before_any_replay(queue_trace: Path, tmp_path: Pa
         (["--cluster", "12by8"], "gsim: error: cluster '12by8': expected NODESxGPUS"),
         (["--cluster", "1x4"], "gsim: error: {trace}, line 2: job j0 asks for 8 GPUs; the cluster has 4"),
         (["--cluster", "1x8", "--config", "/nonexistent.toml"], "gsim: error: /nonexistent.toml"),
-        (["--cluster", "1x8", "--columns", "arrival=t"], "gsim: error: column mapping: missing duration, gpus"),
+        (["--cluster", "1x8", "--columns", "arrival=t"], "gsim: error: column mapping: missing duration (or start and end), gpus"),
     ],
 )
 def test_bad_input_is_one_line(queue_trace: Path, args: list[str], message: str) -> None:

@@ -15,6 +15,7 @@ from garrison.controller.sim.trace import (
     TraceJob,
     complete_jobs,
     read_trace,
+    read_trace_counted,
     round_up_limit,
 )
 
@@ -49,11 +50,12 @@ def test_simultaneous_arrivals_keep_file_order(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("row", "expected"),
     [
-        ("x,10,abc,1", "line 3, column 'duration': expected a number of seconds, got 'abc'"),
+        ("x,10,abc,1", "line 3, column 'duration': expected a number of seconds or a duration like 01:02:03, got 'abc'"),
         ("x,-4,100,1", "line 3, column 'submission_time': expected a non-negative number, got '-4'"),
-        ("x,10,100,0", "line 3, column 'num_gpu': expected a whole number of GPUs (1 or more), got '0'"),
-        ("x,10,100,2.5", "line 3, column 'num_gpu': expected a whole number of GPUs (1 or more), got '2.5'"),
-        ("x,10,nan,1", "line 3, column 'duration': expected a non-negative number, got 'nan'"),
+        ("x,10,100,-1", "line 3, column 'num_gpu': expected a whole number of GPUs, got '-1'"),
+        ("x,10,100,2.5", "line 3, column 'num_gpu': expected a whole number of GPUs, got '2.5'"),
+        ("x,10,nan,1", "line 3, column 'duration': expected a number of seconds or a duration like 01:02:03, got 'nan'"),
+        ("x,10,-5,1", "line 3, column 'duration': expected a non-negative number, got '-5'"),
         ("x,10,100", "line 3: 3 columns, the header has 4"),
     ],
 )
@@ -69,8 +71,10 @@ def test_unknown_format_and_empty_files_are_refused(tmp_path: Path) -> None:
         read_trace(write(tmp_path, "submit,run,ngpu\n0,1,1\n"))
     with pytest.raises(TraceError, match="the trace is empty"):
         read_trace(write(tmp_path, ""))
-    with pytest.raises(TraceError, match="has a header but no jobs"):
+    with pytest.raises(TraceError, match="has no job with GPUs that ran$"):
         read_trace(write(tmp_path, "job_id,submission_time,duration,num_gpu\n\n"))
+    with pytest.raises(TraceError, match=r"has no job with GPUs that ran \(left out: 2 jobs without GPUs\)"):
+        read_trace(write(tmp_path, "job_id,submission_time,duration,num_gpu\na,0,5,0\nb,1,5,0\n"))
     with pytest.raises(TraceError, match="cannot read trace"):
         read_trace(tmp_path / "missing.csv")
 
@@ -92,7 +96,65 @@ def test_a_column_mapping_reads_other_csvs_with_users_accounts_qos_and_limits(tm
     ]
 
 
+def test_cpu_jobs_and_jobs_that_never_ran_are_left_out_and_counted(tmp_path: Path) -> None:
+    # A trace as real clusters keep them (Helios-like): CPU jobs, and a job cancelled while pending, with no
+    # start or end; the run time follows from the start and end, dates or seconds.
+    path = write(
+        tmp_path,
+        "job_id,user,gpu_num,submit_time,start_time,end_time,state\n"
+        "1,u1,8,2020-04-01 00:00:00,2020-04-01 00:00:05,2020-04-01 01:00:05,COMPLETED\n"
+        "2,u2,0,2020-04-01 00:01:00,2020-04-01 00:01:00,2020-04-01 00:11:00,COMPLETED\n"
+        "3,u1,16,2020-04-01 00:02:00,2020-04-01 00:03:00,2020-04-01 00:04:00,FAILED\n"
+        "4,u3,1,2020-04-01 00:03:00,,,CANCELLED\n",
+    )
+    read = read_trace_counted(path, ColumnMapping.parse(
+        "arrival=submit_time,start=start_time,end=end_time,gpus=gpu_num,user=user,job_id=job_id"))
+    assert [(j.job_id, j.duration_s, j.gpus) for j in read.jobs] == [("1", 3600.0, 8), ("3", 60.0, 16)]
+    assert (read.without_gpus, read.never_ran) == (1, 1)
+    assert read.left_out_text() == "left out: 1 job without GPUs, 1 that never ran (no run time)"
+    # An empty duration is a job that never ran too; a row that ends before it starts is refused.
+    read = read_trace_counted(write(tmp_path, "t,run,g\n0,,1\n1,5,2\n"), ColumnMapping.parse("arrival=t,duration=run,gpus=g"))
+    assert ([j.gpus for j in read.jobs], read.never_ran, read.left_out_text()) == ([2], 1, "left out: 1 that never ran (no run time)")
+    with pytest.raises(TraceError, match=r"line 2, column 'e': the job ends \('3'\) before it starts \('5'\)"):
+        read_trace(write(tmp_path, "a,s,e,g\n1,5,3,1\n"), ColumnMapping.parse("arrival=a,start=s,end=e,gpus=g"))
+    with pytest.raises(TraceError, match="the start and end must both be dates or both seconds"):
+        read_trace(write(tmp_path, "a,s,e,g\n1,5,2020-01-01 00:00:00,1\n"), ColumnMapping.parse("arrival=a,start=s,end=e,gpus=g"))
+
+
+SACCT_DUMP = """JobID|User|Account|Submit|Start|End|Elapsed|Timelimit|AllocTRES|State
+101|alice|vision|2024-03-01T09:00:00|2024-03-01T09:00:05|2024-03-01T10:00:05|01:00:00|04:00:00|billing=8,cpu=8,gres/gpu=2,mem=64G,node=1|COMPLETED
+101.batch||vision|2024-03-01T09:00:05|2024-03-01T09:00:05|2024-03-01T10:00:05|01:00:00||cpu=8,gres/gpu=2,mem=64G,node=1|COMPLETED
+101.extern||vision|2024-03-01T09:00:05|2024-03-01T09:00:05|2024-03-01T10:00:05|01:00:00||billing=8,cpu=8,gres/gpu=2,mem=64G,node=1|COMPLETED
+102|bob|nlp|2024-03-01T09:10:00|Unknown|Unknown|00:00:00|1-00:00:00||CANCELLED by 1001
+103|carol|nlp|2024-03-01T09:20:00|2024-03-01T09:20:01|2024-03-01T09:30:01|00:10:00|UNLIMITED|billing=4,cpu=4,mem=16G,node=1|COMPLETED
+104_3|dave|vision|2024-03-01T09:30:00|2024-03-01T09:31:00|2024-03-02T09:31:00|1-00:00:00|2-00:00:00|billing=16,cpu=16,gres/gpu:a100=8,mem=500G,node=1|TIMEOUT
+104_3.0|dave|vision|2024-03-01T09:31:00|2024-03-01T09:31:00|2024-03-02T09:31:00|1-00:00:00||cpu=16,gres/gpu:a100=8,node=1|CANCELLED
+"""
+
+
+def test_a_slurm_sacct_dump_is_read_as_it_is(tmp_path: Path) -> None:
+    # `sacct -a -P -o JobID,User,Account,Submit,Start,End,Elapsed,Timelimit,AllocTRES,State`: '|'-separated,
+    # dates with a T, Slurm durations, GPUs inside the TRES list, step rows, Unknown and UNLIMITED.
+    path = write(tmp_path, SACCT_DUMP)
+    read = read_trace_counted(path, ColumnMapping.parse(
+        "job_id=JobID,arrival=Submit,start=Start,end=End,gpus=AllocTRES,user=User,account=Account,"
+        "time_limit=Timelimit"))
+    assert [(j.job_id, j.duration_s, j.gpus, j.user, j.time_limit_s) for j in read.jobs] == [
+        ("101", 3600.0, 2, "alice", 4 * 3600), ("104_3", 86400.0, 8, "dave", 2 * 86400)]
+    assert (read.without_gpus, read.never_ran, read.steps) == (1, 1, 3)
+    # Elapsed as the run time instead: the cancelled job ran for no time at all.
+    read = read_trace_counted(path, ColumnMapping.parse("job_id=JobID,arrival=Submit,duration=Elapsed,gpus=AllocTRES"))
+    assert [(j.job_id, j.duration_s) for j in read.jobs] == [("101", 3600.0), ("104_3", 86400.0)]
+    assert (read.without_gpus, read.never_ran, read.steps) == (2, 0, 3)
+    with pytest.raises(TraceError, match=r"line 2, column 'g': expected a GPU count in 'gres/gpu=two'"):
+        read_trace(write(tmp_path, "a|d|g\n0|5|cpu=1,gres/gpu=two\n"), ColumnMapping.parse("arrival=a,duration=d,gpus=g"))
+
+
 def test_mapping_errors(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match=r"missing duration \(or start and end\)$"):
+        ColumnMapping.parse("arrival=a,gpus=c,start=s")
+    with pytest.raises(TraceError, match="either duration or start and end, not both"):
+        ColumnMapping.parse("arrival=a,gpus=c,duration=d,start=s,end=e")
     with pytest.raises(TraceError, match="missing gpus"):
         ColumnMapping.parse("arrival=a,duration=b")
     with pytest.raises(TraceError, match="unknown field 'size'"):

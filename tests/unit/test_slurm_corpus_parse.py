@@ -163,6 +163,10 @@ def test_an_ignored_flag_takes_an_attached_value_and_warns_once(tmp_path: Path) 
     submission = parse_submission([str(script)], ENVIRON, str(tmp_path))
     assert submission.ignored == ("--resv-ports", "--oom-kill-step")
     assert submission.spec.nodes == 1
+    # --get-user-env and --propagate too (their value attached, or none): alone they must not swallow the next option.
+    submission = parse_submission(["--get-user-env", "-G", "1", "--get-user-env=10L", "--propagate",
+                                   "--propagate=STACK,CORE", str(script)], ENVIRON, str(tmp_path))
+    assert {"--get-user-env", "--propagate"} <= set(submission.ignored) and submission.spec.gpus == 1
 
 
 def test_a_slurm_option_we_lack_is_refused_not_read_as_a_longer_one_of_ours() -> None:

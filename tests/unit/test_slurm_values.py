@@ -49,3 +49,19 @@ def test_cluster_name_is_configured_and_checked() -> None:
     assert read_controller({"cluster_name": "tiny-1"}, "controller").cluster_name == "tiny-1"
     with pytest.raises(ConfigError, match="cluster_name"):
         read_controller({"cluster_name": "two words"}, "controller")
+
+
+@pytest.mark.parametrize("name", ["train-%j", "exp/lr=0.1", "run (v2) [seed 3]", "résumé", "a#b|c", "x" * 128])
+def test_a_job_name_may_be_any_text_as_in_slurm(name: str) -> None:
+    from dataclasses import replace
+
+    assert validate_submission(replace(SPEC, name=name), ALICE, ControllerConfig(), {}, []).spec.name == name
+
+
+@pytest.mark.parametrize("name", ["", "   ", "a\nb", "a\x1b[2Jb", "tab\there", "x" * 129])
+def test_a_job_name_that_would_corrupt_a_listing_is_refused(name: str) -> None:
+    from dataclasses import replace
+
+    with pytest.raises(ValidationError, match="job name must be 1-128 printable characters") as caught:
+        validate_submission(replace(SPEC, name=name), ALICE, ControllerConfig(), {}, [])
+    assert "\n" not in str(caught.value)

@@ -585,6 +585,43 @@ def test_fork_server_supervisors_outlive_it_and_are_reaped(jobs: Jobs) -> None:
         server.wait()
 
 
+def test_a_dead_fork_server_is_started_again_or_the_supervisor_starts_without_it(jobs: Jobs) -> None:
+    """A fork server killed (the OOM killer, a stray kill -9) would fail every launch on the node: spawn asks
+    ``revive`` for a new one and starts the supervisor through it, or, without one, as a new interpreter."""
+    socket_path = jobs.root / "forkserver.sock"
+    servers = [start_forkserver(socket_path)]
+    servers[0].kill()
+    servers[0].wait()
+    revived: list[int] = []
+
+    def revive() -> bool:
+        servers.append(start_forkserver(socket_path))
+        revived.append(servers[-1].pid)
+        return True
+
+    try:
+        through_new = jobs.job_dir()
+        pid = client.spawn(through_new, jobs.spec(jobs.rank(0, "exit 3"), job_id=1), forkserver=socket_path,
+                           revive=revive)
+        assert len(revived) == 1 and parent_pid(pid) == revived[0]
+        assert jobs.wait_finished(through_new).ranks[0].exit_code == 3
+        servers[-1].kill()
+        servers[-1].wait()
+        without = jobs.job_dir()
+        pid = client.spawn(without, jobs.spec(jobs.rank(0, "exit 4"), job_id=2), forkserver=socket_path,
+                           revive=lambda: False)
+        assert (without / core.PID_FILE).read_text() == f"{pid}\n"
+        assert jobs.wait_finished(without).ranks[0].exit_code == 4
+        plain = jobs.job_dir()  # no revive at all: a new interpreter too
+        client.spawn(plain, jobs.spec(jobs.rank(0, "exit 5"), job_id=3), forkserver=socket_path)
+        assert jobs.wait_finished(plain).ranks[0].exit_code == 5
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                server.terminate()
+                server.wait()
+
+
 def test_fork_server_writes_the_pid_before_answering_and_a_log_only_when_there_is_a_line(jobs: Jobs) -> None:
     socket_path = jobs.root / "forkserver.sock"
     server = start_forkserver(socket_path)
