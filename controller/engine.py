@@ -743,6 +743,7 @@ class Engine:
         # The lease before any launch or signal: a supervisor started on a node with no live lease would not
         # start its ranks.
         self._grant_lease(session, registration.lease_request)
+        self.steps.node_connected(session.node)  # step launches the old stream may have lost
         now = self.clock.now()
         # The node is attached in memory whatever the database does; what it runs and what ended while it was
         # away is reconciled as a report of its own, retried while the database is down.

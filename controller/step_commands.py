@@ -21,6 +21,7 @@ class StepOutputReceived:
     task: int
     stream: int  # 1 stdout, 2 stderr
     data: bytes
+    offset: int | None = None  # where data starts in the task's stream; None from an agent that does not say
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,4 +80,13 @@ class AckStep:
     step_id: int
 
 
-StepInstruction = LaunchStep | SignalStep | StepStdin | AckStep
+@dataclass(frozen=True, slots=True)
+class AckStepOutput:
+    """The controller has the output of these streams up to these offsets: ((task, stream, offset), ...)."""
+
+    job_id: int
+    step_id: int
+    streams: tuple[tuple[int, int, int], ...]
+
+
+StepInstruction = LaunchStep | SignalStep | StepStdin | AckStep | AckStepOutput

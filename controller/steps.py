@@ -21,6 +21,7 @@ from typing import Protocol
 
 from garrison.controller.step_commands import (
     AckStep,
+    AckStepOutput,
     LaunchStep,
     SignalStep,
     StepEvent,
@@ -80,6 +81,13 @@ class RunningStep:
     cancelled: bool = False
     killing: bool = False  # --kill-on-bad-exit fired
     errors: list[str] = field(default_factory=list)
+    # (task, stream) -> the offset up to which its output has been received (and handed to the client). A
+    # step recovered after a controller restart takes each stream's first offset as where it stands.
+    received: dict[tuple[int, int], int] = field(default_factory=dict)
+    recovered: bool = False
+    # node -> its launch, sent again when the node's agent connects anew while the step waits for it: a launch
+    # sent on a link that then broke may never have arrived (the agent ignores one it has).
+    launches: dict[str, StepLaunchDescription] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -123,7 +131,7 @@ class StepManager:
         for step in self.store.query_steps(running_only=True, limit=1_000_000):
             self.running[(step.job_id, step.step_id)] = RunningStep(
                 step=step, request=StepRequest(argv=step.argv), client=None,
-                pending_nodes=set(step.layout.node_names))
+                pending_nodes=set(step.layout.node_names), recovered=True)
 
     # ---------------------------------------------------------------------------------------------
     # gsrun
@@ -180,6 +188,7 @@ class StepManager:
                 master_port=step_master_port(job_id, step_id), kill_wait_s=self.kill_wait_s,
                 pty=request.pty, unbuffered=request.unbuffered, umask=umask if umask is not None else job.spec.umask,
             )
+            running.launches[node.node] = description
             if not self.send(node.node, LaunchStep(description)):
                 running.errors.append(f"node {node.node} is not connected")
                 running.pending_nodes.discard(node.node)
@@ -189,6 +198,15 @@ class StepManager:
         if not running.pending_nodes:
             self._finish(running)
         return step
+
+    def node_connected(self, node: str) -> None:
+        """A node's agent has a new link: the launches it may have missed go again (the steps still waiting
+        for its result; a step recovered after a controller restart was launched by the old one, and its
+        agent has it unless the node lost its disk)."""
+        for running in self.running.values():
+            description = running.launches.get(node)
+            if description is not None and node in running.pending_nodes:
+                self.send(node, LaunchStep(description))
 
     def client_gone(self, job_id: int, step_id: int) -> None:
         """gsrun's stream ended before the step did (gsrun killed, its host gone): as srun's death, the step
@@ -238,8 +256,8 @@ class StepManager:
         key = (event.job_id, event.step_id)
         running = self.running.get(key)
         if isinstance(event, StepOutputReceived):
-            if running is not None and running.client is not None:
-                running.client.output(event.task, event.stream, event.data)
+            if running is not None:
+                self._output(node, running, event)
             return
         if isinstance(event, StepTasksExited):
             if running is not None:
@@ -261,6 +279,23 @@ class StepManager:
             if not running.pending_nodes:
                 self._finish(running)
         self.send(node, AckStep(event.job_id, event.step_id))
+
+    def _output(self, node: str, running: RunningStep, event: StepOutputReceived) -> None:
+        """Hand the output on once: an agent sends again, after a reconnect, what it sent since the last
+        acknowledgement, and what is already here is dropped by its offset. Each piece is acknowledged, so
+        that the agent's next resend starts there."""
+        data = event.data
+        if event.offset is not None:
+            stream = (event.task, event.stream)
+            have = running.received.get(stream, None if running.recovered else 0)
+            data, running.received[stream] = new_output(have, event.offset, event.data)
+            if have is not None and event.offset > have:
+                log.warning("step %s task %d: output from offset %d lost (%d bytes missing)",
+                            running.step.display_id, event.task, have, event.offset - have)
+            self.send(node, AckStepOutput(event.job_id, event.step_id,
+                                          ((event.task, event.stream, running.received[stream]),)))
+        if data and running.client is not None:
+            running.client.output(event.task, event.stream, data)
 
     def _tasks_exited(self, running: RunningStep, exits: Iterable[tuple[int, int]]) -> None:
         for task, code in exits:
@@ -323,6 +358,19 @@ class StepManager:
                                 running.exits.setdefault(task, 128 + 9)
                 running.pending_nodes.clear()
                 self._finish(running)
+
+
+def new_output(have: int | None, offset: int, data: bytes) -> tuple[bytes, int]:
+    """What of ``data`` (a stream's bytes from ``offset`` on) is new to a receiver that has the stream up to
+    ``have`` (None: it does not know, and takes the bytes as they come), and how far it has the stream then.
+    Bytes before ``have`` were received already (a resend after a reconnect): dropped. A gap (``offset`` past
+    ``have``: bytes lost for good) cannot be filled; what comes after it still goes."""
+    end = offset + len(data)
+    if have is None or offset >= have:
+        return data, end
+    if end <= have:
+        return b"", have
+    return data[have - offset:], end
 
 
 def check_request(request: StepRequest) -> None:

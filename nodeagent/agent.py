@@ -55,7 +55,7 @@ MAX_BACKOFF_S = 2.0
 RESCAN_INTERVAL_S = 1.0
 STEP_POLL_INTERVAL_S = 0.02  # how often running steps' output is read and sent (gsrun --pty's latency)
 MAX_EARLY_NOTIFICATIONS = 10_000  # notifications kept for launches not done yet (beyond: the rescan finds them)
-STEP_MESSAGE_KINDS = frozenset({"launch_step", "signal_step", "step_input", "step_ack"})
+STEP_MESSAGE_KINDS = frozenset({"launch_step", "signal_step", "step_input", "step_ack", "step_output_ack"})
 
 
 def result_to_pb(result: AttemptResult) -> pb.JobResult:
@@ -476,6 +476,7 @@ class Agent:
         if kind == "registered":
             self.heartbeat_interval_s = message.registered.heartbeat_interval_s or self.heartbeat_interval_s
             self._registered = True
+            self.steps.controller_acks(message.registered.step_output_acks)
             log.info("registered with controller %s as %s", self.config.controller, self.node_name)
             # Ready for systemd (Type=notify) only now: the node is part of the cluster. Repeats are ignored.
             sdnotify.ready(f"registered with the controller at {self.config.controller} as {self.node_name}")

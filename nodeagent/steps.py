@@ -3,11 +3,16 @@
 Each step on this node has a directory ``STATE_DIR/steps/<job>.<step>/`` and its own detached supervisor
 (nodeagent/supervisor/, as a job attempt has), so the tasks run as the job's user in their own process
 groups, and survive an agent restart like attempts do. The tasks write stdout and stderr to files in the
-directory's ``io/`` (out-TASK, err-TASK); the agent reads them from where it last stopped (``sent.json``)
-and sends the bytes on its link to the controller. The disk is the buffer: a task never blocks on a slow
-link, the agent's memory holds at most one chunk per file, and what was not sent yet is still there after
-an agent restart. A --pty step's task 0 is nodeagent/steps_pty.py, which runs the command on a
-pseudo-terminal; the bytes typed at gsrun come to it through a FIFO in ``io/``.
+directory's ``io/`` (out-TASK, err-TASK); the agent reads them from where it last stopped and sends the
+bytes on its link to the controller, each piece with its offset in its file. The disk is the buffer: a task
+never blocks on a slow link, the agent's memory holds at most one chunk per file, and what was not sent yet
+is still there after an agent restart. A --pty step's task 0 is nodeagent/steps_pty.py, which runs the
+command on a pseudo-terminal; the bytes typed at gsrun come to it through a FIFO in ``io/``.
+
+Exactly once: output queued on a link that then breaks (the controller restarts, the stream is reset, the
+agent is killed) may never have arrived. The controller acknowledges output by offset; the agent keeps the
+acknowledged offsets (``sent.json``) and, on every new link, reads again from them. What arrives twice is
+dropped by the controller, which knows how far it has each stream (controller/steps.py, ``new_output``).
 
 The step ends on this node when every task has ended and its output is all sent; the controller's
 acknowledgement of that result lets the agent remove the directory.
@@ -45,6 +50,7 @@ MAX_BYTES_PER_TICK = 1 << 20  # per step: the link carries every job's events to
 MAX_OUTBOX = 256  # messages waiting on the link beyond which no more output is read this tick (16 MiB)
 PTY_RELAY = str(Path(__file__).resolve().with_name("steps_pty.py"))
 FRAME = struct.Struct("!cI")
+OUTPUT_PREFIXES = {1: "out", 2: "err"}  # stream -> its files' prefix in io/
 
 
 @dataclass
@@ -54,7 +60,9 @@ class LocalStep:
     directory: Path
     tasks: tuple[int, ...]
     pty: bool
-    sent: dict[str, int] = field(default_factory=dict)  # output file name -> bytes sent
+    sent: dict[str, int] = field(default_factory=dict)  # output file name -> bytes read and queued on the link
+    acked: dict[str, int] = field(default_factory=dict)  # output file name -> bytes the controller has (sent.json)
+    acked_changed: bool = False
     unbuffered: bool = False  # -u: output goes as it is written, not held back to whole lines
     reported: set[int] = field(default_factory=set)  # tasks whose exit was sent
     finished_sent: bool = False
@@ -82,6 +90,7 @@ class StepRunner:
         self.revive_forkserver: Callable[[], bool] | None = None  # the agent's: a fork server that died again
         self.step_cgroup = step_cgroup  # the step's cgroup, a child of its job's attempt's (nodeagent/jobs.py)
         self.local: dict[tuple[int, int], LocalStep] = {}
+        self.acks = True  # the controller acknowledges output (RegisterAck.step_output_acks); told at each link
 
     def step_dir(self, job_id: int, step_id: int) -> Path:
         return self.steps_dir / f"{job_id}.{step_id}"
@@ -99,6 +108,8 @@ class StepRunner:
             self._input(message.step_input)
         elif kind == "step_ack":
             self._forget(message.step_ack.job_id, message.step_ack.step_id)
+        elif kind == "step_output_ack":
+            self._output_acked(message.step_output_ack)
 
     def _launch(self, message: pb.StepLaunch) -> None:
         from garrison.wire.convert_steps import step_launch_from_pb
@@ -180,8 +191,8 @@ class StepRunner:
             sent = {str(k): int(v) for k, v in json.loads((directory / SENT_FILE).read_text()).items()}
         except (OSError, ValueError, AttributeError):
             sent = {}
-        step = LocalStep(job_id=key[0], step_id=key[1], directory=directory, tasks=tasks, pty=pty, sent=sent,
-                         unbuffered=unbuffered)
+        step = LocalStep(job_id=key[0], step_id=key[1], directory=directory, tasks=tasks, pty=pty, sent=dict(sent),
+                         acked=sent, unbuffered=unbuffered)
         self.local[key] = step
         return step
 
@@ -192,9 +203,36 @@ class StepRunner:
                 self._track(entry)
 
     def reconnected(self) -> None:
-        """A new link: results sent on the old one may be lost, so send them again."""
+        """A new link: what was sent on the old one and not acknowledged may be lost (queued in our outbox or
+        in flight when it broke), so it goes again, from the acknowledged offsets; and so do the tasks'
+        exits (--kill-on-bad-exit acts on them; the controller takes one twice as once) and the results."""
         for step in self.local.values():
+            step.sent = dict(step.acked)
+            step.reported.clear()
             step.finished_sent = False
+
+    def controller_acks(self, acks: bool) -> None:
+        """Whether this link's controller acknowledges output. One that does not (older than offsets) would
+        never move the acknowledged offsets: output counts as had once it is queued, as it did before."""
+        self.acks = acks
+        if not acks:
+            for step in self.local.values():
+                self._count_as_acked(step)
+
+    def _count_as_acked(self, step: LocalStep) -> None:
+        if step.acked != step.sent:
+            step.acked = dict(step.sent)
+            step.acked_changed = True
+
+    def _output_acked(self, message: pb.StepOutputAck) -> None:
+        step = self.local.get((message.job_id, message.step_id))
+        if step is None:
+            return
+        for acked in message.streams:
+            name = f"{OUTPUT_PREFIXES.get(acked.stream, '?')}-{acked.task}"
+            if acked.offset > step.acked.get(name, 0):
+                step.acked[name] = acked.offset
+                step.acked_changed = True
 
     def _signal(self, message: pb.StepSignal) -> None:
         step = self.local.get((message.job_id, message.step_id))
@@ -283,6 +321,7 @@ class StepRunner:
                 log.exception("step %d.%d: polling failed", step.job_id, step.step_id)
 
     def _poll(self, step: LocalStep) -> None:
+        self.save_acked(step)
         if step.finished_sent:
             return
         self._flush_input(step)
@@ -315,6 +354,15 @@ class StepRunner:
             if drained:
                 self._send_result(step, {t: exits.get(t, 1) for t in step.tasks}, "the step's supervisor died")
 
+    def save_acked(self, step: LocalStep) -> None:
+        """Keep the acknowledged offsets on disk (once a tick at most, however many acknowledgements came),
+        for the agent after a restart to send from."""
+        if step.acked_changed:
+            step.acked_changed = False
+            tmp = step.directory / (SENT_FILE + ".tmp")
+            tmp.write_text(json.dumps(step.acked))
+            os.replace(tmp, step.directory / SENT_FILE)
+
     def _send_result(self, step: LocalStep, exits: dict[int, int], error: str) -> None:
         step.finished_sent = True
         self.send(pb.AgentMessage(step_result=pb.StepNodeResult(
@@ -330,10 +378,9 @@ class StepRunner:
         its task runs, unless the line is longer than a chunk; a --pty or -u step's bytes go as they come."""
         budget = MAX_BYTES_PER_TICK
         drained = True
-        changed = False
         for task in step.tasks:
             whole_lines = not (step.pty or step.unbuffered or all_ended or task in ended)
-            for stream, prefix in ((1, "out"), (2, "err")):
+            for stream, prefix in OUTPUT_PREFIXES.items():
                 name = f"{prefix}-{task}"
                 offset = step.sent.get(name, 0)
                 try:
@@ -353,10 +400,10 @@ class StepRunner:
                                     data = data[:cut]
                                     output.seek(offset + cut)
                             self.send(pb.AgentMessage(step_output=pb.StepOutput(
-                                job_id=step.job_id, step_id=step.step_id, task=task, stream=stream, data=data)))
+                                job_id=step.job_id, step_id=step.step_id, task=task, stream=stream, data=data,
+                                offset=offset)))
                             offset += len(data)
                             budget -= len(data)
-                            changed = True
                         if output.read(1):
                             drained = False
                 except FileNotFoundError:
@@ -365,10 +412,8 @@ class StepRunner:
                     log.warning("step %d.%d: not reading %s: %s", step.job_id, step.step_id, name, exc)
                     continue
                 step.sent[name] = offset
-        if changed:
-            tmp = step.directory / (SENT_FILE + ".tmp")
-            tmp.write_text(json.dumps(step.sent))
-            os.replace(tmp, step.directory / SENT_FILE)
+        if not self.acks:
+            self._count_as_acked(step)
         return drained
 
 

@@ -40,7 +40,7 @@ from garrison.controller.rpc.convert_step_messages import (
 )
 from garrison.controller.signals import parse_signal_name
 from garrison.controller.state import AckResult, SignalAttempt
-from garrison.controller.step_commands import AckStep, LaunchStep, SignalStep, StepStdin
+from garrison.controller.step_commands import AckStep, AckStepOutput, LaunchStep, SignalStep, StepStdin
 from garrison.controller.validate import ValidationError
 from garrison.model.domain import JobState
 from garrison.model.launch import LaunchDescription
@@ -206,7 +206,8 @@ def instruction_to_pb(instruction: AgentInstruction) -> pb.ControllerMessage:
     if isinstance(instruction, ReleaseGang):
         return pb.ControllerMessage(release=pb.GangRelease(job_id=instruction.job_id, attempt=instruction.attempt))
     if isinstance(instruction, Welcome):
-        return pb.ControllerMessage(registered=pb.RegisterAck(heartbeat_interval_s=instruction.heartbeat_interval_s))
-    if isinstance(instruction, LaunchStep | SignalStep | StepStdin | AckStep):
+        return pb.ControllerMessage(registered=pb.RegisterAck(heartbeat_interval_s=instruction.heartbeat_interval_s,
+                                                              step_output_acks=True))
+    if isinstance(instruction, LaunchStep | SignalStep | StepStdin | AckStep | AckStepOutput):
         return step_instruction_to_pb(instruction)
     raise TypeError(f"no message for {type(instruction).__name__}")

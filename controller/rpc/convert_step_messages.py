@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from garrison.controller.step_commands import (
     AckStep,
+    AckStepOutput,
     LaunchStep,
     SignalStep,
     StepEvent,
@@ -25,7 +26,8 @@ def step_event_from_pb(message: pb.AgentMessage) -> StepEvent | None:
     kind = message.WhichOneof("kind")
     if kind == "step_output":
         o = message.step_output
-        return StepOutputReceived(job_id=o.job_id, step_id=o.step_id, task=o.task, stream=o.stream, data=o.data)
+        return StepOutputReceived(job_id=o.job_id, step_id=o.step_id, task=o.task, stream=o.stream, data=o.data,
+                                  offset=o.offset if o.HasField("offset") else None)
     if kind == "step_exits":
         e = message.step_exits
         return StepTasksExited(job_id=e.job_id, step_id=e.step_id, exits=tuple((x.task, x.exit_code) for x in e.exits))
@@ -50,4 +52,8 @@ def step_instruction_to_pb(instruction: StepInstruction) -> pb.ControllerMessage
         return pb.ControllerMessage(step_input=message)
     if isinstance(instruction, AckStep):
         return pb.ControllerMessage(step_ack=pb.StepAck(job_id=instruction.job_id, step_id=instruction.step_id))
+    if isinstance(instruction, AckStepOutput):
+        return pb.ControllerMessage(step_output_ack=pb.StepOutputAck(
+            job_id=instruction.job_id, step_id=instruction.step_id,
+            streams=[pb.StepStreamOffset(task=t, stream=s, offset=o) for t, s, o in instruction.streams]))
     raise TypeError(f"no message for {type(instruction).__name__}")

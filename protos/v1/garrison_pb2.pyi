@@ -1691,15 +1691,22 @@ class RegisterAck(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    STEP_OUTPUT_ACKS_FIELD_NUMBER: _builtins.int
     heartbeat_interval_s: _builtins.float
+    step_output_acks: _builtins.bool
+    """The controller acknowledges step output by offset (StepOutputAck): the agent sends again, after a
+    reconnect, what was not acknowledged. An older controller never does: its agents count output as had
+    once it is queued, as before, rather than send it all again on every new link.
+    """
     def __init__(
         self,
         *,
         heartbeat_interval_s: _builtins.float = ...,
+        step_output_acks: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s", "step_output_acks", b"step_output_acks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1950,6 +1957,7 @@ class ControllerMessage(_message.Message):
     SIGNAL_STEP_FIELD_NUMBER: _builtins.int
     STEP_INPUT_FIELD_NUMBER: _builtins.int
     STEP_ACK_FIELD_NUMBER: _builtins.int
+    STEP_OUTPUT_ACK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def registered(self) -> Global___RegisterAck: ...
     @_builtins.property
@@ -1970,6 +1978,8 @@ class ControllerMessage(_message.Message):
     def step_input(self) -> Global___StepInput: ...
     @_builtins.property
     def step_ack(self) -> Global___StepAck: ...
+    @_builtins.property
+    def step_output_ack(self) -> Global___StepOutputAck: ...
     def __init__(
         self,
         *,
@@ -1983,12 +1993,13 @@ class ControllerMessage(_message.Message):
         signal_step: Global___StepSignal | None = ...,
         step_input: Global___StepInput | None = ...,
         step_ack: Global___StepAck | None = ...,
+        step_output_ack: Global___StepOutputAck | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "kind", b"kind", "launch", b"launch", "launch_step", b"launch_step", "lease", b"lease", "registered", b"registered", "release", b"release", "signal", b"signal", "signal_step", b"signal_step", "step_ack", b"step_ack", "step_input", b"step_input"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "kind", b"kind", "launch", b"launch", "launch_step", b"launch_step", "lease", b"lease", "registered", b"registered", "release", b"release", "signal", b"signal", "signal_step", b"signal_step", "step_ack", b"step_ack", "step_input", b"step_input", "step_output_ack", b"step_output_ack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "kind", b"kind", "launch", b"launch", "launch_step", b"launch_step", "lease", b"lease", "registered", b"registered", "release", b"release", "signal", b"signal", "signal_step", b"signal_step", "step_ack", b"step_ack", "step_input", b"step_input"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "kind", b"kind", "launch", b"launch", "launch_step", b"launch_step", "lease", b"lease", "registered", b"registered", "release", b"release", "signal", b"signal", "signal_step", b"signal_step", "step_ack", b"step_ack", "step_input", b"step_input", "step_output_ack", b"step_output_ack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["registered", "launch", "signal", "ack", "lease", "release", "launch_step", "signal_step", "step_input", "step_ack"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["registered", "launch", "signal", "ack", "lease", "release", "launch_step", "signal_step", "step_input", "step_ack", "step_output_ack"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -2665,11 +2676,17 @@ class StepOutput(_message.Message):
     TASK_FIELD_NUMBER: _builtins.int
     STREAM_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     step_id: _builtins.int
     task: _builtins.int
     stream: _builtins.int
     data: _builtins.bytes
+    offset: _builtins.int
+    """Where data starts in the task's stream (its file on the agent). After a reconnect the agent sends again
+    from the offset last acknowledged, and the controller drops what it already has: each byte reaches gsrun
+    exactly once. Unset (an older agent): the bytes are taken as they come.
+    """
     def __init__(
         self,
         *,
@@ -2678,14 +2695,71 @@ class StepOutput(_message.Message):
         task: _builtins.int = ...,
         stream: _builtins.int = ...,
         data: _builtins.bytes = ...,
+        offset: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "offset", b"offset"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "data", b"data", "job_id", b"job_id", "offset", b"offset", "step_id", b"step_id", "stream", b"stream", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__offset: _TypeAlias = _typing.Literal["offset"]  # noqa: Y015
+    _WhichOneofArgType__offset: _TypeAlias = _typing.Literal["_offset", b"_offset"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__offset) -> _WhichOneofReturnType__offset | None: ...
+
+Global___StepOutput: _TypeAlias = StepOutput  # noqa: Y015
+
+@_typing.final
+class StepOutputAck(_message.Message):
+    """The controller has the output of these streams up to these offsets: the agent need never send it again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    STREAMS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    step_id: _builtins.int
+    @_builtins.property
+    def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepStreamOffset]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        step_id: _builtins.int = ...,
+        streams: _abc.Iterable[Global___StepStreamOffset] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "job_id", b"job_id", "step_id", b"step_id", "stream", b"stream", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "step_id", b"step_id", "streams", b"streams"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___StepOutput: _TypeAlias = StepOutput  # noqa: Y015
+Global___StepOutputAck: _TypeAlias = StepOutputAck  # noqa: Y015
+
+@_typing.final
+class StepStreamOffset(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_FIELD_NUMBER: _builtins.int
+    STREAM_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    task: _builtins.int
+    stream: _builtins.int
+    """1 stdout, 2 stderr"""
+    offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        task: _builtins.int = ...,
+        stream: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "stream", b"stream", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepStreamOffset: _TypeAlias = StepStreamOffset  # noqa: Y015
 
 @_typing.final
 class StepTaskExit(_message.Message):

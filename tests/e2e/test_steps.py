@@ -340,9 +340,18 @@ echo "torchrun exit $?"
     out = output_of(cluster, job_id)
     assert job["state"] == "COMPLETED" and "torchrun exit 0" in out, out
     # (The whole output in the message: twice a rank's line was missing, with every exit code 0, on a loaded
-    # machine; the output says whether it was lost or merged into another line.)
-    assert sorted(line.split()[1] for line in out.splitlines() if line.startswith("rank ")) == ["0", "1", "2", "3"], out
+    # machine; the output says whether it was lost or merged into another line, and the daemons' logs whether
+    # a link broke meanwhile: output queued on a broken link was lost until acknowledgements came in.)
+    ranks = sorted(line.split()[1] for line in out.splitlines() if line.startswith("rank "))
+    assert ranks == ["0", "1", "2", "3"], out + "\n" + "\n".join(link_events(cluster))
     assert all(" sum 10 " in line for line in out.splitlines() if line.startswith("rank ")), out
+
+
+def link_events(cluster: Cluster) -> list[str]:
+    """The daemons' log lines that say an agent's link broke (or output went missing on one)."""
+    marks = ("link to controller", "missed heartbeats", "disconnected", "stream from", "alive again", "lost")
+    return [f"{log.name}: {line}" for log in sorted(cluster.state_dir.glob("*.log"))
+            for line in log.read_text(errors="replace").splitlines() if any(m in line for m in marks)]
 
 
 def test_a_step_survives_an_agent_restart_and_its_output_resumes(cluster: Cluster) -> None:

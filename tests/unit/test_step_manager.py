@@ -12,6 +12,7 @@ import pytest
 
 from garrison.controller.step_commands import (
     AckStep,
+    AckStepOutput,
     LaunchStep,
     SignalStep,
     StepInstruction,
@@ -20,7 +21,7 @@ from garrison.controller.step_commands import (
     StepStdin,
     StepTasksExited,
 )
-from garrison.controller.steps import StepManager, StepNotFound, StepPermissionDenied
+from garrison.controller.steps import StepManager, StepNotFound, StepPermissionDenied, new_output
 from garrison.controller.store import open_store
 from garrison.controller.store.interface import Store
 from garrison.model.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation, Principal
@@ -174,3 +175,68 @@ def test_a_node_that_is_not_connected_fails_its_part(harness: Harness) -> None:
     harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), client)
     harness.manager.agent_event("n1", StepNodeFinished(7, 0, ((0, 0),)))
     assert client.end is not None and client.end[1] == (0, 1) and "n2 is not connected" in client.end[0].reason
+
+
+def test_new_output_drops_what_the_receiver_has_and_keeps_the_rest() -> None:
+    assert new_output(0, 0, b"ab\n") == (b"ab\n", 3)
+    assert new_output(3, 0, b"ab\n") == (b"", 3)  # all of it again: dropped
+    assert new_output(3, 0, b"ab\ncd\n") == (b"cd\n", 6)  # resent from an older offset: the new part only
+    assert new_output(6, 3, b"cd\n") == (b"", 6)
+    assert new_output(6, 6, b"") == (b"", 6)
+    assert new_output(3, 5, b"x") == (b"x", 6)  # a gap cannot be filled: what follows it still goes
+    assert new_output(None, 40, b"y\n") == (b"y\n", 42)  # the receiver does not know: it starts there
+
+
+def test_output_sent_again_after_a_reconnect_reaches_the_client_once(harness: Harness) -> None:
+    client = Client()
+    harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/", ntasks=4), client)
+    harness.taken()
+    events = [
+        ("n1", StepOutputReceived(7, 0, 0, 1, b"a\n", offset=0)),
+        ("n1", StepOutputReceived(7, 0, 0, 1, b"b\n", offset=2)),
+        ("n1", StepOutputReceived(7, 0, 0, 2, b"e\n", offset=0)),  # stderr counts on its own
+        ("n2", StepOutputReceived(7, 0, 2, 1, b"c\n", offset=0)),  # and so does each task
+        # n1's link broke with "b" unacknowledged: its agent sends from the last offset it had acknowledged
+        ("n1", StepOutputReceived(7, 0, 0, 1, b"b\nd\n", offset=2)),
+        ("n1", StepOutputReceived(7, 0, 0, 1, b"a\nb\nd\n", offset=0)),
+        ("n1", StepOutputReceived(7, 0, 0, 1, b"f\n", offset=6)),
+    ]
+    for node, event in events:
+        harness.manager.agent_event(node, event)
+    assert client.chunks == [(0, 1, b"a\n"), (0, 1, b"b\n"), (0, 2, b"e\n"), (2, 1, b"c\n"), (0, 1, b"d\n"),
+                             (0, 1, b"f\n")]
+    # Each piece is acknowledged at how far the controller has its stream, duplicates too (an agent that
+    # missed an acknowledgement learns it again).
+    assert harness.taken() == [
+        ("n1", AckStepOutput(7, 0, ((0, 1, 2),))), ("n1", AckStepOutput(7, 0, ((0, 1, 4),))),
+        ("n1", AckStepOutput(7, 0, ((0, 2, 2),))), ("n2", AckStepOutput(7, 0, ((2, 1, 2),))),
+        ("n1", AckStepOutput(7, 0, ((0, 1, 6),))), ("n1", AckStepOutput(7, 0, ((0, 1, 6),))),
+        ("n1", AckStepOutput(7, 0, ((0, 1, 8),))),
+    ]
+    # An agent that does not say where its output starts (older than offsets): taken as it comes.
+    harness.manager.agent_event("n2", StepOutputReceived(7, 0, 3, 1, b"old\n"))
+    assert client.chunks[-1] == (3, 1, b"old\n") and harness.taken() == []
+
+
+def test_a_recovered_step_takes_up_each_stream_where_its_agent_resends_it(harness: Harness) -> None:
+    harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), Client())
+    harness.taken()
+    recovered = harness.make()
+    recovered.recover()
+    recovered.agent_event("n1", StepOutputReceived(7, 0, 0, 1, b"x\n", offset=120))
+    recovered.agent_event("n1", StepOutputReceived(7, 0, 0, 1, b"x\ny\n", offset=120))
+    assert harness.taken() == [("n1", AckStepOutput(7, 0, ((0, 1, 122),))), ("n1", AckStepOutput(7, 0, ((0, 1, 124),)))]
+
+
+def test_a_launch_goes_again_when_the_nodes_agent_connects_anew(harness: Harness) -> None:
+    """A launch sent on a link that then broke may never have arrived: a new link brings it again, to the nodes
+    the step still waits for (the agent ignores a launch it has)."""
+    harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), Client())
+    first = dict(harness.taken())
+    harness.manager.node_connected("n2")
+    assert harness.taken() == [("n2", first["n2"])]
+    harness.manager.agent_event("n2", StepNodeFinished(7, 0, ((1, 0),)))
+    harness.taken()
+    harness.manager.node_connected("n2")
+    harness.manager.node_connected("n3")
+    assert harness.taken() == []

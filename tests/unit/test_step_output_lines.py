@@ -8,11 +8,14 @@ the step has), or when a line is longer than a chunk. A --pty task's bytes, and 
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 
 import pytest
 
 from garrison.nodeagent.steps import CHUNK_BYTES, IO_DIR, LocalStep, StepRunner
+from garrison.nodeagent.supervisor.core import LOCK_FILE, STATUS_FILE
+from garrison.nodeagent.supervisor.spec import RankStatus, SupervisorStatus
 from garrison.protos.v1 import garrison_pb2 as pb
 
 
@@ -88,3 +91,25 @@ def test_an_unbuffered_steps_bytes_go_as_they_come(runner: tuple[StepRunner, lis
     write(step, "err-0", b"epoch 1: 10%\r")
     agent._send_output(step)
     assert received(sent) == [(0, 2, b"epoch 1: 10%\r")]
+
+
+def test_a_tasks_exit_lost_with_its_link_is_sent_again(runner: tuple[StepRunner, list[pb.AgentMessage]]) -> None:
+    """--kill-on-bad-exit acts on each task's exit as it comes: one queued on a link that broke goes again."""
+    agent, sent = runner
+    step = a_step(agent)
+    agent.local[step.key] = step
+    status = SupervisorStatus(job_id=7, attempt=0, supervisor_pid=1, state="running", started_at=1.0,
+                              finished_at=None, ranks=[RankStatus(0, 10, 10, 3, True, None),
+                                                       RankStatus(1, 11, 11, None, False, None)])
+    (step.directory / STATUS_FILE).write_text(status.to_json())
+    (step.directory / LOCK_FILE).touch()
+    with open(step.directory / LOCK_FILE) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the step's supervisor is alive
+        agent.tick()
+        agent.tick()
+        exits = [[(e.task, e.exit_code) for e in m.step_exits.exits] for m in sent if m.HasField("step_exits")]
+        assert exits == [[(0, 3)]]
+        sent.clear()
+        agent.reconnected()
+        agent.tick()
+        assert [[(e.task, e.exit_code) for e in m.step_exits.exits] for m in sent] == [[(0, 3)]]

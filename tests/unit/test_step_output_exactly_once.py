@@ -1,0 +1,185 @@
+"""A step's output crosses a link that breaks, again and again, and reaches gsrun exactly once.
+
+The real agent side (nodeagent/steps.py: reading the task's files, offsets, acknowledgements, sent.json)
+and the real controller side (controller/steps.py: dropping what it has by offset, acknowledging), joined
+by a link that loses whatever it holds when it breaks: the messages queued in the agent's outbox and in
+flight, both ways. An agent restart (its memory gone, sent.json left) is a break too.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_step_manager import ANN, Client, running  # tests/unit is on the path
+
+from garrison.controller.commands import Welcome
+from garrison.controller.rpc.convert_requests import instruction_to_pb
+from garrison.controller.rpc.convert_step_messages import step_event_from_pb, step_instruction_to_pb
+from garrison.controller.step_commands import StepInstruction
+from garrison.controller.steps import StepManager
+from garrison.controller.store import open_store
+from garrison.controller.store.interface import Store
+from garrison.model.steps import StepRequest
+from garrison.nodeagent.steps import IO_DIR, LocalStep, StepRunner
+from garrison.nodeagent.supervisor.core import STATUS_FILE
+from garrison.nodeagent.supervisor.spec import RankStatus, SupervisorStatus
+from garrison.protos.v1 import garrison_pb2 as pb
+
+
+class Link:
+    """Agent "n1" and the controller: what each side sent and the other has not received yet."""
+
+    def __init__(self, state_dir: Path, store: Store) -> None:
+        self.state_dir = state_dir
+        self.up: list[pb.AgentMessage] = []  # agent -> controller, in order
+        self.down: list[pb.ControllerMessage] = []
+        self.client = Client()
+        self.manager = StepManager(store, lambda: {7: running()}, self.to_agent, lambda node: node, lambda: 1.0, 5.0,
+                                   lambda principal: False)
+        self.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), self.client)
+        self.down.clear()  # the launch: the step's directory is made by hand below
+        self.agent = self.new_agent()
+        directory = self.agent.step_dir(7, 0)
+        (directory / IO_DIR).mkdir(parents=True)
+        (directory / "tasks.json").write_text('{"tasks": [0]}')
+        self.agent.scan()
+
+    def new_agent(self) -> StepRunner:
+        return StepRunner(self.state_dir, True, self.up.append, lambda: len(self.up), lambda: None)
+
+    @property
+    def step(self) -> LocalStep:
+        return self.agent.local[(7, 0)]
+
+    def to_agent(self, node: str, instruction: StepInstruction) -> bool:
+        if node == "n1":  # the step's other node (its launch) plays no part here
+            self.down.append(step_instruction_to_pb(instruction))
+        return True
+
+    def deliver_up(self, count: int) -> None:
+        for message in self.up[:count]:
+            event = step_event_from_pb(message)
+            assert event is not None
+            self.manager.agent_event("n1", event)
+        del self.up[:count]
+
+    def deliver_down(self, count: int) -> None:
+        for message in self.down[:count]:
+            self.agent.handle(message)
+        del self.down[:count]
+
+    def break_(self, restart_agent: bool) -> None:
+        self.up.clear()
+        self.down.clear()
+        if restart_agent:
+            self.agent = self.new_agent()
+            self.agent.scan()
+        self.agent.reconnected()
+
+
+@pytest.fixture
+def link(tmp_path: Path) -> Iterator[Link]:
+    store = open_store(f"sqlite:///{tmp_path / 'steps.db'}")
+    store.save_jobs([running()])
+    yield Link(tmp_path / "agent", store)
+    store.close()
+
+
+def write(link: Link, name: str, data: bytes) -> None:
+    with open(link.step.directory / IO_DIR / name, "ab") as out:
+        out.write(data)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_line_reaches_the_client_once_and_in_order_across_broken_links(link: Link, seed: int) -> None:
+    rng = random.Random(seed)
+    expected = {1: b"", 2: b""}
+    line = 0
+    for _ in range(60):
+        for stream, name in ((1, "out-0"), (2, "err-0")):
+            lines = b"".join(f"{name} line {line + i}\n".encode() for i in range(rng.randrange(0, 50)))
+            line += 50
+            write(link, name, lines)
+            expected[stream] += lines
+        link.agent._send_output(link.step)
+        link.deliver_up(rng.randrange(0, len(link.up) + 1))
+        link.deliver_down(rng.randrange(0, len(link.down) + 1))
+        link.agent.save_acked(link.step)
+        if rng.random() < 0.3:
+            link.break_(restart_agent=rng.random() < 0.5)
+    # The link holds at last: everything left goes through.
+    link.break_(restart_agent=False)
+    while True:
+        drained = link.agent._send_output(link.step, all_ended=True)
+        link.deliver_up(len(link.up))
+        link.deliver_down(len(link.down))
+        if drained:
+            break
+    got = {stream: b"".join(data for task, s, data in link.client.chunks if s == stream) for stream in (1, 2)}
+    assert got == expected
+
+
+def test_the_agent_sends_again_from_the_acknowledged_offset_after_a_reconnect_and_a_restart(link: Link) -> None:
+    write(link, "out-0", b"a\nb\n")
+    link.agent._send_output(link.step)
+    link.deliver_up(len(link.up))
+    assert [m.step_output.offset for m in link.up] == [] and link.client.chunks == [(0, 1, b"a\nb\n")]
+    assert [m.step_output_ack for m in link.down] == [pb.StepOutputAck(
+        job_id=7, step_id=0, streams=[pb.StepStreamOffset(task=0, stream=1, offset=4)])]
+    link.deliver_down(1)
+    write(link, "out-0", b"c\n")
+    link.agent._send_output(link.step)
+    assert [(m.step_output.offset, m.step_output.data) for m in link.up] == [(4, b"c\n")]
+    link.break_(restart_agent=False)  # "c" was queued, never delivered
+    link.agent._send_output(link.step)
+    assert [(m.step_output.offset, m.step_output.data) for m in link.up] == [(4, b"c\n")]
+    link.agent.save_acked(link.step)
+    link.break_(restart_agent=True)  # sent.json says 4
+    link.agent._send_output(link.step)
+    link.deliver_up(len(link.up))
+    assert link.client.chunks == [(0, 1, b"a\nb\n"), (0, 1, b"c\n")]
+
+
+def test_a_nodes_result_lost_with_its_link_goes_again_after_its_output(link: Link) -> None:
+    """The step's end on the node (every task ended, all output read) queued on a link that broke: on the
+    next link the output goes again from the acknowledged offset, then the result, and gsrun gets both."""
+    write(link, "out-0", b"first\n")
+    link.agent._send_output(link.step)
+    link.deliver_up(len(link.up))
+    link.deliver_down(len(link.down))
+    write(link, "out-0", b"last words")
+    status = SupervisorStatus(job_id=7, attempt=0, supervisor_pid=1, state="finished", started_at=1.0,
+                              finished_at=2.0, ranks=[RankStatus(0, 10, 10, 3, True, None)])
+    (link.step.directory / STATUS_FILE).write_text(status.to_json())
+    link.agent.tick()
+    assert [m.WhichOneof("kind") for m in link.up] == ["step_output", "step_result"]
+    link.break_(restart_agent=False)
+    link.agent.tick()
+    link.deliver_up(len(link.up))
+    assert link.client.chunks == [(0, 1, b"first\n"), (0, 1, b"last words")]
+    assert link.client.end is None  # the step's other node has not ended
+    assert [m.WhichOneof("kind") for m in link.down] == ["step_output_ack", "step_ack"]
+    directory = link.step.directory
+    link.deliver_down(len(link.down))
+    assert (7, 0) not in link.agent.local and not directory.exists()  # the result is recorded: forgotten
+
+
+def test_with_a_controller_that_never_acknowledges_output_counts_as_had_once_queued(link: Link) -> None:
+    """A controller older than offsets (RegisterAck without step_output_acks) would never move the acknowledged
+    offsets, and the agent would send all of a step's output again on every new link: it does as before."""
+    link.agent.controller_acks(False)
+    write(link, "out-0", b"a\nb\n")
+    link.agent._send_output(link.step)
+    link.agent.save_acked(link.step)
+    link.break_(restart_agent=True)
+    link.agent.controller_acks(False)
+    write(link, "out-0", b"c\n")
+    link.agent._send_output(link.step)
+    assert [(m.step_output.offset, m.step_output.data) for m in link.up] == [(4, b"c\n")]
+
+
+def test_this_controller_says_it_acknowledges_output_when_an_agent_registers() -> None:
+    assert instruction_to_pb(Welcome(heartbeat_interval_s=1.0)).registered.step_output_acks
