@@ -24,6 +24,7 @@ from garrison.controller.engine import Engine, NotFound, PermissionDenied
 from garrison.controller.sched.explain import explain_wait
 from garrison.controller.sched.fairshare import fair_share_factors, normalised_shares
 from garrison.controller.sched.priority import PriorityContext, PriorityFactors
+from garrison.controller.sched.snapshot import PendingJob
 from garrison.controller.validate import MAX_NICE, ValidationError
 from garrison.model.accounts import (
     UNSET,
@@ -386,10 +387,11 @@ class AdminOps:
         last = self.policy.last
         if not explain or last is None:
             return lines
+        index = self._cycle_index(last)  # built by _pending_lines: explain_wait looks the job up, no pass
         explained = []
         for i, line in enumerate(lines):
-            found = explain_wait(last.snapshot, last.plan, self.policy.scheduler, last.at, line.job.job_id) \
-                if i < MAX_EXPLAINED else None
+            found = explain_wait(last.snapshot, last.plan, self.policy.scheduler, last.at, line.job.job_id,
+                                 positions=index.position, pending=index.views) if i < MAX_EXPLAINED else None
             explained.append(replace(line, explanation=found.lines if found is not None else ()))
         return explained
 
@@ -434,7 +436,7 @@ class AdminOps:
 @dataclass(frozen=True)
 class _CycleIndex:
     position: dict[int, int]
-    views: dict[int, Any]
+    views: dict[int, PendingJob]
     pricing: PriorityContext
 
 
