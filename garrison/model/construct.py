@@ -38,3 +38,19 @@ def constructor_without_init(cls: type[T]) -> Callable[..., T]:
     made: Callable[..., T] = namespace["make"]
     made.__qualname__ = made.__name__ = f"new_{cls.__name__}"
     return made
+
+
+def replacer(cls: type[T], name: str) -> Callable[[T, Any], T]:
+    """A function ``(obj, value)`` that builds ``dataclasses.replace(obj, **{name: value})`` without running
+    ``__init__``: every other field copied as it is (~2 us for a Job, against ~9 us through ``replace``)."""
+    constructor_without_init(cls)  # the same classes only
+    names = [field.name for field in dataclasses.fields(cls)]
+    if name not in names:
+        raise TypeError(f"{cls.__name__} has no field {name!r}")
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    namespace.update({f"_set_{field}": cls.__dict__[field].__set__ for field in names})
+    body = "".join(f"    _set_{field}(made, {'value' if field == name else f'old.{field}'})\n" for field in names)
+    exec(f"def with_(old, value):\n    made = _new(_cls)\n{body}    return made\n", namespace)
+    made: Callable[[T, Any], T] = namespace["with_"]
+    made.__qualname__ = made.__name__ = f"{cls.__name__}_with_{name}"
+    return made

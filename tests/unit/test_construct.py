@@ -3,12 +3,12 @@ objects __init__ would, and refuses the classes whose __init__ does more."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import pytest
 
 from garrison.controller.sched.snapshot import PendingJob
-from garrison.model.construct import constructor_without_init
+from garrison.model.construct import constructor_without_init, replacer
 from garrison.model.domain import Allocation, Attempt, Job, JobSpec, JobState
 
 
@@ -62,3 +62,17 @@ class _NoSlots:
 def test_classes_whose_init_does_more_are_refused(cls: type) -> None:
     with pytest.raises(TypeError):
         constructor_without_init(cls)
+
+
+def test_a_replacer_copies_every_other_field_as_replace_does() -> None:
+    spec = JobSpec(name="train", command=("x",), gpus=1)
+    job = Job(job_id=8, spec=spec, user="ann", uid=1, gid=1, account="a", partition="p", time_limit_s=60,
+              submit_time=0.5, priority=4, array_job_id=7, array_task_id=1)
+    with_reason = replacer(Job, "reason")
+    changed = with_reason(job, "Priority")
+    assert changed == replace(job, reason="Priority") and changed is not job and job.reason == ""
+    assert changed.spec is spec  # shared, not copied
+    with pytest.raises(TypeError):
+        replacer(Job, "no_such_field")
+    with pytest.raises(TypeError):
+        replacer(_Checked, "value")
