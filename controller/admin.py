@@ -426,7 +426,7 @@ class AdminOps:
             if pricing is None:
                 pricing = PriorityContext(last.snapshot, last.at, self.policy.scheduler.weights)
             self._indexed = (last, _CycleIndex(
-                position={job_id: i + 1 for i, job_id in enumerate(last.plan.order)},
+                position=dict(zip(last.plan.order, range(1, len(last.plan.order) + 1), strict=True)),  # 1-based
                 views={p.job_id: p for p in last.snapshot.pending},
                 pricing=pricing,
             ))
