@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -38,6 +39,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def serve(config: GarrisonConfig) -> None:
+    # No cyclic garbage collection while the controller imports itself and loads its jobs: what that creates
+    # lives as long as the process, and each collection of the older generations walked the whole growing
+    # heap (~0.1 s of a restart's CPU with 50,000 jobs). Once loaded, it is frozen out of later collections.
+    gc.disable()
+    try:
+        await _serve(config)
+    finally:
+        gc.enable()
+
+
+async def _serve(config: GarrisonConfig) -> None:
     import grpc
 
     from garrison.auth import AuthError, CredentialService, load_or_create_key
@@ -82,6 +94,10 @@ async def serve(config: GarrisonConfig) -> None:
     state = ClusterState(store, cfg.heartbeat_timeout_s, fence_delay_s(cfg.node_lease_s, cfg.kill_wait_s))
     state.job_observers += [metrics.job_changed, log_job_change]
     state.load(clock.now(), cfg.finished_job_retention_s)
+    # The modules, the configuration and the jobs just loaded are there for good: later collections need not
+    # walk them (which leaves the few hundred objects of cyclic garbage that the start-up made, uncollected).
+    gc.freeze()
+    gc.enable()
     try:
         key = load_or_create_key(Path(cfg.key_file))
     except AuthError as exc:
