@@ -44,6 +44,7 @@ def replacer(cls: type[T], name: str) -> Callable[[T, Any], T]:
     """A function ``(obj, value)`` that builds ``dataclasses.replace(obj, **{name: value})`` without running
     ``__init__``: every other field copied as it is (~2 us for a Job, against ~9 us through ``replace``)."""
     constructor_without_init(cls)  # the same classes only
+    assert dataclasses.is_dataclass(cls)  # (checked just above; for the type checker)
     names = [field.name for field in dataclasses.fields(cls)]
     if name not in names:
         raise TypeError(f"{cls.__name__} has no field {name!r}")
