@@ -24,6 +24,7 @@ from garrison.controller.engine import Engine, NotFound, PermissionDenied
 from garrison.controller.sched.explain import explain_wait
 from garrison.controller.sched.fairshare import fair_share_factors, normalised_shares
 from garrison.controller.sched.priority import PriorityContext, PriorityFactors
+from garrison.controller.sched.snapshot import PendingJob
 from garrison.controller.validate import MAX_NICE, ValidationError
 from garrison.model.accounts import (
     UNSET,
@@ -386,10 +387,11 @@ class AdminOps:
         last = self.policy.last
         if not explain or last is None:
             return lines
+        index = self._cycle_index(last)  # built by _pending_lines: explain_wait looks the job up, no pass
         explained = []
         for i, line in enumerate(lines):
-            found = explain_wait(last.snapshot, last.plan, self.policy.scheduler, last.at, line.job.job_id) \
-                if i < MAX_EXPLAINED else None
+            found = explain_wait(last.snapshot, last.plan, self.policy.scheduler, last.at, line.job.job_id,
+                                 positions=index.position, pending=index.views) if i < MAX_EXPLAINED else None
             explained.append(replace(line, explanation=found.lines if found is not None else ()))
         return explained
 
@@ -424,7 +426,7 @@ class AdminOps:
             if pricing is None:
                 pricing = PriorityContext(last.snapshot, last.at, self.policy.scheduler.weights)
             self._indexed = (last, _CycleIndex(
-                position={job_id: i + 1 for i, job_id in enumerate(last.plan.order)},
+                position=dict(zip(last.plan.order, range(1, len(last.plan.order) + 1), strict=True)),  # 1-based
                 views={p.job_id: p for p in last.snapshot.pending},
                 pricing=pricing,
             ))
@@ -434,7 +436,7 @@ class AdminOps:
 @dataclass(frozen=True)
 class _CycleIndex:
     position: dict[int, int]
-    views: dict[int, Any]
+    views: dict[int, PendingJob]
     pricing: PriorityContext
 
 

@@ -77,11 +77,15 @@ from garrison.controller.store.errors import JobIdsTaken, StoreUnavailable
 from garrison.controller.submitcaps import check_submit_cap
 from garrison.controller.userjobs import UserJobs
 from garrison.controller.validate import Resolved, ValidationError, validate_submission
+from garrison.model.construct import replacer
 from garrison.model.domain import Job, JobSpec, JobState, Principal
 from garrison.model.jobrefs import MAX_ID, JobLookup, parse_job_ref
 from garrison.model.launch import LaunchDescription
 
 log = logging.getLogger("garrison.controller")
+# A job with its wait reason: the first cycle after a restart (or after a large array's submission) sets
+# 50,000 of them, 0.33 s through dataclasses.replace, 0.09 s copied slot by slot.
+_with_reason = replacer(Job, "reason")
 
 Report = AttemptStarted | CheckpointMarked | AttemptFinished | RunningUsageReported  # what changes jobs
 
@@ -304,7 +308,7 @@ class Engine:
             # Only a changed reason makes a new Job: unchanged jobs keep their cached scheduling views.
             # A requeued job (pending with attempts behind it) keeps the reason it was requeued for.
             if job.reason != reason and not job.attempts:
-                self.state.jobs[job_id] = replace(job, reason=reason)
+                self.state.jobs[job_id] = _with_reason(job, reason)
             if count % REASONS_PER_TURN == 0:
                 await pacer.pause(REASONS_PER_TURN)
 

@@ -27,6 +27,7 @@ from garrison.controller.sched.snapshot import (
 )
 from garrison.controller.signals import parse_signal_request
 from garrison.model.accounts import Accounting
+from garrison.model.construct import constructor_without_init
 from garrison.model.domain import Job, JobState, Node, NodeState
 from garrison.model.jobrefs import JobLookup, parse_job_ref
 
@@ -35,9 +36,14 @@ if TYPE_CHECKING:
     from garrison.controller.state import ClusterState
 
 
+# The first cycle after a restart builds a view of every pending job (50,000: ~0.15 s of the event loop's time
+# through PendingJob's frozen __init__, half that without it).
+_new_pending = constructor_without_init(PendingJob)
+
+
 def pending_view(job: Job) -> PendingJob:
     """What the scheduling core sees of a pending job."""
-    return PendingJob(
+    return _new_pending(
         job_id=job.job_id,
         spec=job.spec,
         partition=job.partition,

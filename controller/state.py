@@ -65,8 +65,10 @@ class ClusterState(NodeReconciliation):
         kept = [job for job in loaded.jobs
                 if not (job.end_time is not None and now - job.end_time > retention_s and job.state.is_terminal)]
         self._remember_loaded(kept)
+        pending = JobState.PENDING
         for job in kept:
-            attempt = job.current_attempt if job.state.holds_resources else None
+            # Most of a large store is pending (an identity test, where holds_resources hashes the Enum).
+            attempt = job.current_attempt if job.state is not pending and job.state.holds_resources else None
             if attempt is not None:
                 live = LiveAttempt(
                     job_id=job.job_id,

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Engine, Insert, Row, Select, Table, and_, delete, exists, func, or_, select, update
 from sqlalchemy.engine import Connection
 
+from garrison.model.construct import constructor_without_init
 from garrison.model.domain import Attempt, Job, JobSpec, JobState, Node, NodeState
 
 from . import schema
@@ -513,6 +514,10 @@ def _raw_rows(connection: Connection, statement: Select[Any], batch: int = 2000)
         cursor.close()
 
 
+# Jobs built positionally without their frozen __init__: half of building them at a restart (issue 23).
+_new_job = constructor_without_init(Job)
+
+
 def _jobs_from_rows(
     job_rows: Iterable[Any], attempt_rows: Sequence[Row[Any]], specs: dict[str, JobSpec]
 ) -> list[Job]:
@@ -526,9 +531,9 @@ def _jobs_from_rows(
     attempts_by_job: defaultdict[int, list[Attempt]] = defaultdict(list)
     for row in attempt_rows:
         attempts_by_job[row.job_id].append(_attempt_from_row(row))
-    intern, states, no_attempts = sys.intern, _JOB_STATES, ()
+    intern, states, no_attempts, new_job = sys.intern, _JOB_STATES, (), _new_job
     return [
-        Job(job_id, specs[spec_key], intern(user), uid, gid, intern(account), intern(partition), time_limit_s,
+        new_job(job_id, specs[spec_key], intern(user), uid, gid, intern(account), intern(partition), time_limit_s,
             submit_time, states[state], intern(reason), priority, array_job_id, array_task_id, start_time, end_time,
             exit_code, tuple(attempts_by_job[job_id]) if job_id in attempts_by_job else no_attempts, restart_count)
         for (job_id, spec_key, user, uid, gid, account, partition, time_limit_s, submit_time, state, reason, priority,

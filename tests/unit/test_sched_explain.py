@@ -7,8 +7,9 @@ from dataclasses import replace
 
 from sched_helpers import NOW, busy, node, pending, running
 
-from garrison.controller.sched.cycle import schedule
-from garrison.controller.sched.explain import WaitKind, explain_wait
+from garrison.controller.sched.cycle import SchedulerConfig, schedule
+from garrison.controller.sched.explain import Explanation, WaitKind, explain_wait
+from garrison.controller.sched.plan import Plan
 from garrison.controller.sched.presets import preset
 from garrison.controller.sched.snapshot import Snapshot
 from garrison.model.accounts import Account, Accounting, Limits
@@ -18,9 +19,20 @@ GARRISON = preset("garrison")
 
 def explained(snapshot: Snapshot, job_id: int):  # type: ignore[no-untyped-def]
     plan = schedule(snapshot, NOW, GARRISON)
-    found = explain_wait(snapshot, plan, GARRISON, NOW, job_id)
+    found = explain_both(snapshot, plan, job_id)
     assert found is not None
     return found
+
+
+def explain_both(snapshot: Snapshot, plan: Plan, job_id: int, config: SchedulerConfig = GARRISON) -> Explanation | None:
+    """explain_wait as gsim calls it (passes over the queue) and as the controller does (the cycle's positions
+    and pending jobs by id, looked up): the same explanation both ways."""
+    passes = explain_wait(snapshot, plan, config, NOW, job_id)
+    looked_up = explain_wait(snapshot, plan, config, NOW, job_id,
+                             positions={j: i + 1 for i, j in enumerate(plan.order)},
+                             pending={j.job_id: j for j in snapshot.pending})
+    assert looked_up == passes
+    return looked_up
 
 
 def test_a_job_no_node_could_ever_hold_says_never_with_the_largest() -> None:
@@ -59,9 +71,23 @@ def test_a_job_behind_higher_priority_jobs_says_how_many() -> None:
     jobs = tuple(pending(i, gpus=8, submit=NOW - 100 + i) for i in range(1, 12))
     snapshot = Snapshot(nodes=(busy(node("a"), run),), pending=jobs, running=(run,))
     plan = schedule(snapshot, NOW, replace(GARRISON, reservations=1))
-    why = explain_wait(snapshot, plan, GARRISON, NOW, 11)
+    why = explain_both(snapshot, plan, 11)
     assert why is not None and why.kind == WaitKind.BEHIND
     assert why.lines[-1].startswith("behind 10 job(s) of higher priority")
+
+
+def test_the_nodes_taken_by_the_starts_ahead_count_and_those_behind_do_not() -> None:
+    """Two free nodes, three 8-GPU jobs: the first two start; the third waits with both nodes busy, as the
+    cycle left them (the starts of the jobs ahead of it taken), and nothing not yet started is unknown."""
+    jobs = tuple(pending(i, gpus=8, submit=NOW - 100 + i) for i in range(1, 4))
+    snapshot = Snapshot(nodes=(node("a", gpus=8), node("b", gpus=8)), pending=jobs)
+    plan = schedule(snapshot, NOW, GARRISON)
+    assert {s.job_id for s in plan.starts} == {1, 2}
+    why = explain_both(snapshot, plan, 3)
+    assert why is not None and why.tally.count("GpuFree") == 2
+    first = explain_both(snapshot, plan, 1)
+    assert first is not None and first.kind == WaitKind.STARTING
+    assert explain_both(snapshot, plan, 99) is None  # not pending in that cycle
 
 
 def test_a_held_job_says_how_to_release_it() -> None:
