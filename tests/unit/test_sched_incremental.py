@@ -73,12 +73,16 @@ def test_kept_capacity_and_timeline_answer_as_rebuilt_ones() -> None:
                               limit=rng.choice([600, 3600, 7200]))
                 jobs[next_id] = job
                 next_id += 1
-                views[name] = replace(views[name], free_gpus=views[name].free_gpus - set(gpus))
+                # What else a start changes on the node (the kept index follows these too).
+                views[name] = replace(views[name], free_gpus=views[name].free_gpus - set(gpus), idle=False,
+                                      free_memory_mb=views[name].free_memory_mb - 1)
         elif action < 0.8 and jobs:
             job = jobs.pop(rng.choice(sorted(jobs)))
             for node_alloc in job.allocation.nodes:
                 name = node_alloc.node
-                views[name] = replace(views[name], free_gpus=views[name].free_gpus | set(node_alloc.gpus))
+                free = views[name].free_gpus | set(node_alloc.gpus)
+                views[name] = replace(views[name], free_gpus=free, idle=len(free) == views[name].gpu_count,
+                                      free_memory_mb=views[name].free_memory_mb + 1)
         elif jobs:
             job_id = rng.choice(sorted(jobs))
             jobs[job_id] = replace(jobs[job_id], stopping=True)
@@ -92,6 +96,8 @@ def test_kept_capacity_and_timeline_answer_as_rebuilt_ones() -> None:
         assert kept.views == fresh.views
         assert kept.buckets == fresh.buckets
         assert kept.free == fresh.free
+        assert (kept.free_cpus, kept.free_memory, kept.idle, kept.exclusive) == (
+            fresh.free_cpus, fresh.free_memory, fresh.idle, fresh.exclusive)
 
         timeline = Timeline(kept, runs, now)
         reference = FullTimeline(fresh, runs, now)
