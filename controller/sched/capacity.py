@@ -159,7 +159,10 @@ class Capacity:
 
     def might_fit(self, request: Request) -> bool:
         """False only if the job cannot possibly start now (GPU counts alone); True means: look closer."""
-        summary = self._summary(request.partition)
+        # _summary's cached answer, looked up here: might_fit is asked for nearly every job of the queue.
+        summary = self._fit_summary.get(request.partition) if self._fit_version == self.version else None
+        if summary is None:
+            summary = self._summary(request.partition)
         if summary is None:
             return False
         free_gpus, nodes_with_at_least = summary
