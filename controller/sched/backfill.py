@@ -209,6 +209,10 @@ class _RunningHolds:
 _HOLDS = _RunningHolds()
 
 
+def _usable_count(candidate: Candidate) -> int:
+    return len(candidate.usable)
+
+
 class Timeline:
     def __init__(self, capacity: Capacity, running: Sequence[RunningJob], now: float) -> None:
         self.capacity = capacity
@@ -339,26 +343,31 @@ class Timeline:
             for n in allocation.nodes if n.mem_mb
         }
 
-    def _usable_at(self, index: int, when: float) -> set[int]:
-        busy = self.free_at[index]
-        return {g for g in range(self.capacity.gpu_counts[index]) if busy.get(g, self.now) <= when}
-
     def _candidates_at(self, request: Request, when: float, counts: list[int]) -> Iterator[Candidate]:
         capacity = self.capacity
         per_node = request.shape.min_gpus_per_node
-        for index, view in enumerate(capacity.views):
-            if not capacity.ready[index] or request.partition not in view.partitions or counts[index] < per_node:
+        wants_cpus = request.cpus_per_gpu or request.cpus_per_node
+        wants_memory = request.mem_mb or request.mem_per_gpu_mb or request.mem_whole_node
+        gpu_counts, free_at, now = capacity.gpu_counts, self.free_at, self.now
+        # The partition's ready nodes, in index order: the nodes a walk of every view would keep.
+        for index in self._members(request.partition)[0]:
+            if counts[index] < per_node:
                 continue
+            view = capacity.views[index]
             match = capacity.matching(index, request.gpu_type, request.gpu_mem_mib)
-            usable = self._usable_at(index, when) & match
-            wants_cpus = request.cpus_per_gpu or request.cpus_per_node
+            busy = free_at[index]
+            gpu_count = gpu_counts[index]
+            if busy or when < now:
+                usable = [g for g in range(gpu_count) if busy.get(g, now) <= when and g in match]
+            else:
+                usable = list(range(gpu_count)) if len(match) == gpu_count else sorted(match)
             yield Candidate(
                 index=index,
                 view=view,
-                usable=sorted(usable),
+                usable=usable,  # ascending: the matching GPUs not busy past ``when``
                 capable=len(match),
                 free_cpus=self.cpus_at(index, when) if wants_cpus else self._every_cpu(index),
-                free_memory_mb=self.memory_at(index, when) if request.mem_mb or request.mem_per_gpu_mb or request.mem_whole_node else view.memory_mb,
+                free_memory_mb=self.memory_at(index, when) if wants_memory else view.memory_mb,
             )
 
     def _every_cpu(self, index: int) -> frozenset[int]:
@@ -403,7 +412,8 @@ class Timeline:
         def try_at(step: float) -> Allocation | None:
             nonlocal attempts
             attempts += 1
-            candidates = sorted(self._candidates_at(request, step, counts), key=lambda c: (len(c.usable), c.index))
+            # Best fit first; the candidates come in index order and the sort is stable, so ties stay in it.
+            candidates = sorted(self._candidates_at(request, step, counts), key=_usable_count)
             return placer.place(request, lambda _r: candidates)
 
         # Now first: GPUs of jobs being stopped count as free from now on, so the job may fit as soon as

@@ -42,6 +42,12 @@ class _NodeIndex:
         self.ready: list[bool] = [v.schedulable and not v.drained for v in self.views]
         self.gpu_counts: list[int] = [len(v.gpu_names) for v in self.views]  # NodeView.gpu_count, read once
         self.max_gpus = max(self.gpu_counts, default=0)
+        # What each node has free, in index order: a cycle's Capacity starts from copies of these.
+        self.free: list[frozenset[int]] = [v.free_gpus for v in self.views]
+        self.free_cpus: list[frozenset[int]] = [v.free_cpus for v in self.views]
+        self.free_memory: list[int] = [v.free_memory_mb for v in self.views]
+        self.idle: list[bool] = [v.idle for v in self.views]
+        self.exclusive: list[bool] = [v.held_exclusively for v in self.views]
         self.buckets: dict[str, list[set[int]]] = {}
         for i, view in enumerate(self.views):
             if self.ready[i]:
@@ -74,6 +80,11 @@ class _NodeIndex:
                 return False
             index = self.sorted_index[position]
             views[index] = new
+            self.free[index] = new.free_gpus
+            self.free_cpus[index] = new.free_cpus
+            self.free_memory[index] = new.free_memory_mb
+            self.idle[index] = new.idle
+            self.exclusive[index] = new.held_exclusively
             if self.ready[index] and len(new.free_gpus) != len(old.free_gpus):
                 moves.append((index, len(old.free_gpus), len(new.free_gpus)))
         for index, before, after in moves:
@@ -103,12 +114,12 @@ class Capacity:
         self.views: tuple[NodeView, ...] = index.views
         self.names: tuple[str, ...] = index.names
         self.index_of = index.index_of
-        self.free: list[frozenset[int]] = [v.free_gpus for v in self.views]
-        self.free_cpus: list[frozenset[int]] = [v.free_cpus for v in self.views]
-        self.free_memory: list[int] = [v.free_memory_mb for v in self.views]
+        self.free: list[frozenset[int]] = list(index.free)
+        self.free_cpus: list[frozenset[int]] = list(index.free_cpus)
+        self.free_memory: list[int] = list(index.free_memory)
         self.ready: list[bool] = index.ready  # never changed by a cycle
-        self.idle: list[bool] = [v.idle for v in self.views]  # --exclusive: nothing runs there
-        self.exclusive: list[bool] = [v.held_exclusively for v in self.views]
+        self.idle: list[bool] = list(index.idle)  # --exclusive: nothing runs there
+        self.exclusive: list[bool] = list(index.exclusive)
         # node index -> GPU -> (start, job id) of the earliest reservation that holds it
         self.reserved: dict[int, dict[int, tuple[float, int]]] = {}
         # node index -> CPU -> (start, job id) of the earliest reservation that holds it
@@ -148,7 +159,10 @@ class Capacity:
 
     def might_fit(self, request: Request) -> bool:
         """False only if the job cannot possibly start now (GPU counts alone); True means: look closer."""
-        summary = self._summary(request.partition)
+        # _summary's cached answer, looked up here: might_fit is asked for nearly every job of the queue.
+        summary = self._fit_summary.get(request.partition) if self._fit_version == self.version else None
+        if summary is None:
+            summary = self._summary(request.partition)
         if summary is None:
             return False
         free_gpus, nodes_with_at_least = summary

@@ -105,6 +105,33 @@ _REQUESTS: dict[
     int, tuple[PendingJob, PartitionDef | None, Accounting, int, Request, tuple[object, ...], bool]
 ] = {}
 
+
+class _Key(tuple):  # type: ignore[type-arg]
+    """A placement key (framework.placement_key) that hashes once: the cycle looks each job's key up in
+    several dicts (memo, idle verdicts), and a tuple recomputes its hash, the GangShape's among it, in Python,
+    at every lookup. Equal to, and hashing like, the plain tuple, so dicts keyed by either agree."""
+
+    def __init__(self, _fields: tuple[object, ...]) -> None:
+        self._hash = tuple.__hash__(self)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+# One _Key per distinct placement key, so that lookups among equal keys compare by identity. Few: a key
+# leaves out the job's id and duration.
+_KEYS: dict[tuple[object, ...], _Key] = {}
+
+
+def _interned(key: tuple[object, ...]) -> _Key:
+    found = _KEYS.get(key)
+    if found is None:
+        if len(_KEYS) >= 4096:
+            _KEYS.clear()
+        found = _KEYS[key] = _Key(key)
+    return found
+
+
 @lru_cache(maxsize=16)
 def _pipeline(scorer_weights: tuple[tuple[str, int], ...]) -> Pipeline:
     return build_pipeline(scorer_weights)
@@ -133,36 +160,41 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     views, queue = ranked.views, ranked.ids
 
     waiting = state.waiting
+    starts = state.starts  # the phases append to it
     partitions = state.partitions
     requests = _REQUESTS
     quotas, memo = state.quotas, state.memo
+    quotas_enabled = quotas.enabled
+    # The memo's dicts are cleared in place when the capacity changes (Memo.sync), never replaced.
+    memo_blocked, memo_failed_end = memo.blocked, memo.failed_end
     settled, reservations = config.backfill and not config.preemption, config.reservations
+    max_job_test, max_starts, backfill = config.max_job_test, config.max_starts_per_cycle, config.backfill
     for job_id in queue:
-        if state.failed >= config.max_job_test or len(state.starts) >= config.max_starts_per_cycle:
+        if state.failed >= max_job_test or len(starts) >= max_starts:
             # The cycle's bounded work is done: the rest get their gates' reasons, once per shape of job.
             _bounded_tail(state, ranked)
             break
         job = views[job_id]
         partition = partitions.get(job.partition)
-        known = requests.get(job.job_id)
+        known = requests.get(job_id)
         if known is not None and known[0] is job and known[1] is partition and known[2] is accounting:
-            limit, request, key, plain = known[3], known[4], known[5], known[6]
+            _, _, _, limit, request, key, plain = known
         else:
             limit = time_limit_of(job, partition)
-            request = request_for(job.job_id, job.spec, job.partition, limit)
-            key = placement_key(request)
+            request = request_for(job_id, job.spec, job.partition, limit)
+            key = _interned(placement_key(request))
             plain = is_plain(state, job, partition, limit)
-            requests[job.job_id] = (job, partition, accounting, limit, request, key, plain)
+            requests[job_id] = (job, partition, accounting, limit, request, key, plain)
         if plain:
             # The gates that can stop a plain job (gates.py, in the same order): quotas, then, without
             # backfill, a blocked partition (the bounded work is checked at the top of the loop).
-            gated = quotas.blocked_by(job, job.spec.total_gpus(), limit) if quotas.enabled else None
-            if gated is None and not config.backfill and job.partition in state.blocked_partitions:
+            gated = quotas.blocked_by(job, job.spec.total_gpus(), limit) if quotas_enabled else None
+            if gated is None and not backfill and job.partition in state.blocked_partitions:
                 gated = Reason.PRIORITY
         else:
             gated = GATES(state, job, partition, limit)
         if gated is not None:
-            waiting[job.job_id] = gated
+            waiting[job_id] = gated
             continue
         end = now + limit
         if settled and len(state.reservations) >= reservations:
@@ -170,15 +202,19 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
             # failed to start for a run ending no later, and was told why it waits, fails the same way and
             # waits for the same reason: its phases would each answer as they did for the look-alike
             # (place_now: does not fit; never_here: the idle verdict of the same key; reserve_later: the
-            # same memo). A deep queue of look-alikes then costs a few lookups per job.
-            memo.sync()
-            blocked = memo.blocked.get(key)
-            if blocked is not None and (not capacity.might_fit(request) or memo.known_not_to_fit(key, end)):
-                state.failed += 1
-                waiting[job.job_id] = blocked[0]
-                if blocked[1] is not None:
-                    state.blocked_by[job.job_id] = blocked[1]
-                continue
+            # same memo). A deep queue of look-alikes then costs a few lookups per job. (Memo.sync and
+            # Memo.known_not_to_fit, spelt out.)
+            if memo.version != capacity.version:
+                memo.sync()
+            blocked = memo_blocked.get(key)
+            if blocked is not None:
+                failed_end = memo_failed_end.get(key)
+                if (failed_end is not None and end >= failed_end) or not capacity.might_fit(request):
+                    state.failed += 1
+                    waiting[job_id] = blocked[0]
+                    if blocked[1] is not None:
+                        state.blocked_by[job_id] = blocked[1]
+                    continue
         candidacy = Candidacy(job, limit, request, key, end)
         for phase in PHASES:
             if phase(state, candidacy):

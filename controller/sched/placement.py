@@ -21,7 +21,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from garrison.controller.sched.filters.cpu_memory import cpus_needed, mem_needed
-from garrison.controller.sched.framework import Candidate, GangShape, Request
+from garrison.controller.sched.framework import OK, Candidate, GangShape, Request
+from garrison.controller.sched.scorers.gpu_topology import node_affinity
 from garrison.controller.sched.scorers.numa import local_cpus
 from garrison.controller.sched.snapshot import NodeView
 from garrison.controller.sched.topology import gpu_affinity, pick_connected_gpus
@@ -122,7 +123,13 @@ def _node_allocation(request: Request, candidate: Candidate, count: int) -> Node
         every = list(range(view.gpu_count))
         gpus = pick_connected_gpus(every, len(every), gpu_affinity(view.nvlink, view.topo))
         return NodeAllocation(node=view.name, gpus=gpus, cpus=tuple(sorted(candidate.free_cpus)), mem_mb=view.memory_mb)
-    gpus = pick_connected_gpus(candidate.usable, count, gpu_affinity(view.nvlink, view.topo))
+    usable = candidate.usable
+    if 1 < count < len(usable):
+        gpus = pick_connected_gpus(usable, count, node_affinity(view)[0])
+    else:
+        # pick_connected_gpus' own answer without a choice to make (one GPU, or all of them), without the
+        # node's affinity matrix (a cache lookup that hashes the whole matrix, per candidate scored).
+        gpus = tuple(usable[:count]) if count > 0 else ()
     cpus = _choose_cpus(request, candidate, gpus)
     mem = mem_needed(request, len(gpus), view.memory_mb)
     if cpus or mem:
@@ -138,9 +145,33 @@ class Placer:
     def __init__(self, pipeline: Pipeline, score_limit: int = DEFAULT_SCORE_LIMIT) -> None:
         self.pipeline = pipeline
         self.score_limit = score_limit
+        # Pipeline.check and Pipeline.score, spelt out below for the one-node search (it checks and scores
+        # several candidates for every job a cycle tries to place): same filters, same arithmetic.
+        self._filters = pipeline.filters
+        self._scorers = tuple((s.weight, s) for s in pipeline.scorers)
+        self._weight = sum(weight for weight, _ in self._scorers)
 
     def passing(self, request: Request, source: CandidateSource) -> list[Candidate]:
-        return [c for c in source(request) if self.pipeline.check(request, c).ok]
+        return [c for c in source(request) if self._passes(request, c)]
+
+    def _passes(self, request: Request, candidate: Candidate) -> bool:
+        """``pipeline.check(request, candidate).ok``; a filter that passes answers with the OK singleton, so
+        most statuses need no look inside."""
+        for step in self._filters:
+            status = step.check(request, candidate)
+            if status is not OK and not status.ok:
+                return False
+        return True
+
+    def _score(self, request: Request, candidate: Candidate, gpus: tuple[int, ...]) -> int:
+        """``pipeline.score(request, candidate, gpus)``."""
+        total = self._weight
+        if total == 0:
+            return 0
+        value = 0
+        for weight, scorer in self._scorers:
+            value += weight * scorer.score(request, candidate, gpus)
+        return value // total
 
     def place(self, request: Request, source: CandidateSource) -> Allocation | None:
         shape = request.shape
@@ -164,11 +195,14 @@ class Placer:
     def _one_node(self, request: Request, source: CandidateSource, count: int) -> Allocation | None:
         best: tuple[int, int, NodeAllocation] | None = None
         scored = 0
+        # hostable() is the usable count itself unless the job asks for CPUs or memory per GPU.
+        per_gpu = request.cpus_per_gpu or (request.mem_per_gpu_mb and not request.mem_mb)
         for candidate in source(request):
-            if hostable(request, candidate) < count or not self.pipeline.check(request, candidate).ok:
+            if (len(candidate.usable) < count or (per_gpu and hostable(request, candidate) < count)
+                    or not self._passes(request, candidate)):
                 continue
             allocation = _node_allocation(request, candidate, count)
-            score = self.pipeline.score(request, candidate, allocation.gpus)
+            score = self._score(request, candidate, allocation.gpus)
             if best is None or (score, -candidate.index) > (best[0], -best[1]):
                 best = (score, candidate.index, allocation)
             scored += 1
@@ -185,7 +219,7 @@ class Placer:
 
         def pick(group: Sequence[Candidate]) -> list[tuple[Candidate, int]] | None:
             # Best-scored nodes first; each need (largest first) takes the best node that can hold it.
-            ranked = sorted(group, key=lambda c: (-self.pipeline.score(request, c, tuple(c.usable[: needs[-1]])),
+            ranked = sorted(group, key=lambda c: (-self._score(request, c, tuple(c.usable[: needs[-1]])),
                                                   c.index))
             chosen: list[tuple[Candidate, int]] = []
             taken: set[int] = set()
@@ -215,7 +249,7 @@ class Placer:
         if any(hostable(request, c) < need for c, need in chosen):
             return None
         others = sorted((c for c in passing if c.view.name not in request.nodelist),
-                        key=lambda c: (-self.pipeline.score(request, c, tuple(c.usable[: needs[-1]])), c.index))
+                        key=lambda c: (-self._score(request, c, tuple(c.usable[: needs[-1]])), c.index))
         taken: set[int] = set()
         for need in needs[len(listed):]:
             found = next((c for c in others if c.index not in taken and hostable(request, c) >= need), None)

@@ -24,11 +24,12 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from garrison.controller.clock import ManualClock
 from garrison.controller.ledger import AttemptLedger
 from garrison.controller.sched.cycle import schedule
+from garrison.controller.sched.priority import PriorityContext
 from garrison.controller.sim.cluster import SimCluster
 from garrison.controller.sim.metrics import ESTIMATE_LEAD_S, ContentionTracker, JobOutcome, ReplayResult
 from garrison.controller.sim.policies import Policy, SnapshotBuilder, never_runs
@@ -46,11 +47,17 @@ class ReplayOptions:
         see policies.load_policy). A preempted job loses the work since its last checkpoint (every
         checkpoint_interval_s of progress; 0: it checkpoints when warned) and pays restart_cost_s when it
         restarts.
+    priority_interval_s: None keeps each policy's own SchedulerConfig.priority_interval_s (0 in gsim's
+        presets: every cycle prices the whole queue as of its moment); a number sets it for every policy, as
+        the daemon runs (30 s): a cycle then prices its queue as of the last plan's priorities until they are
+        that old, and only the jobs that changed since. Faster on deep queues, closer to the daemon, and not
+        the same plans.
     """
 
     gang_slowdown: float = 0.0
     checkpoint_interval_s: float = 3600.0
     restart_cost_s: float = 300.0
+    priority_interval_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -90,6 +97,10 @@ class Replay:
         self.held_gpus = 0  # GPUs the attempts hold, kept as they start and end (the ledger would count them)
         self.policy = policy
         self.options = options or ReplayOptions()
+        self.config = policy.config
+        if self.options.priority_interval_s is not None:
+            self.config = replace(policy.config, priority_interval_s=self.options.priority_interval_s)
+        self.pricing: PriorityContext | None = None  # the last plan's (Plan.pricing), for the next snapshot
         # Scheduler job ids follow arrival order, as the controller's ids follow submission order.
         in_order = sorted(jobs, key=lambda t: t.submit_s)
         default_account = policy.accounting.default_account
@@ -223,14 +234,18 @@ class Replay:
         self.tracker.change(job.account, demand=job.trace.gpus, waiting=1)
 
     def _cycle(self, now: float) -> None:
-        preempting = self.policy.config.preemption
+        preempting = self.config.preemption
         # A cycle with no GPU free (and no preemption) starts nothing whatever the policy, and is skipped,
         # unless a job just arrived: the daemon's cycle on its submission gives its first estimated start.
         if not self.ledger.queued or (self.free_count == 0 and not preempting and not self.unestimated):
             return
         if preempting:
             self._report_checkpoints(now)
-        plan = schedule(self.builder.build(), now, self.policy.config)
+        snapshot = self.builder.build()
+        if self.config.priority_interval_s:
+            snapshot = replace(snapshot, pricing=self.pricing)  # as the daemon's policy.snapshot() does
+        plan = schedule(snapshot, now, self.config)
+        self.pricing = plan.pricing
         self.cycles += 1
         self._record_estimates(plan.estimated_starts)
         # As the engine applies a plan: the ledger accepts what holds, starts first, then preemptions. The

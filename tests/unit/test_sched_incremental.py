@@ -11,12 +11,15 @@ from dataclasses import replace
 from sched_helpers import NOW, node, running
 
 from garrison.controller.sched import capacity as capacity_module
+from garrison.controller.sched import cycle as cycle_module
 from garrison.controller.sched.backfill import Timeline
 from garrison.controller.sched.capacity import Capacity
-from garrison.controller.sched.framework import Request
+from garrison.controller.sched.framework import Candidate, Request, placement_key
 from garrison.controller.sched.pipeline import build_pipeline
 from garrison.controller.sched.placement import Placer, request_for
+from garrison.controller.sched.scorers.gpu_topology import GpuTopology, node_affinity
 from garrison.controller.sched.snapshot import NodeView, RunningJob
+from garrison.controller.sched.topology import best_affinity, gpu_affinity
 from garrison.model.domain import JobSpec
 
 
@@ -73,12 +76,16 @@ def test_kept_capacity_and_timeline_answer_as_rebuilt_ones() -> None:
                               limit=rng.choice([600, 3600, 7200]))
                 jobs[next_id] = job
                 next_id += 1
-                views[name] = replace(views[name], free_gpus=views[name].free_gpus - set(gpus))
+                # What else a start changes on the node (the kept index follows these too).
+                views[name] = replace(views[name], free_gpus=views[name].free_gpus - set(gpus), idle=False,
+                                      free_memory_mb=views[name].free_memory_mb - 1)
         elif action < 0.8 and jobs:
             job = jobs.pop(rng.choice(sorted(jobs)))
             for node_alloc in job.allocation.nodes:
                 name = node_alloc.node
-                views[name] = replace(views[name], free_gpus=views[name].free_gpus | set(node_alloc.gpus))
+                free = views[name].free_gpus | set(node_alloc.gpus)
+                views[name] = replace(views[name], free_gpus=free, idle=len(free) == views[name].gpu_count,
+                                      free_memory_mb=views[name].free_memory_mb + 1)
         elif jobs:
             job_id = rng.choice(sorted(jobs))
             jobs[job_id] = replace(jobs[job_id], stopping=True)
@@ -92,6 +99,8 @@ def test_kept_capacity_and_timeline_answer_as_rebuilt_ones() -> None:
         assert kept.views == fresh.views
         assert kept.buckets == fresh.buckets
         assert kept.free == fresh.free
+        assert (kept.free_cpus, kept.free_memory, kept.idle, kept.exclusive) == (
+            fresh.free_cpus, fresh.free_memory, fresh.idle, fresh.exclusive)
 
         timeline = Timeline(kept, runs, now)
         reference = FullTimeline(fresh, runs, now)
@@ -100,3 +109,32 @@ def test_kept_capacity_and_timeline_answer_as_rebuilt_ones() -> None:
         assert _releases(timeline, now) == _releases(reference, now)
         requests = [_request(1000 + k, gpus, 3600) for k, gpus in enumerate((1, 4, 8, 12, 16))]
         assert _answers(timeline, requests) == _answers(reference, requests)
+
+
+def test_interned_placement_keys_act_as_the_plain_tuples() -> None:
+    # The cycle interns each job's placement key (one object per distinct key, hashed once); dicts keyed by
+    # plain keys elsewhere (feasibility's shared verdicts) must find it, and it theirs.
+    first = _request(1, 2, 600)
+    second = _request(2, 2, 7200)
+    other = _request(3, 4, 600)
+    raw = placement_key(first)
+    key = cycle_module._interned(raw)
+    assert key == raw and hash(key) == hash(raw)
+    assert cycle_module._interned(placement_key(second)) is key  # look-alikes share one key
+    assert cycle_module._interned(placement_key(other)) != key
+    assert {raw: "verdict"}[key] == "verdict" and {key: "verdict"}[raw] == "verdict"
+
+
+def test_node_affinity_follows_the_node_matrices() -> None:
+    # Found by the identity of a view's matrices, so a node whose NVLink matrix changes gets its own answer.
+    plain = node("n0", gpus=4)
+    assert node_affinity(plain)[0] == gpu_affinity(plain.nvlink, plain.topo)
+    paired = replace(plain, nvlink=((0, 2, 0, 0), (2, 0, 0, 0), (0, 0, 0, 2), (0, 0, 2, 0)))
+    affinity, bests = node_affinity(paired)
+    assert affinity == gpu_affinity(paired.nvlink, paired.topo) != node_affinity(plain)[0]
+    scorer = GpuTopology()
+    pair_on_link = Candidate(index=0, view=paired, usable=[0, 1, 2, 3], capable=4, free_cpus=frozenset(),
+                             free_memory_mb=0)
+    assert scorer.score(_request(1, 2, 600), pair_on_link, (0, 1)) == 100
+    assert scorer.score(_request(1, 2, 600), pair_on_link, (0, 2)) == 0
+    assert bests == {2: best_affinity(affinity, 2)}

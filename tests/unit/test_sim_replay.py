@@ -124,6 +124,19 @@ def test_fair_share_lets_a_light_account_overtake_a_heavy_one() -> None:
     assert times(shared) == [(0, 100), (200, 300), (300, 400), (100, 200)]
 
 
+def test_the_priority_interval_option_prices_the_queue_as_the_daemon_does() -> None:
+    # The fair-share case above. By default (and with the daemon's 30 s: the events are 100 units apart)
+    # every cycle prices the queue as of its moment, so b1 overtakes a's older jobs once a has used the GPU.
+    # With an interval longer than the trace, every cycle keeps the first cycle's prices, when neither
+    # account had used anything: arrival order.
+    jobs = [job(0, 0, 1, 100), job(1, 0, 1, 100), job(2, 0, 1, 100), job(3, 1 / U, 1, 100, account="b")]
+    assert run("1x1", jobs, "garrison").start_order == [1, 4, 2, 3]
+    assert run("1x1", jobs, "garrison", priority_interval_s=30).start_order == [1, 4, 2, 3]
+    frozen = run("1x1", jobs, "garrison", priority_interval_s=1000 * U)
+    assert frozen.start_order == [1, 2, 3, 4]
+    assert frozen.cycles == run("1x1", jobs, "garrison").cycles
+
+
 def test_config_file_settings_reach_the_scheduler(tmp_path: Path) -> None:
     # The same fair-share case under a configuration without the fair-share factor: arrival order again.
     config = tmp_path / "garrison.toml"

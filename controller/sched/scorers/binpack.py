@@ -13,7 +13,7 @@ class BinPack:
         self.weight = weight
 
     def score(self, request: Request, candidate: Candidate, gpus: tuple[int, ...]) -> int:
-        total = candidate.view.gpu_count
+        total = len(candidate.view.gpu_names)  # NodeView.gpu_count, without the property call
         if total == 0:
             return 100
         left = max(0, len(candidate.usable) - len(gpus))
