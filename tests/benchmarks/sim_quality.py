@@ -109,6 +109,10 @@ CANDIDATES = {v.name: v for v in (
     # Wider jobs first (Slurm's job-size factor): a job as wide as the cluster is worth 2 or 8 days of age.
     Variant("size-2d", (("job_size", 2_000),)),
     Variant("size-8d", (("job_size", 8_000),)),
+    # Fewer GPUs first (the small_job factor), at a third of, or the same weight as, the time-limit factor.
+    Variant("small-10d", (("small_job", 10_000),)),
+    Variant("small-30d", (("small_job", 30_000),)),
+    Variant("small-30d-fair20", (("small_job", 30_000), ("fair_share", 20_000))),
 )}
 
 
