@@ -112,6 +112,7 @@ CANDIDATES = {v.name: v for v in (
     # Fewer GPUs first (the small_job factor), at a third of, or the same weight as, the time-limit factor.
     Variant("small-10d", (("small_job", 10_000),)),
     Variant("small-30d", (("small_job", 30_000),)),
+    Variant("small-30d-fair50", (("small_job", 30_000), ("fair_share", 50_000))),
 )}
 
 
