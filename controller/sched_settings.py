@@ -29,6 +29,7 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         "job_size": settings.priority_weight_job_size,
         "partition": settings.priority_weight_partition,
         "time_limit": settings.priority_weight_time_limit,
+        "small_job": settings.priority_weight_small_job,
         "max_age_s": settings.priority_max_age_s,
         "short_limit_s": settings.priority_time_limit_short_s,
         "long_limit_s": settings.priority_time_limit_long_s,

@@ -1,7 +1,7 @@
 """Multifactor priority, like Slurm's priority/multifactor: a weighted sum of factors in [0, 1].
 
     priority = w_age * age + w_fairshare * fairshare + w_qos * qos + w_size * size + w_partition * partition
-               + w_time_limit * time_limit + w_overdue * overdue
+               + w_time_limit * time_limit + w_small_job * small_job + w_overdue * overdue
                + the admin's adjustment (gcontrol update JOB --priority) - the owner's nice value (gsub --nice)
 
 - age: time pending over ``max_age_s``, capped at 1;
@@ -17,6 +17,12 @@
   jobs submitted less than ``w_time_limit / w_age * max_age_s`` after it (30 days with the garrison
   weights), plus what fair share and QoS add to theirs, as with any multifactor priority. Only the limit
   counts, which users choose, never the true run time.
+
+- small_job: how few GPUs the job asks for, on a log scale: 1 for one GPU, 0 for the whole cluster
+  (log(cluster GPUs / job GPUs) / log(cluster GPUs); on 96 GPUs 8 GPUs score 0.54, 16 score 0.39, 64 score
+  0.09). The opposite of ``size``: with the time-limit factor at a like weight the sum ranks jobs by
+  the log of the GPU-time they ask for (GPUs x limit), so a one-GPU job no longer ranks alike with a
+  16-GPU job of the same limit. Like the time-limit factor it reads only what the user asked for.
 
 - overdue: 0 until the job has waited ``overdue_after_s`` (or ``overdue_share`` of the longest wait in the
   queue now, if later), then 1 plus one more per further ``overdue_after_s``, without a cap: the bound on
@@ -44,6 +50,7 @@ class PriorityWeights:
     job_size: int = 1000
     partition: int = 1000
     time_limit: int = 0
+    small_job: int = 0
     max_age_s: float = 7 * 86400
     short_limit_s: float = 3600  # a time limit this short or shorter: time-limit factor 1
     long_limit_s: float = 7 * 86400  # this long or longer: time-limit factor 0
@@ -61,7 +68,7 @@ class PriorityWeights:
     overdue_share: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("age", "fair_share", "qos", "job_size", "partition", "time_limit", "overdue"):
+        for name in ("age", "fair_share", "qos", "job_size", "partition", "time_limit", "small_job", "overdue"):
             if getattr(self, name) < 0:
                 raise ValueError(f"priority weight {name} must not be negative")
         if self.max_age_s <= 0:
@@ -79,6 +86,15 @@ def overdue_factor(waited_s: float, overdue_after_s: float) -> float:
     if overdue_after_s <= 0 or waited_s <= overdue_after_s:
         return 0.0
     return (waited_s - overdue_after_s) / overdue_after_s + 1.0
+
+
+def small_job_factor(gpus: int, total_gpus: int) -> float:
+    """1 for a job of one GPU (or none), 0 for one as wide as the cluster, log-linear in between."""
+    if gpus <= 1 or total_gpus <= 1:
+        return 1.0 if gpus <= 1 else 0.0
+    if gpus >= total_gpus:
+        return 0.0
+    return math.log(total_gpus / gpus) / math.log(total_gpus)
 
 
 NO_WEIGHTS = PriorityWeights(age=0, fair_share=0, qos=0, job_size=0, partition=0)  # plain arrival order
@@ -105,6 +121,7 @@ class PriorityFactors:
     time_limit: float = 0.0
     nice: int = 0
     overdue: float = 0.0
+    small_job: float = 0.0
 
 
 class PriorityOrder:
@@ -181,12 +198,13 @@ class PriorityContext:
         size = min(1.0, job.spec.total_gpus() / self.total_gpus)
         part = self.partition_factor.get(job.partition, 0.0)
         short = time_limit_factor(self._limit(job), w.short_limit_s, w.long_limit_s)
+        small = small_job_factor(job.spec.total_gpus(), self.total_gpus)
         overdue = overdue_factor(self.now - job.submit_time, self.overdue_after) if w.overdue else 0.0
         total = round(w.age * age + w.fair_share * fair + w.qos * qos + w.job_size * size + w.partition * part
-                      + w.time_limit * short + w.overdue * overdue)
+                      + w.time_limit * short + w.small_job * small + w.overdue * overdue)
         nice = job.spec.nice
         return PriorityFactors(age, fair, qos, size, part, job.priority, total + job.priority - nice, short, nice,
-                               overdue)
+                               overdue, small)
 
     def _limit(self, job: PendingJob) -> float:
         if job.time_limit_s is not None:
@@ -259,6 +277,8 @@ class PriorityContext:
         )
         if w.time_limit:
             value += w.time_limit * time_limit_factor(self._limit(job), w.short_limit_s, w.long_limit_s)
+        if w.small_job:
+            value += w.small_job * small_job_factor(spec.total_gpus(), self.total_gpus)
         return value, job.priority - spec.nice
 
 

@@ -101,6 +101,7 @@ class SchedulerSettings:
     priority_weight_job_size: int | None = None
     priority_weight_partition: int | None = None
     priority_weight_time_limit: int | None = None
+    priority_weight_small_job: int | None = None
     priority_max_age_s: int | None = None  # None: the preset's
     priority_time_limit_short_s: int | None = None
     priority_time_limit_long_s: int | None = None

@@ -247,6 +247,7 @@ def read_scheduler(table: Mapping[str, Any] | None, where: str) -> SchedulerSett
         priority_weight_job_size=weight("priority_weight_job_size"),
         priority_weight_partition=weight("priority_weight_partition"),
         priority_weight_time_limit=weight("priority_weight_time_limit"),
+        priority_weight_small_job=weight("priority_weight_small_job"),
         priority_max_age_s=duration("priority_max_age"),
         priority_time_limit_short_s=duration("priority_time_limit_short"),
         priority_time_limit_long_s=duration("priority_time_limit_long"),

@@ -27,6 +27,7 @@ The traces are not part of the project: the script stops with a one-line error i
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -86,6 +87,33 @@ FRONTIER = (
     Variant("no-overdue", (("overdue", 0), ("overdue_after_s", 0.0))),
     Variant("overdue-4d-1-reservation", (), (("reservations", 1),)),
 )
+# Candidates tried for issue 22 beyond the frontier (--variants NAME,...): the reservations go to the
+# longest waiters (a job is overdue once it has waited a share of the longest wait in the queue now, at
+# least an hour), the rest of the queue by priority (shorter limits first), with few reservations so that
+# backfill leaves no GPU idle that fifo-easy would have used.
+OLDEST = (("overdue_after_s", 3600.0),)
+CANDIDATES = {v.name: v for v in (
+    Variant("oldest90-1r", (*OLDEST, ("overdue_share", 0.9)), (("reservations", 1),)),
+    Variant("oldest90-2r", (*OLDEST, ("overdue_share", 0.9)), (("reservations", 2),)),
+    Variant("oldest75-1r", (*OLDEST, ("overdue_share", 0.75)), (("reservations", 1),)),
+    Variant("oldest90-1r-fair30", (*OLDEST, ("overdue_share", 0.9), ("fair_share", 30_000)),
+            (("reservations", 1),)),
+    # Fair share worth half a QoS tier (the shipped weight is 5 days of age): the lever on Jain's index.
+    Variant("fair50", (("fair_share", 50_000),)),
+    Variant("fair20", (("fair_share", 20_000),)),
+    # Smooth aging instead of the overdue cliff: a shorter limit is worth only a day or two of waiting, so a
+    # job is overtaken only by jobs submitted less than that after it.
+    Variant("limit-1d", (("time_limit", 1_000), ("overdue", 0), ("overdue_after_s", 0.0))),
+    Variant("limit-2d", (("time_limit", 2_000), ("overdue", 0), ("overdue_after_s", 0.0))),
+    Variant("limit-4d", (("time_limit", 4_000), ("overdue", 0), ("overdue_after_s", 0.0))),
+    # Wider jobs first (Slurm's job-size factor): a job as wide as the cluster is worth 2 or 8 days of age.
+    Variant("size-2d", (("job_size", 2_000),)),
+    Variant("size-8d", (("job_size", 8_000),)),
+    # Fewer GPUs first (the small_job factor), at a third of, or the same weight as, the time-limit factor.
+    Variant("small-10d", (("small_job", 10_000),)),
+    Variant("small-30d", (("small_job", 30_000),)),
+    Variant("small-30d-fair50", (("small_job", 30_000), ("fair_share", 50_000))),
+)}
 
 
 def goals(easy: dict[str, float], garrison: dict[str, float]) -> dict[str, tuple[float, bool]]:
@@ -123,6 +151,10 @@ def _run(task: tuple[str, str, int, float, str, Variant | None]) -> tuple[str, i
     return Path(trace_path).stem, seed, label, {k: float(summary[k]) for k in KEYS}
 
 
+def _cache_key(trace: str, seed: int, gang: float) -> str:
+    return f"{trace}/{seed}/{gang}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", type=Path, default=shared_traces())
@@ -131,6 +163,12 @@ def main() -> int:
     parser.add_argument("--gang-slowdown", type=float, default=0.2)
     parser.add_argument("--jobs", type=int, default=2, help="replays run in parallel")
     parser.add_argument("--frontier", action="store_true", help="also replay the trade-off variants")
+    parser.add_argument("--variants", default="", help=f"also replay these candidates: {', '.join(CANDIDATES)}")
+    parser.add_argument("--candidates-only", action="store_true",
+                        help="replay only fifo-easy and the --variants, not the shipped preset")
+    parser.add_argument("--baseline-cache", type=Path, default=None,
+                        help="JSON file of fifo-easy's figures: read if present, written after the run "
+                             "(fifo-easy does not change with garrison's policy)")
     args = parser.parse_args()
 
     names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -140,13 +178,24 @@ def main() -> int:
         if not (args.traces / f"{name}.csv").is_file():
             raise SystemExit(f"sim_quality: error: {args.traces / f'{name}.csv'} not found (--traces DIR)")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    variants: Sequence[Variant | None] = [None, SHIPPED, *(FRONTIER if args.frontier else ())]
+    extra = [CANDIDATES[n.strip()] for n in args.variants.split(",") if n.strip()]
+    shipped = [] if args.candidates_only and extra else [SHIPPED]
+    variants: Sequence[Variant | None] = [None, *shipped, *(FRONTIER if args.frontier else ()), *extra]
+    results: dict[tuple[str, int, str], dict[str, float]] = {}
+    cached: dict[str, dict[str, float]] = {}
+    if args.baseline_cache is not None and args.baseline_cache.is_file():
+        cached = json.loads(args.baseline_cache.read_text())
     tasks = [(str(args.traces / f"{name}.csv"), TRACES[name], seed, args.gang_slowdown,
               "fifo-easy" if v is None else "garrison", v)
-             for name in names for seed in seeds for v in variants]
+             for name in names for seed in seeds for v in variants
+             if v is not None or _cache_key(name, seed, args.gang_slowdown) not in cached]
+    for name in names:
+        for seed in seeds:
+            figures = cached.get(_cache_key(name, seed, args.gang_slowdown))
+            if figures is not None:
+                results[(name, seed, "fifo-easy")] = figures
     print(f"gang_slowdown: {args.gang_slowdown}")
     print(f"seeds: {','.join(map(str, seeds))}")
-    results: dict[tuple[str, int, str], dict[str, float]] = {}
     with Pool(args.jobs) as pool:
         for trace, seed, label, figures in pool.imap_unordered(_run, tasks):
             results[(trace, seed, label)] = figures
@@ -154,18 +203,23 @@ def main() -> int:
             for k in KEYS:
                 print(f"{prefix}_{k}: {figures[k]:.4f}")
             sys.stdout.flush()
+    if args.baseline_cache is not None:
+        for (name, seed, label), figures in results.items():
+            if label == "fifo-easy":
+                cached[_cache_key(name, seed, args.gang_slowdown)] = figures
+        args.baseline_cache.write_text(json.dumps(cached, indent=1, sort_keys=True))
 
     print()
-    labels = [SHIPPED.name, *(v.name for v in FRONTIER if args.frontier)]
+    labels = [v.name for v in variants if v is not None]
     worst: dict[str, dict[str, tuple[float, bool]]] = {}
     for label in labels:
         everywhere: dict[str, tuple[float, bool]] = {}
         for name in names:
             for seed in seeds:
                 held = goals(results[(name, seed, "fifo-easy")], results[(name, seed, label)])
-                if label == SHIPPED.name:
+                if label == SHIPPED.name or args.candidates_only:
                     cluster = TRACES[name]
-                    print(f"{name}_s{seed}: cluster {cluster}; " + "; ".join(
+                    print(f"{name}_s{seed}_{label}: cluster {cluster}; " + "; ".join(
                         f"{goal} {value:.3f} {'yes' if ok else 'NO'}" for goal, (value, ok) in held.items()))
                 for goal, (value, ok) in held.items():
                     # worst case: the smallest speed-up and Jain, the largest ratios
@@ -184,7 +238,7 @@ def main() -> int:
             print(f"{prefix}_worst_{goal}: {value:.3f}")
             print(f"{prefix}_goal_{goal}_everywhere: {'yes' if ok else 'no'}")
         print(f"{prefix}_all_goals_everywhere: {'yes' if all(ok for _, ok in everywhere.values()) else 'no'}")
-    if args.frontier:
+    if args.frontier or extra:
         meeting = [label for label, e in worst.items() if all(ok for _, ok in e.values())]
         if meeting:
             chosen = max(meeting, key=lambda label: worst[label]["avg_jct_speedup"][0])

@@ -65,6 +65,8 @@ def test_kept_queue_plans_what_a_fresh_one_does(seed: int, quotas: bool) -> None
     rng = random.Random(seed)
     config = replace(preset("garrison"), max_job_test=rng.choice((2, 5, 50)), reservations=rng.choice((0, 2)),
                      priority_interval_s=INTERVAL_S)
+    if seed % 2:  # the small-job factor, part of a job's static priority, kept across cycles like the rest
+        config = replace(config, weights=replace(config.weights, small_job=30_000))
     acct = accounting(quotas)
     nodes = (busy(node("a"), running(900, {"a": tuple(range(6))})), node("b", free={0, 1}))
     runs: tuple[RunningJob, ...] = (running(900, {"a": tuple(range(6))}, account="teamA"),)
