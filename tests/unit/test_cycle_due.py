@@ -238,3 +238,42 @@ def test_the_scheduler_loop_wakes_for_a_change_and_only_then(engine: Engine, clo
         await engine.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_restarted_controller_plans_once_an_agent_is_back_or_its_heartbeat_timeout_has_passed(
+    tmp_path: Path, clock: ManualClock, link: KeptLink, engine: Engine
+) -> None:
+    waiting = submit(engine, gpus=2)
+    asyncio.run(engine.stop())
+    # The same database, a new controller: node n1 is known, no agent has registered again yet.
+    config = ControllerConfig(database=f"sqlite:///{tmp_path / 'c.db'}", state_dir=str(tmp_path),
+                              schedule_interval_s=INTERVAL_S)
+    state = ClusterState(open_store(config.database), config.heartbeat_timeout_s)
+    state.load(clock.now(), config.finished_job_retention_s)
+    again = Engine(config, state, clock)
+    try:
+        assert asyncio.run(again.run_cycle()) is None and again.cycle_count == 0  # no snapshot, no plan
+        assert again.cycle_due() is None
+        # Its registration makes a cycle due, which plans and starts the job.
+        again.agent_connected(link, Registration("n1", "10.0.0.1", engine.state.nodes["n1"].inventory))  # type: ignore[arg-type]
+        assert again.cycle_due() == Why.CHANGED
+        cycle(again)
+        assert again.cycle_count == 1 and waiting in launched(link)
+    finally:
+        asyncio.run(again.stop())
+    # No agent at all: the cycle comes once the heartbeat timeout has passed, as the nodes go DOWN.
+    state = ClusterState(open_store(config.database), config.heartbeat_timeout_s)
+    state.load(clock.now(), config.finished_job_retention_s)
+    alone = Engine(config, state, clock)
+    try:
+        submit(alone, gpus=1)
+        cycle(alone)
+        assert alone.cycle_count == 0 and alone.cycle_due() is None
+        clock.advance(config.heartbeat_timeout_s - 1)
+        assert alone.cycle_due() is None
+        clock.advance(1)
+        assert alone.cycle_due() is not None
+        cycle(alone)
+        assert alone.cycle_count == 1
+    finally:
+        asyncio.run(alone.stop())
