@@ -233,13 +233,6 @@ class Engine:
         is pending (there is nothing to plan, which counts as planned)."""
         generation = self.state.generation
         now = self.clock.now()
-        if self._agents_not_back_yet(now):
-            # Just restarted, no agent has registered again yet: a plan could start nothing, and its snapshot
-            # would hold up the first requests of a large queue (~0.1 s at 50,000 jobs). The first
-            # registration makes a cycle due; without one, the cycle comes when the heartbeat timeout has
-            # passed, when the silent nodes go DOWN and the reasons say so.
-            self.due.planned(generation, now, self.state.started_at + self.state.heartbeat_timeout_s)
-            return None
         snapshot = self.policy.snapshot()
         if not snapshot.pending:
             self.due.planned(generation, now, None)
@@ -261,13 +254,6 @@ class Engine:
         metrics.observe_scheduling_cycle(time.perf_counter() - started, cpu_s)
         await self._record_wait_reasons(plan.waiting)
         return plan
-
-    def _agents_not_back_yet(self, now: float) -> bool:
-        """Whether the controller has known nodes, none of which has registered since it started, and its
-        heartbeat timeout has not passed since then (agents reconnect within seconds of a restart)."""
-        state = self.state
-        return (not state.connected and bool(state.nodes)
-                and now < state.started_at + state.heartbeat_timeout_s)
 
     @staticmethod
     def _compute_plan(snapshot: Snapshot, now: float, config: SchedulerConfig) -> Plan:
