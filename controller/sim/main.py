@@ -37,7 +37,8 @@ def _fail(message: str) -> None:
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A garrison.toml whose controller settings the policies use (default: the shipped ones).")
 @click.option("--columns", default=None, metavar="MAPPING",
-              help="Column mapping for non-ElasticFlow CSVs: arrival=COL,duration=COL,gpus=COL"
+              help="Column mapping for non-ElasticFlow CSVs (a sacct -P dump too): arrival=COL,"
+                   "duration=COL (or start=COL,end=COL),gpus=COL (a count or a TRES list)"
                    "[,job_id=COL,user=COL,account=COL,qos=COL,time_limit=COL].")
 @click.option("--seed", default=0, show_default=True, help="Seed for drawn accounts and time limits.")
 @click.option("--accounts", default=4, show_default=True, type=click.IntRange(min=1),
