@@ -60,6 +60,13 @@ FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, sign
 INTERRUPT_WINDOW_S = 1.0
 STREAM_END = 255  # controller/rpc/local.py's last frame of a stream
 RESOURCE_EXHAUSTED = 8  # grpc.StatusCode's: the local socket's limits refused us
+# grpc.StatusCode values after which a step's stream is tried again: the controller is away (UNAVAILABLE,
+# CANCELLED and UNKNOWN as it shuts down, INTERNAL for a reset link) or still has the old stream's gsrun
+# (FAILED_PRECONDITION: the step is busy).
+TRANSIENT_STATUSES = frozenset({1, 2, 9, 13, 14})
+REATTACH_S = 600.0  # how long a broken step stream is tried again: a controller restart takes seconds
+REATTACH_FIRST_DELAY_S = 0.25
+REATTACH_MAX_DELAY_S = 2.0
 
 
 def _parser() -> Parser:
@@ -371,37 +378,50 @@ class OutputWriter:
 
 
 class StepSession:
-    """One RunStep stream: requests from a queue, answers read by a thread, signals handled here."""
+    """One step's streams: requests from a queue, answers read by a thread, signals handled here.
+
+    The step outlives a stream: when the stream breaks after the step has started (the controller restarted,
+    the link reset), the session opens another and takes the step up again (StepAttach), saying how far it has
+    each stream's output, so that output is neither lost nor printed twice, and goes on as before. Signals and
+    input that arrive meanwhile wait for the new stream. It gives up after ``REATTACH_S``."""
 
     def __init__(self, client: Client, start: Any, pb: Any) -> None:
         self.pb = pb
         self.start = pb.StepClientMessage(start=start)
         self.requests: queue.Queue[Any] = queue.Queue()
-        self.answers: queue.Queue[tuple[str, Any]] = queue.Queue()
+        # (stream generation, kind, answer): what an older stream's threads put here after it broke is dropped
+        self.answers: queue.Queue[tuple[int, str, Any]] = queue.Queue()
+        self.generation = 0
         self.client = client
         self.interrupts: list[float] = []
         self.step_name = ""
+        self.step_key: tuple[int, int] | None = None
         self.done = False
+        self.have: dict[tuple[int, int], int] = {}  # (task, stream) -> how far its output has been written
+        self.have_unknown = False  # output came without offsets: how far cannot be said
+        self.lost_since: float | None = None
+        self.retry_at: float | None = None
+        self.retries = 0
 
-    def _outgoing(self) -> Any:
-        yield self.start
+    def _outgoing(self, first: Any, requests: queue.Queue[Any]) -> Any:
+        yield first
         while True:
-            message = self.requests.get()
+            message = requests.get()
             if message is None:
                 return
             yield message
 
-    def _read(self, call: Any) -> None:
+    def _read(self, generation: int, call: Any) -> None:
         import grpc
 
         try:
             for answer in call:
-                self.answers.put(("message", answer))
-            self.answers.put(("end", None))
+                self.answers.put((generation, "message", answer))
+            self.answers.put((generation, "end", None))
         except grpc.RpcError as exc:
-            self.answers.put(("error", exc))
+            self.answers.put((generation, "error", exc))
 
-    def _read_local(self, sock: socket.socket) -> None:
+    def _read_local(self, generation: int, sock: socket.socket) -> None:
         from garrison.cli.client import _error_for
 
         def exactly(count: int) -> bytes:
@@ -419,26 +439,27 @@ class StepSession:
                 frame = exactly(length)
                 status, body = frame[0], frame[1:]
                 if status == OK:
-                    self.answers.put(("message", self.pb.StepServerMessage.FromString(body)))
+                    self.answers.put((generation, "message", self.pb.StepServerMessage.FromString(body)))
                 elif status == STREAM_END:
-                    self.answers.put(("end", None))
+                    self.answers.put((generation, "end", None))
                     return
                 else:
                     error = _error_for(status, body.decode(errors="replace"), self.client.address)
-                    self.answers.put(("local-busy" if status == RESOURCE_EXHAUSTED else "refused", error))
+                    kind = "local-busy" if status == RESOURCE_EXHAUSTED else "refused"
+                    self.answers.put((generation, kind, (status, error)))
                     return
         except OSError:
-            self.answers.put(("refused", CliError("the controller closed the step's stream before the step ended")))
+            self.answers.put((generation, "lost", CliError("the controller closed the step's stream before the step ended")))
 
-    def _over_grpc(self) -> None:
+    def _over_grpc(self, first: Any) -> None:
         from garrison.protos.v1 import garrison_pb2_grpc
 
-        call = self.client.stream_call(garrison_pb2_grpc.ControllerStub, "RunStep", self._outgoing())
-        threading.Thread(target=self._read, args=(call,), daemon=True).start()
+        call = self.client.stream_call(garrison_pb2_grpc.ControllerStub, "RunStep", self._outgoing(first, self.requests))
+        threading.Thread(target=self._read, args=(self.generation, call), daemon=True).start()
 
-    def _write_local(self, sock: socket.socket) -> None:
+    def _write_local(self, sock: socket.socket, requests: queue.Queue[Any]) -> None:
         while True:
-            message = self.requests.get()
+            message = requests.get()
             if message is None:
                 return
             body = message.SerializeToString()
@@ -447,41 +468,107 @@ class StepSession:
             except OSError:
                 return
 
-    def run(self, writer: OutputWriter, pty_mode: bool) -> int:
-        # On the controller's host the local socket (no grpc to import: a fast start); elsewhere gRPC.
-        local = self.client.open_local_stream("RunStep", self.start.SerializeToString())
-        if local is not None:
-            threading.Thread(target=self._read_local, args=(local,), daemon=True).start()
-            threading.Thread(target=self._write_local, args=(local,), daemon=True).start()
-        else:
-            self._over_grpc()
+    def _open(self, first: Any) -> None:
+        """A new stream whose first message is ``first``; the requests not yet sent on the last one go on it."""
+        self.generation += 1
+        old, self.requests = self.requests, queue.Queue()
+        old.put(None)  # the last stream's writer ends
         while True:
             try:
-                kind, answer = self.answers.get(timeout=0.2)
+                message = old.get_nowait()
             except queue.Empty:
+                break
+            if message is not None:
+                self.requests.put(message)
+        # On the controller's host the local socket (no grpc to import: a fast start); elsewhere gRPC.
+        local = self.client.open_local_stream("RunStep", first.SerializeToString())
+        if local is not None:
+            threading.Thread(target=self._read_local, args=(self.generation, local), daemon=True).start()
+            threading.Thread(target=self._write_local, args=(local, self.requests), daemon=True).start()
+        else:
+            self._over_grpc(first)
+
+    def _attach_message(self) -> Any:
+        assert self.step_key is not None
+        attach = self.pb.StepAttach(job_id=self.step_key[0], step_id=self.step_key[1], have_unknown=self.have_unknown)
+        for (task, stream), offset in sorted(self.have.items()):
+            attach.have.append(self.pb.StepStreamOffset(task=task, stream=stream, offset=offset))
+        return self.pb.StepClientMessage(attach=attach)
+
+    def _stream_lost(self, error: CliError) -> None:
+        """The stream broke: before the step started, that is the step's failure; after, try again shortly."""
+        if self.step_key is None or self.done:
+            raise error
+        now = time.monotonic()
+        if self.lost_since is None:
+            self.lost_since = now
+            self._say(f"lost the controller's stream of step {self.step_name} ({error}); taking it up again")
+        elif now - self.lost_since > REATTACH_S:
+            raise CliError(f"could not take step {self.step_name} up again within {REATTACH_S:.0f} s: {error}")
+        self.retries += 1
+        self.retry_at = now + min(REATTACH_MAX_DELAY_S, REATTACH_FIRST_DELAY_S * 2 ** min(self.retries - 1, 6))
+
+    def _retry_due(self) -> None:
+        if self.retry_at is None or time.monotonic() < self.retry_at:
+            return
+        self.retry_at = None
+        try:
+            self._open(self._attach_message())
+        except CliError as error:  # the controller is not back yet (its endpoints could not be asked)
+            self._stream_lost(error)
+
+    def run(self, writer: OutputWriter, pty_mode: bool) -> int:
+        self._open(self.start)
+        while True:
+            try:
+                generation, kind, answer = self.answers.get(timeout=0.2)
+            except queue.Empty:
+                self._retry_due()
                 continue
+            if generation != self.generation:
+                continue  # from a stream given up already
             if kind == "local-busy" and not self.step_name:
                 # The local socket's per-user limits (many gsruns at once): gRPC takes the step instead.
-                self._over_grpc()
+                self.generation += 1
+                self._over_grpc(self.start)
                 continue
-            if kind == "local-busy":
-                raise answer
+            if kind in ("local-busy", "refused"):
+                status, error = answer
+                if self.lost_since is not None and status in TRANSIENT_STATUSES:
+                    self._stream_lost(error)
+                    continue
+                raise error
             if kind == "error":
+                if self.step_key is not None and answer.code().value[0] in TRANSIENT_STATUSES:
+                    self._stream_lost(self.client.error_of(answer))
+                    continue
                 raise self.client.error_of(answer)
-            if kind == "refused":
-                raise answer
+            if kind == "lost":
+                self._stream_lost(answer)
+                continue
             if kind == "end":
-                raise CliError("the controller ended the step's stream before the step ended")
+                self._stream_lost(CliError("the controller ended the step's stream before the step ended"))
+                continue
             which = answer.WhichOneof("kind")
             if which == "started":
-                self.step_name = f"{answer.started.job_id}.{answer.started.step_id}"
                 started = answer.started
+                if started.attached:
+                    self.lost_since, self.retries = None, 0
+                    self._say(f"took step {self.step_name} up again")
+                    continue
+                self.step_name = f"{started.job_id}.{started.step_id}"
+                self.step_key = (started.job_id, started.step_id)
                 writer.begin(started.job_id, started.step_id, list(started.nodes), started.ntasks,
                              self.start.start.ntasks_per_node or None)
                 if pty_mode:
                     self._start_terminal()
             elif which == "output":
-                writer.write(answer.output.task, answer.output.stream, answer.output.data)
+                output = answer.output
+                if output.HasField("offset"):
+                    self.have[(output.task, output.stream)] = output.offset + len(output.data)
+                else:
+                    self.have_unknown = True
+                writer.write(output.task, output.stream, output.data)
             elif which == "notice":
                 self._say(answer.notice)
             elif which == "ended":

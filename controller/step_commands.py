@@ -87,6 +87,7 @@ class AckStepOutput:
     job_id: int
     step_id: int
     streams: tuple[tuple[int, int, int], ...]
+    rewind: bool = False  # the offsets go back: send again from them (a gsrun took the step up after a restart)
 
 
 StepInstruction = LaunchStep | SignalStep | StepStdin | AckStep | AckStepOutput

@@ -10,6 +10,13 @@ so a slow link loses nothing.
 The step ends when every node has reported its tasks' exit codes; the step's exit code is the highest of
 them (128+N for a signal N), as srun's exit status. A step never outlives its job: ``check_jobs`` (from
 the engine's timer) stops the steps of a job that is no longer running.
+
+A controller restart does not end a step, as a slurmctld restart does not end srun's: the agents keep its
+tasks running, the new controller waits for the step again (``recover``), and gsrun, whose stream broke,
+takes it up on a new one (``attach``). What the old controller had acknowledged to the agents but gsrun never
+got went down with it, so the agents are told to send each stream again from where gsrun has it
+(``AckStepOutput(rewind=True)``), and the step's end waits for that output. A recovered step that no gsrun
+takes up within ``ATTACH_GRACE_S`` is stopped, as srun's death stops its step.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from garrison.controller.step_commands import (
     SignalStep,
     StepEvent,
     StepInstruction,
+    StepNodeFinished,
     StepOutputReceived,
     StepStdin,
     StepTasksExited,
@@ -47,6 +55,14 @@ from garrison.model.steps import (
 log = logging.getLogger("garrison.controller.steps")
 
 STEP_PORT_BASE = 40000  # job attempts rendezvous on 20000-39999 (engine.master_port); steps above
+# How long a step recovered after a controller restart waits for its gsrun to take it up again. gsrun tries
+# again every second or two (cli/gsrun.py), so it is back within seconds of the controller serving; one that
+# is not is gone (killed with the old controller's host, or given up).
+ATTACH_GRACE_S = 60.0
+# After an attach, how long a node's result reported before it is held back for the node to report it again
+# behind the output sent again (an agent older than rewinds never does: then the held result ends the step).
+REWIND_WAIT_S = 10.0
+STREAMS = (1, 2)  # stdout, stderr
 
 
 def step_master_port(job_id: int, step_id: int) -> int:
@@ -56,7 +72,7 @@ def step_master_port(job_id: int, step_id: int) -> int:
 class StepClient(Protocol):
     """gsrun's end of a step (controller/rpc/steps_service.py): every method returns at once."""
 
-    def output(self, task: int, stream: int, data: bytes) -> None: ...
+    def output(self, task: int, stream: int, data: bytes, offset: int | None = None) -> None: ...
 
     def notice(self, text: str) -> None: ...
 
@@ -88,10 +104,25 @@ class RunningStep:
     # node -> its launch, sent again when the node's agent connects anew while the step waits for it: a launch
     # sent on a link that then broke may never have arrived (the agent ignores one it has).
     launches: dict[str, StepLaunchDescription] = field(default_factory=dict)
+    # A recovered step no gsrun has taken up yet: stopped at this time (now() + ATTACH_GRACE_S at recovery).
+    attach_by: float | None = None
+    # node -> its result, reported while no gsrun was attached. The node reports it again after sending again
+    # the output that gsrun still needs; an agent that does not (older than rewinds) has this one used.
+    held_results: dict[str, StepNodeFinished] = field(default_factory=dict)
+    # (task, stream) -> the offset the agents were told to send again from: output from further on is what
+    # they sent before they read that, and comes again after it. Given up REWIND_WAIT_S after rewound_at.
+    rewinding: dict[tuple[int, int], int] = field(default_factory=dict)
+    rewound_at: float | None = None
+    rewind_heard: set[str] = field(default_factory=set)  # nodes that have sent output again since the rewind
+    reported_nodes: list[str] = field(default_factory=list)  # nodes whose result is in: acknowledged at the end
 
     @property
     def key(self) -> tuple[int, int]:
         return self.step.job_id, self.step.step_id
+
+    @property
+    def awaiting_client(self) -> bool:
+        return self.client is None and self.attach_by is not None
 
 
 class StepStore(Protocol):
@@ -128,10 +159,11 @@ class StepManager:
         """After a controller restart: the steps the store says still run are waited for again, without a
         client (their gsrun's stream ended with the old controller). Their agents send their results again
         when they reconnect; a step whose job has ended is ended by ``check_jobs``."""
+        attach_by = self.now() + ATTACH_GRACE_S
         for step in self.store.query_steps(running_only=True, limit=1_000_000):
             self.running[(step.job_id, step.step_id)] = RunningStep(
                 step=step, request=StepRequest(argv=step.argv), client=None,
-                pending_nodes=set(step.layout.node_names), recovered=True)
+                pending_nodes=set(step.layout.node_names), recovered=True, attach_by=attach_by)
 
     # ---------------------------------------------------------------------------------------------
     # gsrun
@@ -208,6 +240,54 @@ class StepManager:
             if description is not None and node in running.pending_nodes:
                 self.send(node, LaunchStep(description))
 
+    def attach(self, principal: Principal, job_id: int, step_id: int, client: StepClient,
+               have: dict[tuple[int, int], int] | None) -> Step:
+        """gsrun takes up a step it started, on a new stream (its old one broke: a controller restart, a reset
+        link). ``have``: how far gsrun has each stream's output (None: it cannot say, e.g. output came without
+        offsets); the agents send again from there. Returns the step; one that has ended already comes back
+        ended (its exit code is gsrun's), and nothing is sent to the client for it."""
+        running = self.running.get((job_id, step_id))
+        if running is not None:
+            step = running.step
+        else:
+            stored = [s for s in self.store.query_steps([job_id], limit=1_000_000) if s.step_id == step_id]
+            if not stored:
+                raise StepNotFound(f"no such step {job_id}.{step_id}")
+            step = stored[0]
+        if step.uid != principal.uid and not self.is_admin(principal):
+            raise StepPermissionDenied(f"step {step.display_id} belongs to {step.user}; only its owner may take it up")
+        if running is None:
+            return step
+        if running.client is not None:
+            raise StepRefused(RefusalKind.BUSY, f"step {running.step.display_id} already has a gsrun attached")
+        running.client = client
+        running.attach_by = None
+        log.info("step %s taken up again by its gsrun", running.step.display_id)
+        if have is not None:
+            self._rewind(running, have)
+        else:
+            self._use_held_results(running)  # nothing can be sent again: the results stand
+        return running.step
+
+    def _rewind(self, running: RunningStep, have: dict[tuple[int, int], int]) -> None:
+        """Have every node send its tasks' output again from where gsrun has it (what the old controller
+        acknowledged but gsrun never got), and report its result again behind it."""
+        for node in running.step.layout.nodes:
+            streams = tuple((task, stream, have.get((task, stream), 0)) for task in node.tasks for stream in STREAMS)
+            for task, stream, offset in streams:
+                running.received[(task, stream)] = offset
+                running.rewinding[(task, stream)] = offset
+            if node.node in running.pending_nodes:
+                self.send(node.node, AckStepOutput(running.step.job_id, running.step.step_id, streams, rewind=True))
+        running.recovered = False  # offsets are known from here on
+        running.rewound_at = self.now()
+
+    def _use_held_results(self, running: RunningStep) -> None:
+        for node, result in list(running.held_results.items()):
+            del running.held_results[node]
+            if running.key in self.running:
+                self._node_finished(node, running, result)
+
     def client_gone(self, job_id: int, step_id: int) -> None:
         """gsrun's stream ended before the step did (gsrun killed, its host gone): as srun's death, the step
         is stopped."""
@@ -263,39 +343,62 @@ class StepManager:
             if running is not None:
                 self._tasks_exited(running, event.exits)
             return
-        # StepNodeFinished: recorded, then acknowledged so the agent forgets it (also for a step already
-        # ended, e.g. by its job's end, whose node reports late).
+        # StepNodeFinished: recorded; acknowledged (so the agent forgets the step and its output) once the whole
+        # step has ended, so that a controller restart before then finds every node still holding the output
+        # its gsrun may not have got. A node reporting on a step already ended (by its job's end, say) is
+        # acknowledged at once.
         if running is not None and node in running.pending_nodes:
-            self._tasks_exited(running, event.exits)
-            if event.error:
-                running.errors.append(f"{node}: {event.error}")
-                if running.client is not None:
-                    running.client.notice(f"step {running.step.display_id} on {node}: {event.error}")
-                for step_node in running.step.layout.nodes:
-                    if step_node.node == node:
-                        for task in step_node.tasks:
-                            running.exits.setdefault(task, 1)
-            running.pending_nodes.discard(node)
-            if not running.pending_nodes:
-                self._finish(running)
+            if running.awaiting_client:
+                # The gsrun still to come may need the output: once it is back, the agent sends it again from
+                # where gsrun has it, and then reports again (sent once per rewind).
+                running.held_results[node] = event
+                return
+            running.held_results.pop(node, None)
+            self._node_finished(node, running, event)
+            return
         self.send(node, AckStep(event.job_id, event.step_id))
+
+    def _node_finished(self, node: str, running: RunningStep, event: StepNodeFinished) -> None:
+        self._tasks_exited(running, event.exits)
+        if event.error:
+            running.errors.append(f"{node}: {event.error}")
+            if running.client is not None:
+                running.client.notice(f"step {running.step.display_id} on {node}: {event.error}")
+            for step_node in running.step.layout.nodes:
+                if step_node.node == node:
+                    for task in step_node.tasks:
+                        running.exits.setdefault(task, 1)
+        running.pending_nodes.discard(node)
+        running.reported_nodes.append(node)
+        if not running.pending_nodes:
+            self._finish(running)
 
     def _output(self, node: str, running: RunningStep, event: StepOutputReceived) -> None:
         """Hand the output on once: an agent sends again, after a reconnect, what it sent since the last
         acknowledgement, and what is already here is dropped by its offset. Each piece is acknowledged, so
         that the agent's next resend starts there."""
+        if running.awaiting_client:
+            return  # not acknowledged: the agents send it again from where gsrun has it when it is back
         data = event.data
+        start: int | None = None
         if event.offset is not None:
             stream = (event.task, event.stream)
+            rewound_to = running.rewinding.get(stream)
+            if rewound_to is not None:
+                if event.offset > rewound_to:
+                    return  # sent before the agent read the rewind: it comes again from rewound_to
+                del running.rewinding[stream]
+                running.rewind_heard.add(node)
             have = running.received.get(stream, None if running.recovered else 0)
             data, running.received[stream] = new_output(have, event.offset, event.data)
+            start = running.received[stream] - len(data)
             if have is not None and event.offset > have:
                 log.warning("step %s task %d: output from offset %d lost (%d bytes missing)",
                             running.step.display_id, event.task, have, event.offset - have)
             self.send(node, AckStepOutput(event.job_id, event.step_id,
                                           ((event.task, event.stream, running.received[stream]),)))
         if data and running.client is not None:
-            running.client.output(event.task, event.stream, data)
+            running.client.output(event.task, event.stream, data, start)
 
     def _tasks_exited(self, running: RunningStep, exits: Iterable[tuple[int, int]]) -> None:
         for task, code in exits:
@@ -310,6 +413,8 @@ class StepManager:
     def _finish(self, running: RunningStep) -> None:
         self.running.pop(running.key, None)
         step = running.step
+        for node in running.reported_nodes:
+            self.send(node, AckStep(step.job_id, step.step_id))
         job = self.jobs().get(step.job_id)
         if not running.cancelled and (job is None or job.state != JobState.RUNNING):
             # The job's end reached the step's tasks first (the attempt's stop signals its whole cgroup, the
@@ -339,7 +444,27 @@ class StepManager:
         results still end them; a node that is gone for good never answers, so its tasks count as killed
         once the job has ended."""
         jobs = self.jobs()
+        now = self.now()
         for running in list(self.running.values()):
+            if running.awaiting_client and running.attach_by is not None and now >= running.attach_by:
+                log.info("step %s: no gsrun took it up again after the controller restart: stopping it",
+                         running.step.display_id)
+                running.attach_by = None
+                running.errors.append("its gsrun did not come back after the controller restarted")
+                self._use_held_results(running)
+                if running.key in self.running:
+                    self._stop(running, "terminate", cancelled=True)
+                continue
+            if running.rewound_at is not None and now - running.rewound_at >= REWIND_WAIT_S:
+                # An agent older than rewinds never sends again nor reports again: after a while, output past
+                # the offsets is taken, and the results it gave stand.
+                running.rewound_at = None
+                running.rewinding.clear()
+                for node in list(running.held_results):
+                    if node not in running.rewind_heard:
+                        self._node_finished(node, running, running.held_results.pop(node))
+                if running.key not in self.running:
+                    continue
             job = jobs.get(running.step.job_id)
             # COMPLETING: a preemption's (or cancel's) grace, in which the job's processes, its steps' tasks
             # among them, are warned and may checkpoint; the steps end with the attempt, as in Slurm.

@@ -66,6 +66,7 @@ class LocalStep:
     unbuffered: bool = False  # -u: output goes as it is written, not held back to whole lines
     reported: set[int] = field(default_factory=set)  # tasks whose exit was sent
     finished_sent: bool = False
+    result: pb.StepNodeResult | None = None  # the last one sent
     pty_fd: int | None = None
     pty_pending: bytes = b""
 
@@ -91,6 +92,10 @@ class StepRunner:
         self.step_cgroup = step_cgroup  # the step's cgroup, a child of its job's attempt's (nodeagent/jobs.py)
         self.local: dict[tuple[int, int], LocalStep] = {}
         self.acks = True  # the controller acknowledges output (RegisterAck.step_output_acks); told at each link
+        # The last results the controller acknowledged (the steps forgotten since), newest last: a restarted
+        # controller still waiting for a step (its other nodes had not ended) asks again, by a rewind or a
+        # signal, and gets the result rather than "not running here", which would fail the step.
+        self.forgotten: dict[tuple[int, int], pb.StepNodeResult] = {}
 
     def step_dir(self, job_id: int, step_id: int) -> Path:
         return self.steps_dir / f"{job_id}.{step_id}"
@@ -227,6 +232,22 @@ class StepRunner:
     def _output_acked(self, message: pb.StepOutputAck) -> None:
         step = self.local.get((message.job_id, message.step_id))
         if step is None:
+            if message.rewind:  # a restarted controller takes the step up again: it has ended here
+                self._not_here(message.job_id, message.step_id)
+            return
+        if message.rewind:
+            # A restarted controller whose gsrun took the step up again has the output only up to these
+            # offsets (what the old one acknowledged, gsrun never got): send again from them, and the tasks'
+            # exits and the result again behind that output, as after a new link.
+            for acked in message.streams:
+                name = f"{OUTPUT_PREFIXES.get(acked.stream, '?')}-{acked.task}"
+                if acked.offset < step.acked.get(name, 0):
+                    step.acked[name] = acked.offset
+                    step.acked_changed = True
+                if acked.offset < step.sent.get(name, 0):
+                    step.sent[name] = acked.offset
+            step.reported.clear()
+            step.finished_sent = False
             return
         for acked in message.streams:
             name = f"{OUTPUT_PREFIXES.get(acked.stream, '?')}-{acked.task}"
@@ -237,9 +258,7 @@ class StepRunner:
     def _signal(self, message: pb.StepSignal) -> None:
         step = self.local.get((message.job_id, message.step_id))
         if step is None:
-            # Nothing of that step runs here: tell the controller, so it does not wait for this node.
-            self.send(pb.AgentMessage(step_result=pb.StepNodeResult(
-                job_id=message.job_id, step_id=message.step_id, error="not running here")))
+            self._not_here(message.job_id, message.step_id)  # so that the controller does not wait for us
             return
         self._deliver(step, message.action, message.signal)
 
@@ -306,6 +325,10 @@ class StepRunner:
 
     def _forget(self, job_id: int, step_id: int) -> None:
         step = self.local.pop((job_id, step_id), None)
+        if step is not None and step.result is not None:
+            self.forgotten[(job_id, step_id)] = step.result
+            while len(self.forgotten) > MAX_FORGOTTEN_RESULTS:
+                del self.forgotten[next(iter(self.forgotten))]
         if step is not None and step.pty_fd is not None:
             os.close(step.pty_fd)
         shutil.rmtree(self.step_dir(job_id, step_id), ignore_errors=True)
@@ -365,9 +388,18 @@ class StepRunner:
 
     def _send_result(self, step: LocalStep, exits: dict[int, int], error: str) -> None:
         step.finished_sent = True
-        self.send(pb.AgentMessage(step_result=pb.StepNodeResult(
-            job_id=step.job_id, step_id=step.step_id, error=error,
-            exits=[pb.StepTaskExit(task=t, exit_code=c) for t, c in sorted(exits.items())])))
+        result = pb.StepNodeResult(job_id=step.job_id, step_id=step.step_id, error=error,
+                                   exits=[pb.StepTaskExit(task=t, exit_code=c) for t, c in sorted(exits.items())])
+        step.result = result
+        self.send(pb.AgentMessage(step_result=result))
+
+    def _not_here(self, job_id: int, step_id: int) -> None:
+        """The controller asks about a step this node does not have: its result again if it ended here (and the
+        controller restarted before its other nodes ended), else that nothing of it runs here."""
+        result = self.forgotten.get((job_id, step_id))
+        if result is None:
+            result = pb.StepNodeResult(job_id=job_id, step_id=step_id, error="not running here")
+        self.send(pb.AgentMessage(step_result=result))
 
     def _send_output(self, step: LocalStep, all_ended: bool = False, ended: Collection[int] = ()) -> bool:
         """Send what the tasks wrote since last time (a bounded amount); True when nothing is left.
@@ -415,6 +447,9 @@ class StepRunner:
         if not self.acks:
             self._count_as_acked(step)
         return drained
+
+
+MAX_FORGOTTEN_RESULTS = 4096  # ~100 bytes each
 
 
 def _open_user_file(path: Path, kind: Callable[[int], bool]) -> BinaryIO:

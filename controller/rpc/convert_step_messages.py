@@ -55,5 +55,6 @@ def step_instruction_to_pb(instruction: StepInstruction) -> pb.ControllerMessage
     if isinstance(instruction, AckStepOutput):
         return pb.ControllerMessage(step_output_ack=pb.StepOutputAck(
             job_id=instruction.job_id, step_id=instruction.step_id,
-            streams=[pb.StepStreamOffset(task=t, stream=s, offset=o) for t, s, o in instruction.streams]))
+            streams=[pb.StepStreamOffset(task=t, stream=s, offset=o) for t, s, o in instruction.streams],
+            rewind=instruction.rewind))
     raise TypeError(f"no message for {type(instruction).__name__}")

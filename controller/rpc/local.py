@@ -239,6 +239,11 @@ class LocalServer:
                                            "(local_frame_timeout_s)")
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # The controller is stopping with this connection open (a gsrun's step stream): its client takes
+            # the step up again from the next controller. Not re-raised: Python 3.11's stream callback logs a
+            # cancelled handler as an ERROR with a traceback.
+            pass
         except Exception:
             log.exception("local client connection failed")
         finally:

@@ -16,7 +16,7 @@ from garrison.controller.signals import parse_signal_name
 from garrison.controller.steps import StepNotFound, StepPermissionDenied
 from garrison.model.domain import Principal
 from garrison.model.jobrefs import parse_job_ref
-from garrison.model.steps import RefusalKind, Step, StepRefused, parse_step_ref
+from garrison.model.steps import RefusalKind, Step, StepRefused, StepState, parse_step_ref
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.wire.convert import InvalidRequest
 from garrison.wire.convert_steps import step_request_from_pb, step_to_pb
@@ -50,12 +50,15 @@ class StreamClient:
         self.dropped = 0
         self.done = False
 
-    def output(self, task: int, stream: int, data: bytes) -> None:
+    def output(self, task: int, stream: int, data: bytes, offset: int | None = None) -> None:
         if self.buffered + len(data) > MAX_BUFFERED_OUTPUT:
             self.dropped += len(data)
             return
         self.buffered += len(data)
-        self.queue.put_nowait(pb.StepServerMessage(output=pb.StepOutputChunk(task=task, stream=stream, data=data)))
+        chunk = pb.StepOutputChunk(task=task, stream=stream, data=data)
+        if offset is not None:
+            chunk.offset = offset
+        self.queue.put_nowait(pb.StepServerMessage(output=chunk))
 
     def notice(self, text: str) -> None:
         self.queue.put_nowait(pb.StepServerMessage(notice=text))
@@ -89,22 +92,33 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
 async def run_step(engine: Engine, principal: Principal, request_iterator: AsyncIterator[pb.StepClientMessage],
                    context: grpc.aio.ServicerContext) -> AsyncIterator[pb.StepServerMessage]:
     first = await anext(aiter(request_iterator), None)
-    if first is None or first.WhichOneof("kind") != "start":
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message of RunStep must be its start")
+    kind = None if first is None else first.WhichOneof("kind")
+    if first is None or kind not in ("start", "attach"):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            "the first message of RunStep must be its start (or an attach to a step)")
         return
-    spec = first.start
     client = StreamClient()
     try:
-        request = step_request_from_pb(spec)
-        step = engine.steps.start(principal, spec.job_id, request, client,
-                                  umask=spec.umask & 0o777 if spec.HasField("umask") else None)
+        if kind == "attach":
+            step = engine.steps.attach(principal, first.attach.job_id, first.attach.step_id, client,
+                                       _offsets_had(first.attach))
+        else:
+            spec = first.start
+            request = step_request_from_pb(spec)
+            step = engine.steps.start(principal, spec.job_id, request, client,
+                                      umask=spec.umask & 0o777 if spec.HasField("umask") else None)
     except (StepRefused, StepNotFound, StepPermissionDenied, InvalidRequest) as exc:
         if not isinstance(exc, StepRefused | StepNotFound):
             log.warning("refused step from %s: %s", principal.user, exc)
         await _abort(context, exc)
         return
     yield pb.StepServerMessage(started=pb.StepStartedInfo(
-        job_id=step.job_id, step_id=step.step_id, nodes=list(step.layout.node_names), ntasks=step.layout.ntasks))
+        job_id=step.job_id, step_id=step.step_id, nodes=list(step.layout.node_names), ntasks=step.layout.ntasks,
+        attached=kind == "attach"))
+    if step.state != StepState.RUNNING:  # taken up after its end: only the end is left to tell
+        yield pb.StepServerMessage(ended=pb.StepEndInfo(exit_code=step.exit_code or 0, state=step.state.value,
+                                                        reason=step.reason))
+        return
 
     async def read() -> None:
         with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.AbortError):
@@ -139,6 +153,23 @@ async def run_step(engine: Engine, principal: Principal, request_iterator: Async
         reader.cancel()
         if not client.done:
             engine.steps.client_gone(step.job_id, step.step_id)
+
+
+MAX_ATTACH_STREAMS = 2 * 65536  # two streams per task; more than any step has
+
+
+def _offsets_had(attach: pb.StepAttach) -> dict[tuple[int, int], int] | None:
+    """How far gsrun has each stream (every stream it does not name, it has nothing of); None: it cannot say."""
+    if attach.have_unknown:
+        return None
+    if len(attach.have) > MAX_ATTACH_STREAMS:
+        raise InvalidRequest(f"an attach names at most {MAX_ATTACH_STREAMS} streams")
+    had: dict[tuple[int, int], int] = {}
+    for offset in attach.have:
+        if offset.stream not in (1, 2):
+            raise InvalidRequest(f"stream must be 1 (stdout) or 2 (stderr), not {offset.stream}")
+        had[(offset.task, offset.stream)] = offset.offset
+    return had
 
 
 def list_steps(engine: Engine, request: pb.ListStepsRequest) -> pb.ListStepsResponse:

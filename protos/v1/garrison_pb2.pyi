@@ -2169,6 +2169,7 @@ class StepClientMessage(_message.Message):
     SIGNAL_FIELD_NUMBER: _builtins.int
     WINDOW_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    ATTACH_FIELD_NUMBER: _builtins.int
     stdin: _builtins.bytes
     """--pty: bytes typed at gsrun's terminal"""
     signal: _builtins.int
@@ -2181,6 +2182,12 @@ class StepClientMessage(_message.Message):
     def window(self) -> Global___StepWindowSize:
         """--pty: the terminal's new size"""
 
+    @_builtins.property
+    def attach(self) -> Global___StepAttach:
+        """Instead of start: gsrun's stream to a step it started broke (the controller restarted, the link reset),
+        and gsrun takes the step up again on a new stream.
+        """
+
     def __init__(
         self,
         *,
@@ -2189,16 +2196,53 @@ class StepClientMessage(_message.Message):
         signal: _builtins.int = ...,
         window: Global___StepWindowSize | None = ...,
         cancel: _builtins.bool = ...,
+        attach: Global___StepAttach | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "kind", b"kind", "signal", b"signal", "start", b"start", "stdin", b"stdin", "window", b"window"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "cancel", b"cancel", "kind", b"kind", "signal", b"signal", "start", b"start", "stdin", b"stdin", "window", b"window"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "kind", b"kind", "signal", b"signal", "start", b"start", "stdin", b"stdin", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "cancel", b"cancel", "kind", b"kind", "signal", b"signal", "start", b"start", "stdin", b"stdin", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["start", "stdin", "signal", "window", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["start", "stdin", "signal", "window", "cancel", "attach"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___StepClientMessage: _TypeAlias = StepClientMessage  # noqa: Y015
+
+@_typing.final
+class StepAttach(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    HAVE_FIELD_NUMBER: _builtins.int
+    HAVE_UNKNOWN_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    step_id: _builtins.int
+    have_unknown: _builtins.bool
+    """gsrun got output without offsets (from an older controller or agent): it cannot say how far it has each
+    stream, so nothing is sent again.
+    """
+    @_builtins.property
+    def have(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepStreamOffset]:
+        """How far gsrun has each stream's output (StepOutputChunk.offset + its length): the controller has the
+        agents send again from there what the broken stream may have lost, and drops what gsrun has.
+        """
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        step_id: _builtins.int = ...,
+        have: _abc.Iterable[Global___StepStreamOffset] | None = ...,
+        have_unknown: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["have", b"have", "have_unknown", b"have_unknown", "job_id", b"job_id", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepAttach: _TypeAlias = StepAttach  # noqa: Y015
 
 @_typing.final
 class StepStartedInfo(_message.Message):
@@ -2208,9 +2252,12 @@ class StepStartedInfo(_message.Message):
     STEP_ID_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
     NTASKS_FIELD_NUMBER: _builtins.int
+    ATTACHED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     step_id: _builtins.int
     ntasks: _builtins.int
+    attached: _builtins.bool
+    """the answer to StepAttach: the step runs on, this stream carries the rest of it"""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -2220,10 +2267,11 @@ class StepStartedInfo(_message.Message):
         step_id: _builtins.int = ...,
         nodes: _abc.Iterable[_builtins.str] | None = ...,
         ntasks: _builtins.int = ...,
+        attached: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "nodes", b"nodes", "ntasks", b"ntasks", "step_id", b"step_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attached", b"attached", "job_id", b"job_id", "nodes", b"nodes", "ntasks", b"ntasks", "step_id", b"step_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2236,22 +2284,30 @@ class StepOutputChunk(_message.Message):
     TASK_FIELD_NUMBER: _builtins.int
     STREAM_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
     task: _builtins.int
     stream: _builtins.int
     """1 stdout, 2 stderr"""
     data: _builtins.bytes
+    offset: _builtins.int
+    """Where data starts in the task's stream, when the agent said (StepOutput.offset): what gsrun keeps to
+    name in StepAttach.have.
+    """
     def __init__(
         self,
         *,
         task: _builtins.int = ...,
         stream: _builtins.int = ...,
         data: _builtins.bytes = ...,
+        offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "offset", b"offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "stream", b"stream", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "data", b"data", "offset", b"offset", "stream", b"stream", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__offset: _TypeAlias = _typing.Literal["offset"]  # noqa: Y015
+    _WhichOneofArgType__offset: _TypeAlias = _typing.Literal["_offset", b"_offset"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__offset) -> _WhichOneofReturnType__offset | None: ...
 
 Global___StepOutputChunk: _TypeAlias = StepOutputChunk  # noqa: Y015
 
@@ -2716,8 +2772,13 @@ class StepOutputAck(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     STEP_ID_FIELD_NUMBER: _builtins.int
     STREAMS_FIELD_NUMBER: _builtins.int
+    REWIND_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     step_id: _builtins.int
+    rewind: _builtins.bool
+    """These offsets go back: the controller has the output only up to them after all (a restarted controller
+    whose gsrun took the step up again has it up to what gsrun had), so the agent sends again from there.
+    """
     @_builtins.property
     def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepStreamOffset]: ...
     def __init__(
@@ -2726,10 +2787,11 @@ class StepOutputAck(_message.Message):
         job_id: _builtins.int = ...,
         step_id: _builtins.int = ...,
         streams: _abc.Iterable[Global___StepStreamOffset] | None = ...,
+        rewind: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "step_id", b"step_id", "streams", b"streams"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "rewind", b"rewind", "step_id", b"step_id", "streams", b"streams"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

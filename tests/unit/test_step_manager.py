@@ -45,7 +45,7 @@ class Client:
         self.notices: list[str] = []
         self.end: tuple[Step, tuple[int, ...]] | None = None
 
-    def output(self, task: int, stream: int, data: bytes) -> None:
+    def output(self, task: int, stream: int, data: bytes, offset: int | None = None) -> None:
         self.chunks.append((task, stream, data))
 
     def notice(self, text: str) -> None:
@@ -98,9 +98,12 @@ def test_a_step_starts_on_its_nodes_and_ends_with_the_highest_exit_code(harness:
     harness.manager.agent_event("n2", StepOutputReceived(7, 0, 2, 1, b"hi\n"))
     assert client.chunks == [(2, 1, b"hi\n")]
     harness.manager.agent_event("n1", StepNodeFinished(7, 0, ((0, 0), (1, 0))))
-    assert client.end is None and harness.taken() == [("n1", AckStep(7, 0))]
+    assert client.end is None and harness.taken() == []  # n1 keeps the step until the whole step has ended
     harness.manager.agent_event("n2", StepNodeFinished(7, 0, ((2, 3), (3, 0))))
     assert client.end is not None and client.end[1] == (0, 0, 3, 0)
+    assert harness.taken() == [("n1", AckStep(7, 0)), ("n2", AckStep(7, 0))]
+    harness.manager.agent_event("n2", StepNodeFinished(7, 0, ((2, 3), (3, 0))))  # again, after a reconnect
+    assert harness.taken() == [("n2", AckStep(7, 0))]
     (stored,) = harness.store.query_steps([7])
     assert (stored.state, stored.exit_code, stored.end_time) == (StepState.FAILED, 3, 100.0)
     assert harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), Client()).step_id == 1
@@ -158,6 +161,7 @@ def test_a_step_never_outlives_its_job_and_a_restart_recovers_running_steps(harn
     recovered = harness.make()
     recovered.recover()
     assert list(recovered.running) == [(7, 0)]
+    recovered.attach(ANN, 7, 0, Client(), None)  # its gsrun, back on a new stream
     recovered.agent_event("n1", StepNodeFinished(7, 0, ((0, 0),)))
     recovered.agent_event("n2", StepNodeFinished(7, 0, ((1, 0),)))
     assert harness.store.query_steps([7])[0].state == StepState.COMPLETED
@@ -223,6 +227,9 @@ def test_a_recovered_step_takes_up_each_stream_where_its_agent_resends_it(harnes
     harness.taken()
     recovered = harness.make()
     recovered.recover()
+    recovered.agent_event("n1", StepOutputReceived(7, 0, 0, 1, b"w\n", offset=118))
+    assert harness.taken() == []  # no gsrun yet: left unacknowledged, for the agent to send again
+    recovered.attach(ANN, 7, 0, Client(), None)  # a gsrun that cannot say how far it has the output
     recovered.agent_event("n1", StepOutputReceived(7, 0, 0, 1, b"x\n", offset=120))
     recovered.agent_event("n1", StepOutputReceived(7, 0, 0, 1, b"x\ny\n", offset=120))
     assert harness.taken() == [("n1", AckStepOutput(7, 0, ((0, 1, 122),))), ("n1", AckStepOutput(7, 0, ((0, 1, 124),)))]

@@ -8,23 +8,25 @@ flight, both ways. An agent restart (its memory gone, sent.json left) is a break
 
 from __future__ import annotations
 
+import fcntl
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_step_manager import ANN, Client, running  # tests/unit is on the path
+from test_step_manager import ANN, BOB, Client, running  # tests/unit is on the path
 
 from garrison.controller.commands import Welcome
 from garrison.controller.rpc.convert_requests import instruction_to_pb
 from garrison.controller.rpc.convert_step_messages import step_event_from_pb, step_instruction_to_pb
-from garrison.controller.step_commands import StepInstruction
-from garrison.controller.steps import StepManager
+from garrison.controller.step_commands import AckStepOutput, StepInstruction, StepNodeFinished
+from garrison.controller.steps import ATTACH_GRACE_S, StepManager, StepNotFound, StepPermissionDenied
 from garrison.controller.store import open_store
 from garrison.controller.store.interface import Store
-from garrison.model.steps import StepRequest
+from garrison.model.steps import Step, StepRefused, StepRequest, StepState
 from garrison.nodeagent.steps import IO_DIR, LocalStep, StepRunner
-from garrison.nodeagent.supervisor.core import STATUS_FILE
+from garrison.nodeagent.supervisor.core import LOCK_FILE, STATUS_FILE
 from garrison.nodeagent.supervisor.spec import RankStatus, SupervisorStatus
 from garrison.protos.v1 import garrison_pb2 as pb
 
@@ -160,11 +162,18 @@ def test_a_nodes_result_lost_with_its_link_goes_again_after_its_output(link: Lin
     link.agent.tick()
     link.deliver_up(len(link.up))
     assert link.client.chunks == [(0, 1, b"first\n"), (0, 1, b"last words")]
-    assert link.client.end is None  # the step's other node has not ended
+    assert link.client.end is None  # the step's other node has not ended: n1 keeps the step until it has
+    assert [m.WhichOneof("kind") for m in link.down] == ["step_output_ack"]
+    link.manager.agent_event("n2", StepNodeFinished(7, 0, ((1, 0),)))
+    assert link.client.end is not None
     assert [m.WhichOneof("kind") for m in link.down] == ["step_output_ack", "step_ack"]
     directory = link.step.directory
     link.deliver_down(len(link.down))
     assert (7, 0) not in link.agent.local and not directory.exists()  # the result is recorded: forgotten
+    # A controller that restarted before it stored the step's end asks again (a rewind): the result, once more.
+    link.agent.handle(pb.ControllerMessage(step_output_ack=pb.StepOutputAck(job_id=7, step_id=0, rewind=True)))
+    (again,) = link.up[-1:]
+    assert again.step_result.exits == [pb.StepTaskExit(task=0, exit_code=3)] and not again.step_result.error
 
 
 def test_with_a_controller_that_never_acknowledges_output_counts_as_had_once_queued(link: Link) -> None:
@@ -183,3 +192,183 @@ def test_with_a_controller_that_never_acknowledges_output_counts_as_had_once_que
 
 def test_this_controller_says_it_acknowledges_output_when_an_agent_registers() -> None:
     assert instruction_to_pb(Welcome(heartbeat_interval_s=1.0)).registered.step_output_acks
+
+
+# --- a controller restart: gsrun takes the step up again -----------------------------------------------
+
+
+class Gsrun:
+    """gsrun as it writes output: what it has of each stream, and how far (StepAttach.have)."""
+
+    def __init__(self) -> None:
+        self.got: dict[tuple[int, int], bytes] = {}
+        self.have: dict[tuple[int, int], int] = {}
+        self.end: tuple[Step, tuple[int, ...]] | None = None
+
+    def write(self, task: int, stream: int, data: bytes, offset: int | None) -> None:
+        assert offset is not None and offset == self.have.get((task, stream), 0), "a gap or a byte twice"
+        self.got[(task, stream)] = self.got.get((task, stream), b"") + data
+        self.have[(task, stream)] = offset + len(data)
+
+
+class Stream:
+    """One RunStep stream to gsrun: what the controller queued and gsrun has not read yet, lost if it breaks."""
+
+    def __init__(self, gsrun: Gsrun) -> None:
+        self.gsrun = gsrun
+        self.queued: list[tuple[int, int, bytes, int | None]] = []
+        self.end: tuple[Step, tuple[int, ...]] | None = None  # gsrun gets it after what was queued before it
+
+    def output(self, task: int, stream: int, data: bytes, offset: int | None = None) -> None:
+        self.queued.append((task, stream, data, offset))
+
+    def notice(self, text: str) -> None:
+        pass
+
+    def ended(self, step: Step, task_codes: tuple[int, ...]) -> None:
+        self.end = (step, task_codes)
+
+    def deliver(self, count: int) -> None:
+        for task, stream, data, offset in self.queued[:count]:
+            self.gsrun.write(task, stream, data, offset)
+        del self.queued[:count]
+        if not self.queued and self.end is not None:
+            self.gsrun.end = self.end
+
+
+def _restart_controller(link: Link, store: Store) -> None:
+    """The controller dies (with what it had queued either way) and a new one recovers the step."""
+    link.manager = StepManager(store, lambda: {7: running()}, link.to_agent, lambda node: node, lambda: 1.0, 5.0,
+                               lambda principal: False)
+    link.manager.recover()
+    link.up.clear()
+    link.down.clear()
+    link.agent.reconnected()
+
+
+def _set_task(link: Link, exit_code: int | None) -> None:
+    """The step's supervisor status: its task running (None), or ended with ``exit_code``."""
+    ended = exit_code is not None
+    status = SupervisorStatus(job_id=7, attempt=0, supervisor_pid=1, state="finished" if ended else "running",
+                              started_at=1.0, finished_at=2.0 if ended else None,
+                              ranks=[RankStatus(0, 10, 10, exit_code, ended, None)])
+    (link.step.directory / STATUS_FILE).write_text(status.to_json())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_gsrun_gets_every_byte_once_across_controller_restarts(tmp_path: Path, seed: int) -> None:
+    """The controller restarts (one to three times) while the task prints, and sometimes after the task has
+    ended; each time, whatever the old controller had acknowledged to the agent but not yet got to gsrun is
+    lost with it. gsrun takes the step up again, saying how far it has each stream: it ends with every
+    byte once, in order, and the step's exit code."""
+    rng = random.Random(seed)
+    store = open_store(f"sqlite:///{tmp_path / 'steps.db'}")
+    store.save_jobs([running()])
+    gsrun = Gsrun()
+    stream = Stream(gsrun)
+    link = Link(tmp_path / "agent", store)
+    link.manager.running[(7, 0)].client = stream
+    _set_task(link, None)
+    # A supervisor that holds its lock (the agent checks that a step without an end still runs)
+    lock = os.open(link.step.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    expected = {(0, 1): b"", (0, 2): b""}
+    restarts = rng.randrange(1, 4)
+    restart_at = sorted(rng.sample(range(5, 45), restarts))
+    attached = True
+    line = 0
+    for turn in range(50):
+        if turn < 40:
+            for key, name in (((0, 1), "out-0"), ((0, 2), "err-0")):
+                lines = b"".join(f"{name} line {line + i}\n".encode() for i in range(rng.randrange(0, 20)))
+                line += 20
+                write(link, name, lines)
+                expected[key] += lines
+        elif turn == 40:
+            _set_task(link, 3)
+        link.agent.tick()
+        link.deliver_up(rng.randrange(0, len(link.up) + 1))
+        link.deliver_down(rng.randrange(0, len(link.down) + 1))
+        stream.deliver(rng.randrange(0, len(stream.queued) + 1))
+        if turn in restart_at:
+            _restart_controller(link, store)
+            stream.queued.clear()
+            attached = False
+        elif not attached and rng.random() < 0.4:
+            stream = Stream(gsrun)
+            link.manager.attach(ANN, 7, 0, stream, dict(gsrun.have))
+            attached = True
+    if not attached:
+        stream = Stream(gsrun)
+        link.manager.attach(ANN, 7, 0, stream, dict(gsrun.have))
+    link.manager.agent_event("n2", StepNodeFinished(7, 0, ((1, 0),)))  # the step's other node
+    for _ in range(200):  # the link holds at last
+        link.agent.tick()
+        link.deliver_up(len(link.up))
+        link.deliver_down(len(link.down))
+        stream.deliver(len(stream.queued))
+        if gsrun.end is not None:
+            break
+
+    assert {key: gsrun.got.get(key, b"") for key in expected} == expected
+    assert gsrun.end is not None and gsrun.end[0].exit_code == 3 and gsrun.end[0].state == StepState.FAILED
+    os.close(lock)
+    store.close()
+
+
+def _recovered(tmp_path: Path, now: list[float]) -> tuple[StepManager, Store, list[tuple[str, StepInstruction]]]:
+    store = open_store(f"sqlite:///{tmp_path / 'steps.db'}")
+    store.save_jobs([running()])
+    sent: list[tuple[str, StepInstruction]] = []
+    first = StepManager(store, lambda: {7: running()}, lambda n, i: sent.append((n, i)) is None, lambda n: n,
+                        lambda: now[0], 5.0, lambda principal: False)
+    first.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), Stream(Gsrun()))
+    manager = StepManager(store, lambda: {7: running()}, lambda n, i: sent.append((n, i)) is None, lambda n: n,
+                          lambda: now[0], 5.0, lambda principal: False)
+    manager.recover()
+    sent.clear()
+    return manager, store, sent
+
+
+def test_a_recovered_step_that_no_gsrun_takes_up_is_stopped_after_the_grace(tmp_path: Path) -> None:
+    now = [100.0]
+    manager, store, sent = _recovered(tmp_path, now)
+    manager.check_jobs()
+    assert sent == []  # within the grace: the step runs on
+    now[0] += ATTACH_GRACE_S
+    manager.check_jobs()
+    assert sorted((node, type(i).__name__, getattr(i, "action", "")) for node, i in sent) == [
+        ("n1", "SignalStep", "terminate"), ("n2", "SignalStep", "terminate")]
+    for node in ("n1", "n2"):
+        manager.agent_event(node, StepNodeFinished(7, 0, ((0 if node == "n1" else 1, 143),)))
+    (step,) = store.query_steps([7])
+    assert step.state == StepState.CANCELLED and "did not come back" in step.reason
+    store.close()
+
+
+def test_a_step_is_taken_up_only_by_its_owner_and_one_gsrun_at_a_time(tmp_path: Path) -> None:
+    now = [100.0]
+    manager, store, sent = _recovered(tmp_path, now)
+    with pytest.raises(StepPermissionDenied):
+        manager.attach(BOB, 7, 0, Stream(Gsrun()), {})
+    with pytest.raises(StepNotFound):
+        manager.attach(ANN, 7, 5, Stream(Gsrun()), {})
+    step = manager.attach(ANN, 7, 0, Stream(Gsrun()), {(0, 1): 12})
+    assert step.state == StepState.RUNNING
+    rewinds = {node: i for node, i in sent if isinstance(i, AckStepOutput)}
+    assert rewinds["n1"].rewind and rewinds["n1"].streams == ((0, 1, 12), (0, 2, 0))
+    with pytest.raises(StepRefused):
+        manager.attach(ANN, 7, 0, Stream(Gsrun()), {})
+    store.close()
+
+
+def test_a_step_that_ended_while_gsrun_was_away_is_taken_up_as_ended(tmp_path: Path) -> None:
+    now = [100.0]
+    manager, store, sent = _recovered(tmp_path, now)
+    now[0] += ATTACH_GRACE_S
+    manager.check_jobs()
+    for node in ("n1", "n2"):
+        manager.agent_event(node, StepNodeFinished(7, 0, ((0 if node == "n1" else 1, 143),)))
+    step = manager.attach(ANN, 7, 0, Stream(Gsrun()), {})
+    assert step.state == StepState.CANCELLED and step.end_time is not None
+    store.close()
