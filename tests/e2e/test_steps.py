@@ -387,19 +387,20 @@ def test_output_comes_in_whole_lines_and_with_u_as_it_is_written(cluster: Cluste
     cluster.run("gcancel", job_id)
 
 
-def test_a_step_that_outlives_a_controller_restart_is_still_recorded(cluster: Cluster) -> None:
+def test_a_step_outlives_a_controller_restart_and_its_gsrun_takes_it_up_again(cluster: Cluster) -> None:
     job_id = running_job(cluster, "-G", "1")
     flag = cluster.work / f"flag-{job_id}"
-    step = gsrun(cluster, job_id, "bash", "-c", f"echo before; while [ ! -e {flag} ]; do sleep 0.1; done")
+    step = gsrun(cluster, job_id, "bash", "-c",
+                 f"echo before; while [ ! -e {flag} ]; do sleep 0.1; done; echo after; exit 3")
     assert step.stdout is not None and step.stdout.readline() == "before\n"
     os.kill(cluster.pid("controller"), signal.SIGKILL)
-    _, err = step.communicate(timeout=60)
-    assert step.returncode != 0 and err.strip(), "gsrun must say its stream broke"
     cluster.up()
     flag.touch()
-    wait_until(lambda: any(s["step_id"] == f"{job_id}.0" and s["state"] == "COMPLETED" and s["exit_code"] == 0
-                           for s in steps(cluster, "gacct", "--steps", "-j", job_id)), 60,
-               what="the restarted controller to record the step's end")
+    out, err = step.communicate(timeout=60)
+    assert (step.returncode, out) == (3, "after\n"), err  # srun's exit status: the task's
+    assert "lost the controller's stream" in err and "took step" in err, err
+    assert any(s["step_id"] == f"{job_id}.0" and s["state"] == "FAILED" and s["exit_code"] == 3
+               for s in steps(cluster, "gacct", "--steps", "-j", job_id))
     cluster.run("gcancel", job_id)
 
 
