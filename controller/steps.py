@@ -59,6 +59,9 @@ STEP_PORT_BASE = 40000  # job attempts rendezvous on 20000-39999 (engine.master_
 # again every second or two (cli/gsrun.py), so it is back within seconds of the controller serving; one that
 # is not is gone (killed with the old controller's host, or given up).
 ATTACH_GRACE_S = 60.0
+# How long a step whose gsrun's stream ended waits for gsrun to take it up again before it counts gsrun as dead
+# (killed, its host gone) and stops the step. gsrun retries within 0.25-2 s; a link reset is back at once.
+LOST_CLIENT_GRACE_S = 10.0
 # After an attach, how long a node's result reported before it is held back for the node to report it again
 # behind the output sent again (an agent older than rewinds never does: then the held result ends the step).
 REWIND_WAIT_S = 10.0
@@ -77,6 +80,9 @@ class StepClient(Protocol):
     def notice(self, text: str) -> None: ...
 
     def ended(self, step: Step, task_codes: tuple[int, ...]) -> None: ...
+
+    def close(self) -> None:
+        """End the stream without the step's end: another stream has taken the step up."""
 
 
 class StepPermissionDenied(Exception):
@@ -106,6 +112,7 @@ class RunningStep:
     launches: dict[str, StepLaunchDescription] = field(default_factory=dict)
     # A recovered step no gsrun has taken up yet: stopped at this time (now() + ATTACH_GRACE_S at recovery).
     attach_by: float | None = None
+    lost_reason: str = "its gsrun did not come back after the controller restarted"  # said when attach_by passes
     # node -> its result, reported while no gsrun was attached. The node reports it again after sending again
     # the output that gsrun still needs; an agent that does not (older than rewinds) has this one used.
     held_results: dict[str, StepNodeFinished] = field(default_factory=dict)
@@ -259,7 +266,10 @@ class StepManager:
         if running is None:
             return step
         if running.client is not None:
-            raise StepRefused(RefusalKind.BUSY, f"step {running.step.display_id} already has a gsrun attached")
+            # Its owner's gsrun attaches only after losing its stream, which this side has not noticed yet (a
+            # TCP link that died silently): the new stream takes over, and the old one is closed.
+            running.client.notice(f"step {running.step.display_id} was taken up on another stream")
+            running.client.close()
         running.client = client
         running.attach_by = None
         log.info("step %s taken up again by its gsrun", running.step.display_id)
@@ -288,14 +298,17 @@ class StepManager:
             if running.key in self.running:
                 self._node_finished(node, running, result)
 
-    def client_gone(self, job_id: int, step_id: int) -> None:
-        """gsrun's stream ended before the step did (gsrun killed, its host gone): as srun's death, the step
-        is stopped."""
+    def client_gone(self, job_id: int, step_id: int, client: StepClient | None = None) -> None:
+        """gsrun's stream ended before the step did: gsrun was killed or its host is gone, or the link between
+        them broke. gsrun takes the step up again if it can (``attach``); one that does not within
+        ``LOST_CLIENT_GRACE_S`` is taken for dead and, as srun's death, the step is stopped. ``client``: the
+        stream that ended, if a newer one may have taken its place."""
         running = self.running.get((job_id, step_id))
-        if running is None:
+        if running is None or (client is not None and running.client is not client):
             return
         running.client = None
-        self._stop(running, "terminate", cancelled=True)
+        running.attach_by = self.now() + LOST_CLIENT_GRACE_S
+        running.lost_reason = "its gsrun went away"
 
     def cancel(self, principal: Principal, job_id: int, step_id: int, signal: int | None = None) -> None:
         """gcancel JOBID.STEP (with -s: signal the step's tasks only)."""
@@ -447,10 +460,9 @@ class StepManager:
         now = self.now()
         for running in list(self.running.values()):
             if running.awaiting_client and running.attach_by is not None and now >= running.attach_by:
-                log.info("step %s: no gsrun took it up again after the controller restart: stopping it",
-                         running.step.display_id)
+                log.info("step %s: %s: stopping it", running.step.display_id, running.lost_reason)
                 running.attach_by = None
-                running.errors.append("its gsrun did not come back after the controller restarted")
+                running.errors.append(running.lost_reason)
                 self._use_held_results(running)
                 if running.key in self.running:
                     self._stop(running, "terminate", cancelled=True)

@@ -70,6 +70,10 @@ class StreamClient:
             reason=step.reason)))
         self.queue.put_nowait(None)
 
+    def close(self) -> None:
+        self.done = True  # not gone: replaced, so its end must not stop the step
+        self.queue.put_nowait(None)
+
     def taken(self, message: pb.StepServerMessage) -> pb.StepServerMessage | None:
         """Account for a message leaving the queue; a notice of dropped output once there is room again."""
         if message.WhichOneof("kind") == "output":
@@ -152,7 +156,7 @@ async def run_step(engine: Engine, principal: Principal, request_iterator: Async
     finally:
         reader.cancel()
         if not client.done:
-            engine.steps.client_gone(step.job_id, step.step_id)
+            engine.steps.client_gone(step.job_id, step.step_id, client)
 
 
 MAX_ATTACH_STREAMS = 2 * 65536  # two streams per task; more than any step has

@@ -829,18 +829,18 @@ class Supervisor:
                 rank.leader_exit_code = _exit_code_from_wait_status(wait_status)
 
     def _mark_ended_ranks(self) -> bool:
-        """A rank ends when its leader has been reaped and its process group is empty."""
+        """A rank ends when its leader (the batch script, the task's command) has been reaped, as a Slurm task
+        ends when its process exits: what it left running in the background without waiting for it (``cmd &``
+        in the script's process group, a daemon) is killed once every rank has ended (``_kill_leftovers``),
+        as slurmstepd kills what is left of a step. Before, a rank waited for its whole process group, so a
+        script that started a monitor in the background and never waited for it held its job, and its GPUs,
+        to the time limit."""
         changed = False
         for rank in self.ranks:
             if rank.ended or rank.leader_exit_code is None or rank.pid is None:
                 continue
-            try:
-                os.killpg(rank.pid, 0)
-            except ProcessLookupError:
-                rank.ended = True
-                changed = True
-            except PermissionError:
-                pass  # members exist, we just may not signal them (only without root)
+            rank.ended = True
+            changed = True
         return changed
 
     def _all_ranks_ended(self) -> bool:

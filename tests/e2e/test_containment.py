@@ -98,6 +98,17 @@ def test_a_jobs_daemons_do_not_outlive_it(node: Cluster, ending: str) -> None:
     assert process_is_gone(daemon), f"the {ending} job's daemon {daemon} is still running"
 
 
+def test_a_script_that_exits_without_waiting_for_its_background_work_ends_as_in_slurm(node: Cluster) -> None:
+    """`monitor &` at the top of a script, never waited for: the job ends when the script does (COMPLETED,
+    with the script's exit code), and the monitor is killed, as Slurm kills what a batch script leaves."""
+    pid_file = node.work / "background-monitor.pid"
+    job_id = node.submit("-t", "5:00", "-o", "background-%j.out", "--wrap",
+                         f"sleep 600 & echo $! > {pid_file}; echo started")
+    job = node.wait_done(job_id, timeout=60)
+    assert job["state"] == "COMPLETED", job
+    assert process_is_gone(int(pid_file.read_text()))
+
+
 def test_a_job_past_its_memory_ends_out_of_memory_and_its_neighbour_completes(node: Cluster) -> None:
     hog = node.submit("--mem=100M", "-o", "hog-%j.out", "--wrap",
                       f"{PYTHON} -c 'x = bytearray(600 << 20); print(len(x))'")

@@ -21,7 +21,13 @@ from garrison.controller.step_commands import (
     StepStdin,
     StepTasksExited,
 )
-from garrison.controller.steps import StepManager, StepNotFound, StepPermissionDenied, new_output
+from garrison.controller.steps import (
+    LOST_CLIENT_GRACE_S,
+    StepManager,
+    StepNotFound,
+    StepPermissionDenied,
+    new_output,
+)
 from garrison.controller.store import open_store
 from garrison.controller.store.interface import Store
 from garrison.model.domain import Allocation, Attempt, Job, JobSpec, JobState, NodeAllocation, Principal
@@ -54,6 +60,11 @@ class Client:
     def ended(self, step: Step, task_codes: tuple[int, ...]) -> None:
         self.end = (step, task_codes)
 
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
 
 class Harness:
     def __init__(self, store: Store) -> None:
@@ -61,11 +72,12 @@ class Harness:
         self.jobs = {7: running()}
         self.sent: list[tuple[str, StepInstruction]] = []
         self.connected = {"n1", "n2"}
+        self.now = 100.0
         self.manager = self.make()
         store.save_jobs(list(self.jobs.values()))
 
     def make(self) -> StepManager:
-        return StepManager(self.store, lambda: self.jobs, self.send, lambda node: f"addr-{node}", lambda: 100.0, 5.0,
+        return StepManager(self.store, lambda: self.jobs, self.send, lambda node: f"addr-{node}", lambda: self.now, 5.0,
                            lambda principal: principal.uid == 0)
 
     def send(self, node: str, instruction: StepInstruction) -> bool:
@@ -151,7 +163,34 @@ def test_kill_on_bad_exit_cancel_signals_input_and_client_loss(harness: Harness)
     second = harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), Client())
     harness.taken()
     harness.manager.client_gone(7, second.step_id)
-    assert {i for _, i in harness.taken()} == {SignalStep(7, 1, "terminate")}
+    harness.manager.check_jobs()
+    assert harness.taken() == []  # gsrun may only have lost its link: it has a while to take the step up again
+    harness.now += LOST_CLIENT_GRACE_S
+    harness.manager.check_jobs()
+    assert {i for _, i in harness.taken()} == {SignalStep(7, 1, "terminate")}  # it did not: as srun's death
+
+
+def test_gsrun_back_on_a_new_stream_keeps_its_step_and_a_silent_old_stream_is_replaced(harness: Harness) -> None:
+    first = Client()
+    harness.manager.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), first)
+    harness.taken()
+    harness.manager.client_gone(7, 0, first)  # its link reset
+    harness.manager.agent_event("n1", StepOutputReceived(7, 0, 0, 1, b"a\n", offset=0))
+    assert harness.taken() == [] and first.chunks == []  # nobody to give it to: the agent keeps it
+    second = Client()
+    harness.manager.attach(ANN, 7, 0, second, {})
+    harness.now += LOST_CLIENT_GRACE_S
+    harness.manager.check_jobs()
+    assert not any(isinstance(i, SignalStep) for _, i in harness.taken())
+    harness.manager.agent_event("n1", StepOutputReceived(7, 0, 0, 1, b"a\n", offset=0))  # sent again
+    assert second.chunks == [(0, 1, b"a\n")]
+    third = Client()  # the second stream died without this side noticing: the new one takes over
+    harness.manager.attach(ANN, 7, 0, third, {(0, 1): 2})
+    assert second.closed and "taken up on another stream" in second.notices[-1]
+    harness.manager.client_gone(7, 0, second)  # the old stream's end, noticed late, changes nothing
+    harness.now += LOST_CLIENT_GRACE_S
+    harness.manager.check_jobs()
+    assert not any(isinstance(i, SignalStep) for _, i in harness.taken())
 
 
 def test_a_step_never_outlives_its_job_and_a_restart_recovers_running_steps(harness: Harness) -> None:

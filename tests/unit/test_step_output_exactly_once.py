@@ -24,7 +24,7 @@ from garrison.controller.step_commands import AckStepOutput, StepInstruction, St
 from garrison.controller.steps import ATTACH_GRACE_S, StepManager, StepNotFound, StepPermissionDenied
 from garrison.controller.store import open_store
 from garrison.controller.store.interface import Store
-from garrison.model.steps import Step, StepRefused, StepRequest, StepState
+from garrison.model.steps import Step, StepRequest, StepState
 from garrison.nodeagent.steps import IO_DIR, LocalStep, StepRunner
 from garrison.nodeagent.supervisor.core import LOCK_FILE, STATUS_FILE
 from garrison.nodeagent.supervisor.spec import RankStatus, SupervisorStatus
@@ -228,6 +228,11 @@ class Stream:
     def ended(self, step: Step, task_codes: tuple[int, ...]) -> None:
         self.end = (step, task_codes)
 
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
     def deliver(self, count: int) -> None:
         for task, stream, data, offset in self.queued[:count]:
             self.gsrun.write(task, stream, data, offset)
@@ -346,19 +351,20 @@ def test_a_recovered_step_that_no_gsrun_takes_up_is_stopped_after_the_grace(tmp_
     store.close()
 
 
-def test_a_step_is_taken_up_only_by_its_owner_and_one_gsrun_at_a_time(tmp_path: Path) -> None:
+def test_a_step_is_taken_up_only_by_its_owner_and_the_newest_stream_takes_over(tmp_path: Path) -> None:
     now = [100.0]
     manager, store, sent = _recovered(tmp_path, now)
     with pytest.raises(StepPermissionDenied):
         manager.attach(BOB, 7, 0, Stream(Gsrun()), {})
     with pytest.raises(StepNotFound):
         manager.attach(ANN, 7, 5, Stream(Gsrun()), {})
-    step = manager.attach(ANN, 7, 0, Stream(Gsrun()), {(0, 1): 12})
+    first = Stream(Gsrun())
+    step = manager.attach(ANN, 7, 0, first, {(0, 1): 12})
     assert step.state == StepState.RUNNING
     rewinds = {node: i for node, i in sent if isinstance(i, AckStepOutput)}
     assert rewinds["n1"].rewind and rewinds["n1"].streams == ((0, 1, 12), (0, 2, 0))
-    with pytest.raises(StepRefused):
-        manager.attach(ANN, 7, 0, Stream(Gsrun()), {})
+    manager.attach(ANN, 7, 0, Stream(Gsrun()), {})
+    assert first.closed  # gsrun attaches only once its stream is lost: the old one is dead, whatever this side saw
     store.close()
 
 
