@@ -113,7 +113,7 @@ class Agent:
         slurm_path = ensure_slurm_path()
         self.jobs = JobManager(self.state_dir, self.notify_path, allow_root_jobs, lease_file=self.lease.path,
                                containment=containment, pids_max=config.job_pids_max, gpu_minors=gpu_minors,
-                               slurm_path=str(slurm_path) if slurm_path else None)
+                               slurm_path=str(slurm_path) if slurm_path else None, controller=config.controller)
         self._registered = False  # in the current session: the controller accepted the registration
         self.active: set[tuple[int, int]] = set()
         self.checkpoints: dict[tuple[int, int], float] = {}  # last reported checkpoint-mark time
@@ -136,7 +136,8 @@ class Agent:
         self._stop = asyncio.Event()
         # Job steps (gsrun): their own supervisors, output streamed from their files (nodeagent/steps.py).
         self.steps = StepRunner(self.state_dir, allow_root_jobs, self._send, self._outbox_size,
-                                lambda: self.jobs.forkserver, self.jobs.step_cgroup, self.jobs.slurm_path)
+                                lambda: self.jobs.forkserver, self.jobs.step_cgroup, self.jobs.slurm_path,
+                                controller=config.controller)
 
     def _in_background(self, work: Callable[..., object], *args: object) -> None:
         """Run ``work`` on the cleanup thread; nobody waits for it, so its failure is logged here."""

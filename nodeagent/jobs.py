@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from garrison.config.schema import DEFAULT_CONFIG_PATH
 from garrison.model.launch import LaunchDescription
 from garrison.nodeagent.containment.interface import AttemptLimits, Containment, ContainmentError
 from garrison.nodeagent.containment.unconfined import Unconfined
@@ -89,9 +90,11 @@ class JobManager:
         gpu_minors: Mapping[int, int] | None = None,
         lease_file: Path | None = None,
         slurm_path: str | None = None,
+        controller: str = "",
     ) -> None:
         self.jobs_dir = state_dir / JOBS_DIR
         self.slurm_path = slurm_path  # Slurm's command names, first on every job's PATH (garrison.slurmpath)
+        self.controller = controller  # its address, for the commands in jobs that lack it (node_defaults)
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.jobs_dir, 0o711)
         self.notify_socket = notify_socket
@@ -164,7 +167,7 @@ class JobManager:
         )
         # Unbound ranks may use every CPU the agent may (SLURM_CPUS_ON_NODE).
         ranks = plan_ranks(launch, paths, argv, cpus_on_node=len(os.sched_getaffinity(0)),
-                           slurm_path=self.slurm_path)
+                           slurm_path=self.slurm_path, defaults=node_defaults(launch.user, self.controller))
         if not ranks:
             # No process runs here (yet): the attempt's cgroup is still made, with its limits, so that the job
             # steps started in it (gsrun) are contained as the attempt would be; acknowledge removes it.
@@ -596,6 +599,22 @@ def _check_same_identity(user: str, uid: int) -> None:
             f"user {user} is uid {entry.pw_uid} on this node but submitted as uid {uid}: "
             "user ids must be the same on every node"
         )
+
+
+def node_defaults(user: str, controller: str) -> dict[str, str]:
+    """What a job gets from the node where its environment lacks it (``with_node_defaults``): HOME, USER,
+    LOGNAME and SHELL as a login of ``user`` on this node sets them, and, where the node has no configuration
+    file for the commands to read it from, the controller's address (``garrison up``'s nodes), so that
+    ``srun`` in a job submitted with ``--export=NONE`` finds it."""
+    defaults = {"USER": user, "LOGNAME": user}
+    try:
+        entry = pwd.getpwnam(user)
+        defaults.update(HOME=entry.pw_dir, SHELL=entry.pw_shell)
+    except KeyError:
+        pass
+    if controller and not os.path.exists(DEFAULT_CONFIG_PATH):
+        defaults["GARRISON_CONTROLLER"] = controller
+    return defaults
 
 
 def _groups_of(user: str, gid: int) -> list[int]:

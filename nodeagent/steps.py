@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from garrison.model.steps import StepLaunchDescription
-from garrison.nodeagent.jobs import _check_same_identity, _groups_of, _usable_cpus
+from garrison.nodeagent.jobs import _check_same_identity, _groups_of, _usable_cpus, node_defaults
 from garrison.nodeagent.launch.env import plan_step_tasks
 from garrison.nodeagent.supervisor import client as supervisor
 from garrison.nodeagent.supervisor.spec import LaunchSpec, RankSpec
@@ -79,8 +79,9 @@ class StepRunner:
     def __init__(self, state_dir: Path, allow_root_jobs: bool, send: Callable[[pb.AgentMessage], None],
                  outbox_size: Callable[[], int], forkserver: Callable[[], Path | None],
                  step_cgroup: Callable[[int, int], dict[str, str] | None] = lambda job_id, step_id: None,
-                 slurm_path: str | None = None) -> None:
+                 slurm_path: str | None = None, controller: str = "") -> None:
         self.slurm_path = slurm_path  # Slurm's command names, first on every task's PATH (garrison.slurmpath)
+        self.controller = controller  # its address, for the commands in tasks that lack it (node_defaults)
         self.steps_dir = state_dir / STEPS_DIR
         self.steps_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.steps_dir, 0o711)
@@ -149,7 +150,7 @@ class StepRunner:
         if os.getuid() == 0 and step.uid != 0:
             os.chown(io_dir, step.uid, step.gid)
         final_io = str(directory / IO_DIR)
-        plans = plan_step_tasks(step, final_io, self.slurm_path)
+        plans = plan_step_tasks(step, final_io, self.slurm_path, defaults=node_defaults(step.user, self.controller))
         here = step.here
         ranks = []
         for local, plan in enumerate(plans):

@@ -26,7 +26,7 @@ from garrison.model.outputpath import resolve_output_path
 from garrison.model.slurmenv import slurm_environment as slurm_environment
 from garrison.model.slurmenv import tasks_per_node_text as tasks_per_node_text
 from garrison.model.steps import StepLaunchDescription
-from garrison.slurmpath import with_slurm_path
+from garrison.slurmpath import DEFAULT_PATH, with_slurm_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +74,28 @@ def _resolve_output(pattern: str | None, launch: LaunchDescription, rank: int) -
     )
 
 
+def with_node_defaults(env: Mapping[str, str], defaults: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with what the node supplies where it lacks it (``defaults``, from ``nodeagent.jobs.node_defaults``:
+    the job user's HOME, USER, LOGNAME and SHELL from the node's user database, and where the controller is), and
+    a PATH. A job submitted with ``--export=NONE`` has none of the submitter's variables; Slurm then loads the
+    user's login environment (an implied ``--get-user-env``), scripts that ``cd $HOME/...`` rely on it, and
+    ``srun`` inside it must still find the controller. A variable the job's environment has, even empty, stands."""
+    result = dict(env)
+    for name, value in defaults.items():
+        if name not in result and value:
+            result[name] = value
+    result.setdefault("PATH", DEFAULT_PATH)
+    return result
+
+
 def plan_ranks(
     launch: LaunchDescription, paths: AttemptPaths, argv: Sequence[str], cpus_on_node: int = 0,
-    slurm_path: str | None = None,
+    slurm_path: str | None = None, defaults: Mapping[str, str] | None = None,
 ) -> list[RankPlan]:
     """Every rank this node starts for the attempt, with its complete environment. ``cpus_on_node``: the
     node's CPUs, for SLURM_CPUS_ON_NODE when the scheduler bound none; ``slurm_path``: the directory of Slurm's
-    command names (garrison.slurmpath), put first on the PATH."""
+    command names (garrison.slurmpath), put first on the PATH; ``defaults``: what the node supplies where the
+    job's environment lacks it (``with_node_defaults``)."""
     spec = launch.spec
     nodes = launch.allocation.nodes
     counts = [ranks_on_node(spec, launch.allocation, i) for i in range(len(nodes))]
@@ -90,7 +105,8 @@ def plan_ranks(
     gpus = nodes[launch.node_rank].gpus
 
     # Also here, not only in gsub: a job queued by an older gsub, or a client that is not gsub.
-    common: dict[str, str] = with_slurm_path(without_credentials(spec.env), slurm_path)
+    common: dict[str, str] = with_slurm_path(with_node_defaults(without_credentials(spec.env), defaults or {}),
+                                             slurm_path)
     if spec.launch != LaunchMode.RANK:
         # Exported from a submitting torchrun worker, they would make Lightning take the job for torchrun's.
         for name in [name for name in common if name.startswith("TORCHELASTIC_")]:
@@ -164,7 +180,8 @@ def plan_ranks(
 # Job steps (gsrun): srun's task environment
 
 
-def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | None = None) -> list[RankPlan]:
+def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | None = None,
+                    defaults: Mapping[str, str] | None = None) -> list[RankPlan]:
     """This node's tasks of a step, each with the environment srun gives a task: gsrun's (as --export
     resolved it), then Slurm's step variables and torchrun's worker variables (RANK, LOCAL_RANK, WORLD_SIZE,
     LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT of the step's first node unless the job's environment sets
@@ -174,8 +191,8 @@ def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | 
     here = step.here
     counts = layout.tasks_per_node()
     names = compress_hostlist(layout.node_names)
-    common: dict[str, str] = with_slurm_path(
-        {k: v for k, v in step.env.items() if not k.startswith("TORCHELASTIC_")}, slurm_path)
+    common: dict[str, str] = with_slurm_path(with_node_defaults(
+        {k: v for k, v in step.env.items() if not k.startswith("TORCHELASTIC_")}, defaults or {}), slurm_path)
     common.update({
         "SLURM_STEP_ID": str(step.step_id),
         "SLURM_STEPID": str(step.step_id),

@@ -4,6 +4,7 @@ as Slurm users write them: directives only, no Garrison option."""
 from __future__ import annotations
 
 import os
+import pwd
 import socket
 import sys
 
@@ -79,6 +80,25 @@ def test_array_tasks_read_their_index_and_the_arrays_index_set(cluster: Cluster)
     for i in range(1, 5):
         line = (cluster.work / f"array-{array_id}_{i}.out").read_text().strip()
         assert line == f"{array_id} {i} 4 1 4 1"
+
+
+def test_a_script_submitted_with_export_none_has_a_login_environment_and_srun_works(cluster: Cluster) -> None:
+    """sbatch --export=NONE: none of the submitter's variables, but what a login gives (Slurm's implied
+    --get-user-env): HOME, USER, a PATH, and srun inside finds the controller."""
+    script = (
+        "#!/bin/bash\n"
+        "#SBATCH --export=NONE\n"
+        "#SBATCH --output=export-none-%j.out\n"
+        'echo "home=$HOME"; echo "user=$USER"; echo "mine=${SUBMITTERS_OWN:-unset}"\n'
+        'srun bash -c \'echo "step_home=$HOME"\'\n'
+    )
+    (cluster.work / "export-none.sh").write_text(script)
+    env = dict(cluster.env, SUBMITTERS_OWN="1")
+    job_id = cluster.run("gsub", "--parsable", "export-none.sh", env=env).stdout.strip()
+    assert cluster.wait_done(job_id)["state"] == "COMPLETED"
+    me = pwd.getpwuid(os.getuid())
+    seen = values((cluster.work / f"export-none-{job_id}.out").read_text())
+    assert seen == {"home": me.pw_dir, "user": me.pw_name, "mine": "unset", "step_home": me.pw_dir}, seen
 
 
 def test_signal_b_reaches_the_batch_shell_and_not_its_children(cluster: Cluster) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from garrison.model.domain import Allocation, JobSpec, LaunchMode, NodeAllocation
 from garrison.model.launch import LaunchDescription
 from garrison.nodeagent.launch.env import AttemptPaths, RankPlan, plan_ranks
@@ -49,6 +51,17 @@ def test_rank_mode_gives_torchruns_worker_environment() -> None:
     assert env["GARRISON_CHECKPOINT_DIR"] == "/home/u/.garrison/checkpoints/12"
     assert env["GARRISON_CHECKPOINT_MARK"] == "/var/job/user/checkpoint-mark"
     assert env["HOME"] == "/home/u" and env["GARRISON_JOB_ID"] == "12" and env["GARRISON_RESTART_COUNT"] == "2"
+
+
+def test_a_job_exported_nothing_gets_its_users_login_variables_and_its_own_stand() -> None:
+    login = {"HOME": "/home/u", "USER": "u", "LOGNAME": "u", "SHELL": "/bin/zsh"}
+    launch = context(LaunchMode.SINGLE, node_rank=0, env={"X": "1"})
+    none = replace(launch, spec=replace(launch.spec, env={}))  # --export=NONE: as Slurm's implied --get-user-env
+    env = plan_ranks(none, PATHS, ["train"], defaults=login)[0].env
+    assert {name: env[name] for name in login} == login and env["PATH"]
+    own = replace(launch, spec=replace(launch.spec, env={"HOME": "/scratch/u", "SHELL": ""}))
+    env = plan_ranks(own, PATHS, ["train"], defaults=login)[0].env
+    assert (env["HOME"], env["SHELL"], env["USER"]) == ("/scratch/u", "", "u")  # the job's own, even empty, stand
 
 
 def test_users_omp_setting_is_kept() -> None:
