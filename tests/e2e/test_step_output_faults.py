@@ -120,6 +120,11 @@ def run_through_fault(cluster: Cluster, fault: Callable[[Cluster], None], restar
         if step.poll() is None:
             step.kill()
         cluster.run("gcancel", job_id, check=False)
+    assert_every_line_once(step, reader)
+
+
+def assert_every_line_once(step: subprocess.Popen[str], reader: Reader) -> str:
+    """gsrun printed every line of PRINTER once, in order, and exited 0; returns what it said on stderr."""
     err = step.stderr.read() if step.stderr is not None else ""
     expected = [f"line {i}\n" for i in range(1, TOTAL + 1)] + ["last\n"]
     if reader.lines != expected:
@@ -129,6 +134,7 @@ def run_through_fault(cluster: Cluster, fault: Callable[[Cluster], None], restar
         raise AssertionError(f"{len(reader.lines)} lines, {len(missing)} missing (first {missing[:5]}), "
                              f"{repeated} repeated, in order: {seen == sorted(seen)}; gsrun said: {err.strip()}")
     assert step.returncode == 0, err
+    return err
 
 
 def test_output_survives_a_reset_of_the_agents_link_exactly_once(cluster: Cluster) -> None:
@@ -169,12 +175,5 @@ def test_a_step_and_its_output_survive_a_controller_restart_exactly_once(cluster
         if step.poll() is None:
             step.kill()
         cluster.run("gcancel", job_id, check=False)
-    err = step.stderr.read() if step.stderr is not None else ""
-    expected = [f"line {i}\n" for i in range(1, TOTAL + 1)] + ["last\n"]
-    if reader.lines != expected:
-        seen = [int(line.split()[1]) for line in reader.lines if line.startswith("line ")]
-        missing = sorted(set(range(1, TOTAL + 1)) - set(seen))
-        raise AssertionError(f"{len(reader.lines)} lines, {len(missing)} missing (first {missing[:5]}), "
-                             f"{len(seen) - len(set(seen))} repeated; gsrun said: {err.strip()}")
-    assert step.returncode == 0, err
+    err = assert_every_line_once(step, reader)
     assert "took step" in err, err  # gsrun says so on its stderr, as it says it lost the stream
