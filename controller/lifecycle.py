@@ -52,7 +52,8 @@ def out_of_memory_reason(node: str, result: NodeResult) -> str:
     return f"out of memory: the memory limit (--mem) killed {count} on {node}"
 
 
-DEFAULT_MAX_LAUNCH_FAILURES = 5
+DEFAULT_MAX_LAUNCH_FAILURES = 5  # also the most attempts in a row whose supervisor died before the job ends
+SUPERVISOR_LOST = "the attempt's supervisor died"  # in an attempt's reason: how the next one counts them
 LAUNCH_BACKOFF_S = 1.0
 MAX_LAUNCH_BACKOFF_S = 60.0
 
@@ -242,6 +243,19 @@ class JobLifecycle:
                 live.requeue_as = JobState.NODE_FAIL
                 outcome = JobState.PENDING if job.spec.requeue else JobState.NODE_FAIL
                 instructions += self._stop(live, outcome, f"node {node} lease expired", now)
+            elif result.supervisor_lost:
+                # The attempt's supervisor (slurmstepd's part) was killed or crashed, taking its ranks: the node's
+                # failure, requeued as for a lost node (Slurm's NODE_FAIL), unless it keeps happening to this
+                # job, which then ends rather than loop.
+                live.requeue_as = JobState.NODE_FAIL
+                lost_before = self._supervisors_lost_in_a_row(job, live.attempt)
+                retry = job.spec.requeue and lost_before + 1 < self.max_launch_failures
+                why = f"node {node}: {SUPERVISOR_LOST} ({result.error})"
+                outcome = JobState.PENDING if retry else JobState.NODE_FAIL
+                if job.spec.requeue and not retry:  # FAILED: a NODE_FAIL of a requeueable job is requeued
+                    why = f"{lost_before + 1} attempts in a row lost their supervisor, the last on {why}"
+                    outcome = JobState.FAILED
+                instructions += self._stop(live, outcome, why, now)
             elif result.out_of_memory:
                 # The kernel enforced the job's memory limit there: as in Slurm, the job is OUT_OF_MEMORY
                 # (whatever its ranks exited with), and the rest of the gang is stopped.
@@ -320,6 +334,15 @@ class JobLifecycle:
     def running_usage_of(self, job_id: int, attempt: int) -> AttemptUsage | None:
         live = self.live.get((job_id, attempt))
         return None if live is None else AttemptUsage.combine(list(live.running_usage.values()))
+
+    @staticmethod
+    def _supervisors_lost_in_a_row(job: Job, attempt: int) -> int:
+        in_a_row = 0
+        for earlier in reversed(job.attempts[:attempt]):
+            if earlier.state != JobState.NODE_FAIL or SUPERVISOR_LOST not in earlier.reason:
+                break
+            in_a_row += 1
+        return in_a_row
 
     def _back_off_launch(self, job: Job, attempts: list[Attempt], reason: str, now: float) -> tuple[Job, str]:
         """A launch failed before any rank ran (its MASTER_PORT taken, say): the job waits 1, 2, 4... s

@@ -66,6 +66,7 @@ def result_to_pb(result: AttemptResult) -> pb.JobResult:
         error=result.error,
         finished_at=result.finished_at,
         lease_expired=result.lease_expired,
+        supervisor_lost=result.supervisor_lost,
         out_of_memory=result.out_of_memory,
     )
     if result.usage is not None:

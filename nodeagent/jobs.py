@@ -68,6 +68,7 @@ class AttemptResult:
     # None when the attempt ran unconfined.
     usage: dict[str, int] | None = None
     out_of_memory: bool = False  # the memory limit's OOM killer killed one of its processes
+    supervisor_lost: bool = False  # the supervisor died without a final status (the node's failure)
 
 
 class RefusedLaunch(Exception):
@@ -328,7 +329,7 @@ class JobManager:
         # is what stops the lease's renewals too) died of the node's failure, not the job's: the controller
         # then requeues the job as for any lease stop.
         return AttemptResult(job_id, attempt, (), error=f"supervisor died: {last}" if last else "supervisor died",
-                             lease_expired=lease_stopped or self._lease_ran_out())
+                             lease_expired=lease_stopped or self._lease_ran_out(), supervisor_lost=True)
 
     def _lease_ran_out(self) -> bool:
         if self.lease_file is None:

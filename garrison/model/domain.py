@@ -319,6 +319,7 @@ class NodeResult:
     usage: AttemptUsage | None = None  # None: unconfined there
     out_of_memory: bool = False  # the memory limit's OOM killer killed one of its processes there
     launch_failed: bool = False  # the launch failed there before any rank ran: worth another attempt
+    supervisor_lost: bool = False  # the attempt's supervisor died there without an end: the node's failure
 
     @property
     def failed(self) -> bool:

@@ -221,6 +221,7 @@ def result_from_pb(msg: pb.JobResult) -> NodeResult:
         error=msg.error[:MAX_RESULT_ERROR_CHARS],
         lease_expired=msg.lease_expired,
         launch_failed=msg.launch_failed,
+        supervisor_lost=msg.supervisor_lost,
         usage=attempt_usage_from_pb(msg.usage) if msg.HasField("usage") else None,
         out_of_memory=msg.out_of_memory,
     )

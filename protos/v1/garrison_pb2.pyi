@@ -1441,6 +1441,7 @@ class JobResult(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     OUT_OF_MEMORY_FIELD_NUMBER: _builtins.int
     LAUNCH_FAILED_FIELD_NUMBER: _builtins.int
+    SUPERVISOR_LOST_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     attempt: _builtins.int
     error: _builtins.str
@@ -1453,6 +1454,10 @@ class JobResult(_message.Message):
     launch_failed: _builtins.bool
     """The launch failed here before any rank ran the job's code (its MASTER_PORT taken, say): worth another
     attempt, unlike a refusal or a rank's own failure. `error` says why, for people.
+    """
+    supervisor_lost: _builtins.bool
+    """The attempt's supervisor died (killed, crashed) before it could record an end; its ranks were killed
+    with it. The node's failure, not the job's: requeued as for a lost node. `error` says what it last logged.
     """
     @_builtins.property
     def ranks(self) -> _containers.RepeatedCompositeFieldContainer[Global___RankResult]: ...
@@ -1472,10 +1477,11 @@ class JobResult(_message.Message):
         usage: Global___ContainmentUsage | None = ...,
         out_of_memory: _builtins.bool = ...,
         launch_failed: _builtins.bool = ...,
+        supervisor_lost: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "finished_at", b"finished_at", "job_id", b"job_id", "launch_failed", b"launch_failed", "lease_expired", b"lease_expired", "out_of_memory", b"out_of_memory", "ranks", b"ranks", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "finished_at", b"finished_at", "job_id", b"job_id", "launch_failed", b"launch_failed", "lease_expired", b"lease_expired", "out_of_memory", b"out_of_memory", "ranks", b"ranks", "supervisor_lost", b"supervisor_lost", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -128,6 +128,27 @@ def test_ranks_stopped_by_their_lease_are_the_nodes_failure_not_the_jobs(state: 
     assert job.reason == "Requeued: node n2 lease expired"
 
 
+def test_an_attempt_whose_supervisor_died_is_requeued_until_it_keeps_happening(state: ClusterState) -> None:
+    """A supervisor killed or crashed (slurmstepd's part) took its ranks with it: the node's failure, requeued
+    as NODE_FAIL; the fifth time in a row the job ends FAILED rather than loop; without --requeue, NODE_FAIL."""
+    submit(state, 1, ONE, gpus=1)
+    for attempt in range(5):
+        if attempt:
+            state.start_attempts([(1, ONE)], now=10.0 * attempt)
+        state.node_started("n2", 1, attempt)
+        lost = NodeResult(1, attempt, (), error="supervisor died: killed", supervisor_lost=True)
+        state.node_finished("n2", lost, now=10.0 * attempt + 5)
+        job = state.jobs[1]
+        if attempt < 4:
+            assert job.attempts[attempt].state == JobState.NODE_FAIL
+            assert job.state == JobState.PENDING and "supervisor died" in job.reason, job.reason
+    assert job.state == JobState.FAILED and job.reason.startswith("5 attempts in a row lost their supervisor")
+    submit(state, 2, ONE, gpus=1, requeue=False)
+    state.node_started("n2", 2, 0)
+    state.node_finished("n2", NodeResult(2, 0, (), error="supervisor died", supervisor_lost=True), now=70.0)
+    assert state.jobs[2].state == JobState.NODE_FAIL
+
+
 def test_a_gang_is_released_once_every_node_has_launched(state: ClusterState) -> None:
     submit(state, 1, GANG, nodes=2, gpus_per_node=2)
     assert state.node_started("n2", 1, 0) == []

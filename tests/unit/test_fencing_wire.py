@@ -39,6 +39,8 @@ def test_lease_requests_become_events_and_grants_become_messages() -> None:
 def test_a_fenced_result_and_the_barrier_flag_travel_both_ways() -> None:
     fenced = AttemptResult(9, 1, (AgentRankResult(0, 143),), lease_expired=True)
     assert result_from_pb(result_to_pb(fenced)) == NodeResult(9, 1, (RankOutcome(0, 143),), lease_expired=True)
+    lost = AttemptResult(9, 2, (), error="supervisor died", supervisor_lost=True)
+    assert result_from_pb(result_to_pb(lost)) == NodeResult(9, 2, (), error="supervisor died", supervisor_lost=True)
     assert not result_from_pb(result_to_pb(AttemptResult(9, 1, ()))).lease_expired
     launch = LaunchDescription(
         job_id=9, attempt=1, user="alice", uid=1000, gid=1000, spec=JobSpec(name="t", command=("true",)),

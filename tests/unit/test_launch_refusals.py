@@ -71,6 +71,7 @@ def test_a_supervisor_killed_under_its_job_is_reported_with_its_last_words(tmp_p
     wait_until(lambda: not supervisor.is_alive(job_dir), 20, what="the supervisor to die")
     result = manager.result(1, 0)
     assert result is not None and result.error == "supervisor died: RuntimeError: the last thing it said"
+    assert result.supervisor_lost  # the node's failure: the controller requeues the job
     # What it left running was killed (the rank's process group is gone once init has reaped it).
     pgid = status.ranks[0].pgid
 
