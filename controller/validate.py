@@ -18,6 +18,7 @@ from garrison.model.accounts import Accounting, AccountingError, PartitionDef
 from garrison.model.domain import JobSpec, LaunchMode, Node, NodeInventory, Principal
 from garrison.model.features import ConstraintError, constraint_features, parse_constraint, satisfies
 from garrison.model.gputype import gpu_matches
+from garrison.model.jobspec import UNLIMITED_TIME_S
 from garrison.model.resources import ResourceError, memory_per_node_mb, resolve
 
 MAX_SCRIPT_BYTES = 1 << 20
@@ -179,6 +180,11 @@ def validate_submission(
         if part.allowed_accounts and account not in part.allowed_accounts:
             raise ValidationError(f"account {account!r} may not use partition {part.name!r}")
     time_limit = spec.time_limit_s if spec.time_limit_s is not None else part.default_time_s
+    if time_limit == UNLIMITED_TIME_S:
+        # --time=UNLIMITED: no limit but the partition's (and the QoS's) maximum, which the job keeps from here
+        qos_max = accounting.qos_map[spec.qos].max_time_s if accounting is not None and spec.qos else None
+        time_limit = min(part.max_time_s, qos_max if qos_max is not None else part.max_time_s)
+        spec = replace(spec, time_limit_s=time_limit)
     if time_limit <= 0:
         raise ValidationError("time limit must be positive")
     if time_limit > part.max_time_s:

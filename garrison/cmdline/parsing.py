@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from garrison.cmdline.argparser import UsageError as UsageError  # raised by every parser here; re-exported
 from garrison.model import hostlist
+from garrison.model.jobspec import UNLIMITED_TIME_S
 
 # Values end up in protobuf integer fields and database columns; refusing absurd numbers here gives the
 # user a clear message instead of an overflow somewhere further down.
@@ -120,6 +121,14 @@ def parse_begin_time(text: str, now: float) -> float:
         return at if at > now else time.mktime((today.tm_year, today.tm_mon, today.tm_mday + 1, parsed.tm_hour,
                                                  parsed.tm_min, parsed.tm_sec, 0, 0, -1))
     raise UsageError(f"invalid begin time {text!r}: expected {_BEGIN_FORMATS}")
+
+
+def parse_submit_time_limit(text: str) -> int:
+    """sbatch's and srun's ``--time``: ``parse_time_limit``, or ``UNLIMITED``/``INFINITE``/``0`` (case as you
+    like): no limit but the partition's and the QoS's maximum (UNLIMITED_TIME_S, which the controller resolves)."""
+    if text.strip().upper() in ("UNLIMITED", "INFINITE", "0"):
+        return UNLIMITED_TIME_S
+    return parse_time_limit(text)
 
 
 def parse_time_limit(text: str) -> int:

@@ -38,7 +38,7 @@ from .parsing import (
     parse_memory_mb,
     parse_nice,
     parse_node_count,
-    parse_time_limit,
+    parse_submit_time_limit,
     read_directive_lines,
     slurm_dependency,
 )
@@ -148,7 +148,7 @@ def _gsub_parser() -> Parser:
                         help="Output files: truncate on the first attempt and append on later ones (the default), "
                              "or always append or truncate.")
     _option(parser, "--gpu-mem", metavar="SIZE", help_text="The least memory each GPU must have, e.g. 40G.")
-    _option(parser, "-t", "--time", metavar="TIME", help_text="Time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S.")
+    _option(parser, "-t", "--time", metavar="TIME", help_text="Time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S; UNLIMITED (or 0): the partition's maximum.")
     _option(parser, "-A", "--account", metavar="NAME", help_text="Account to charge.")
     _option(parser, "-p", "--partition", metavar="NAME", help_text="Partition to run in.")
     _option(parser, "-q", "--qos", metavar="NAME", help_text="Quality of service.")
@@ -514,7 +514,7 @@ def parse_submission(
         cpus_per_gpu=chosen.count("cpus_per_gpu") or 0,
         mem_mb=mem or 0,
         gpu_mem_mb=converted("gpu_mem", parse_memory_mb) or 0,
-        time_limit_s=converted("time", parse_time_limit),
+        time_limit_s=converted("time", parse_submit_time_limit),
         account=chosen.nonempty_text("account"),
         partition=chosen.nonempty_text("partition"),
         workdir=os.path.normpath(os.path.join(cwd, chdir)) if chdir is not None else cwd,

@@ -31,6 +31,11 @@ class LaunchMode(enum.StrEnum):
     ALLOCATION = "allocation"
 
 
+# sbatch --time=UNLIMITED (INFINITE, 0): "no time limit imposed", which the partition's (and the QoS's) maximum
+# bounds; the controller puts that maximum in its place when it accepts the job.
+UNLIMITED_TIME_S = 2**31 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """What the user asked for, validated by the controller (never trusted from the CLI)."""
@@ -45,7 +50,7 @@ class JobSpec:
     gpu_mem_mb: int = 0  # --gpu-mem: the least memory (MiB) each allocated GPU must have
     cpus_per_gpu: int = 0
     mem_mb: int = 0
-    time_limit_s: int | None = None  # None: the partition default
+    time_limit_s: int | None = None  # None: the partition default; UNLIMITED_TIME_S: its (and the QoS's) maximum
     account: str | None = None
     partition: str | None = None
     workdir: str = "/"

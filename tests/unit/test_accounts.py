@@ -21,6 +21,7 @@ from garrison.model.accounts import (
     User,
 )
 from garrison.model.domain import JobSpec, Principal
+from garrison.model.jobspec import UNLIMITED_TIME_S
 
 
 def base() -> Accounting:
@@ -228,6 +229,18 @@ def test_submissions_resolve_account_partition_qos_and_time_limit() -> None:
             submit(acct, **spec)
     with pytest.raises(ValidationError, match="may not use partition 'debug'"):
         submit(acct, user="stranger", partition="debug")
+
+
+def test_an_unlimited_time_is_the_partitions_or_the_qoss_maximum() -> None:
+    acct = base().with_qos(Qos("short", 5, max_time_s=600))
+    acct = acct.with_account(Account("lab", "org", allowed_qos=("short",)))
+    acct = acct.with_user(User("ann", "team", (("team", 1), ("lab", 1))))
+    acct = acct.with_partition(PartitionDef("debug", default_time_s=60, max_time_s=900, allowed_qos=("short", "normal")))
+    assert submit(acct, partition="debug", qos="normal", time_limit_s=UNLIMITED_TIME_S)[3] == 900
+    assert submit(acct, account="lab", partition="debug", time_limit_s=UNLIMITED_TIME_S)[3] == 600  # QoS short's
+    resolved = validate_submission(JobSpec(name="j", command=("true",), time_limit_s=UNLIMITED_TIME_S),
+                                   Principal("ann", 1000, 1000), ControllerConfig(), {}, [], acct)
+    assert resolved.spec.time_limit_s == resolved.time_limit_s == 7 * 86400  # kept, never the marker
 
 
 def test_account_names_may_hold_an_at_sign_as_slurm_sites_name_them() -> None:

@@ -19,6 +19,7 @@ from garrison.cmdline.parsing import (
     parse_export,
     parse_gpu_request,
     parse_memory_mb,
+    parse_submit_time_limit,
     parse_time_limit,
     read_directive_lines,
     read_directives,
@@ -26,6 +27,7 @@ from garrison.cmdline.parsing import (
 from garrison.cmdline.submission import HelpRequested, parse_submission
 from garrison.model.domain import JobSpec, LaunchMode
 from garrison.model.hostlist import compress_hostlist
+from garrison.model.jobspec import UNLIMITED_TIME_S
 from garrison.model.outputpath import expand_output_pattern
 
 # ---------------------------------------------------------------------------------------------- time
@@ -88,6 +90,14 @@ def test_begin_times() -> None:
 )
 def test_time_limit_formats(text: str, seconds: int) -> None:
     assert parse_time_limit(text) == seconds
+    assert parse_submit_time_limit(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["UNLIMITED", "unlimited", "INFINITE", "0", " Infinite "])
+def test_sbatch_takes_an_unlimited_time_as_the_partitions_maximum(text: str) -> None:
+    assert parse_submit_time_limit(text) == UNLIMITED_TIME_S
+    with pytest.raises(UsageError):
+        parse_time_limit(text)  # scontrol's and gadmin's: a number of their own
 
 
 @pytest.mark.parametrize(
