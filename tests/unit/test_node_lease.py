@@ -120,15 +120,13 @@ def test_a_rank_ignoring_sigterm_is_killed_after_the_kill_wait(cleanup: Path) ->
 
 
 def test_a_rank_that_ended_on_its_own_before_the_lease_ran_out_keeps_its_exit_status(cleanup: Path) -> None:
-    # The leader exits 0 but leaves a process in its group; the lease runs out while the supervisor waits for
-    # the group to empty: the leftover is stopped, and the rank's result is its own, not the lease's.
+    # The leader exits 0 but leaves a process in its group: the rank has ended (as a Slurm task) and the
+    # leftover is killed at once, before the lease runs out; the rank's result is its own, not the lease's.
     root = cleanup
     lease_file = root / "lease"
     write_lease(lease_file, 1.0)
     status = finished(launch(root, "lingering", "sleep 30 & exit 0", lease_file=lease_file, kill_wait_s=0.5))
     assert not status.lease_expired and [r.exit_code for r in status.ranks] == [0]
-    assert status.finished_at is not None and status.started_at is not None
-    assert status.finished_at - status.started_at >= 0.9  # it did wait for the group, until the lease ended it
 
 
 def test_a_renewed_lease_lets_the_job_finish(cleanup: Path) -> None:
