@@ -20,10 +20,17 @@ from garrison.cli.client import EXIT_USAGE, Client, CliError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from typing import Any
 
 PROG = "gsrun"
 HOLD_COMMAND = "exec sleep 2147483647"  # the allocation's batch step: hold the resources, do nothing
 POLL_S = 0.2
+# While the controller cannot be reached (a restart), how long the wait for the allocation and its release go
+# on asking: the wait as long as gsrun takes a step up again after one (cli/gsrun.py), the release less, since
+# the user is leaving.
+WAIT_UNREACHABLE_S = 600.0
+RELEASE_UNREACHABLE_S = 60.0
+RETRY_S = 1.0
 
 
 def allocation_options(args: argparse.Namespace) -> list[str]:
@@ -58,10 +65,33 @@ def request_allocation(client: Client, args: argparse.Namespace) -> int:
         raise
 
 
+def _asking_again(client: Client, method: str, request: dict[str, object], give_up_after_s: float) -> Any:
+    """``client.call_plain``, asked again every RETRY_S while the controller cannot be reached (it is
+    restarting: the allocation is in its queue all the same), saying so once, for up to ``give_up_after_s``."""
+    unreachable_since: float | None = None
+    while True:
+        try:
+            answer = client.call_plain(method, request)
+        except CliError as error:
+            if not error.retryable:
+                raise
+            now = time.monotonic()
+            if unreachable_since is None:
+                unreachable_since = now
+                print(f"{PROG}: {error}; asking again", file=sys.stderr)
+            elif now - unreachable_since > give_up_after_s:
+                raise
+            time.sleep(RETRY_S)
+            continue
+        if unreachable_since is not None:
+            print(f"{PROG}: the controller answers again", file=sys.stderr)
+        return answer
+
+
 def _wait_running(client: Client, job_id: int) -> int:
     told = False
     while True:
-        (job,) = client.call_plain("ListJobs", {"job_ids": [str(job_id)]}).jobs
+        (job,) = _asking_again(client, "ListJobs", {"job_ids": [str(job_id)]}, WAIT_UNREACHABLE_S).jobs
         if job.state == "RUNNING":
             if told:
                 print(f"{PROG}: job {job_id} has been allocated resources", file=sys.stderr)
@@ -77,7 +107,7 @@ def _wait_running(client: Client, job_id: int) -> int:
 
 def release_allocation(client: Client, job_id: int) -> None:
     try:
-        client.call_plain("CancelJobs", {"job_ids": [str(job_id)]})
+        _asking_again(client, "CancelJobs", {"job_ids": [str(job_id)]}, RELEASE_UNREACHABLE_S)
     except CliError as exc:
         print(f"{PROG}: could not release job {job_id}: {exc}", file=sys.stderr)
 

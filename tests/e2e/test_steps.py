@@ -234,6 +234,31 @@ def test_gsrun_outside_a_job_asks_for_an_allocation_first(cluster: Cluster) -> N
     assert failing.returncode == 2 and len(failing.stderr.strip().splitlines()) == 1, failing.stderr
 
 
+def test_gsrun_outside_a_job_waits_for_its_allocation_through_a_controller_restart(cluster: Cluster) -> None:
+    outside = {k: v for k, v in cluster.env.items() if k not in ("SLURM_JOB_ID", "GARRISON_JOB_ID")}
+    flag = cluster.work / "holder-may-end"
+    holder = cluster.submit("-w", "node1", "--gpus-per-node", "8", "-t", "10:00", "--wrap",
+                            f"while [ ! -e {flag} ]; do sleep 0.1; done")
+    cluster.wait_state(holder, {"RUNNING"})
+    step = subprocess.Popen([str(BIN / "gsrun"), "-w", "node1", "--gpus-per-node", "8", "-J", "waits-through",
+                             "echo", "ran"], env=outside, cwd=str(cluster.work), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: any(j["name"] == "waits-through" for j in cluster.jobs()), 60,
+                   what="gsrun's allocation to be queued")
+        os.kill(cluster.pid("controller"), signal.SIGKILL)
+        cluster.up()
+        flag.touch()
+        out, err = step.communicate(timeout=120)
+    finally:
+        if step.poll() is None:
+            step.kill()
+    assert (step.returncode, out) == (0, "ran\n"), err
+    assert "asking again" in err and "the controller answers again" in err, err
+    (job,) = [j for j in cluster.jobs() if j["name"] == "waits-through"]
+    assert cluster.wait_done(str(job["job_id"]))["state"] == "CANCELLED"  # given back once the step ended
+
+
 def test_a_step_never_outlives_its_job(cluster: Cluster) -> None:
     job_id = running_job(cluster, "-G", "1")
     step = gsrun(cluster, job_id, "sleep", "300")
