@@ -231,15 +231,26 @@ class Timeline:
         # is made (starts after this take CPUs and memory from the capacity, and hold them here).
         self._free_cpus_then = list(capacity.free_cpus)
         self._free_memory_then = list(capacity.free_memory)
-        if not self._from_holds(running):
-            self._build(running)
         # GPUs usable from now on, per node (free now and not held by a start or reservation): every GPU
         # but those busy past now (a GPU busy for a reason the snapshot does not give stays INFINITY).
-        gpu_counts, free_at = capacity.gpu_counts, self.free_at
-        self.usable_now = [
-            gpu_counts[i] - sum(1 for until in free_at[i].values() if until > now) if free_at[i] else gpu_counts[i]
-            for i in range(len(gpu_counts))
-        ]
+        gpu_counts = capacity.gpu_counts
+        if self._from_holds(running):
+            # Each busy GPU is in free_at, and a running job's in exactly one event, with its end: those
+            # ending by now are the events up to now, in time order (usually none: stopping jobs, overruns).
+            free_at = self.free_at
+            usable = [gpu_counts[i] - len(free_at[i]) for i in range(len(gpu_counts))]
+            for when, index, gpus in self.events:
+                if when > now:
+                    break
+                usable[index] += len(gpus)
+            self.usable_now = usable
+        else:
+            self._build(running)
+            free_at = self.free_at
+            self.usable_now = [
+                gpu_counts[i] - sum(1 for until in free_at[i].values() if until > now) if free_at[i] else gpu_counts[i]
+                for i in range(len(gpu_counts))
+            ]
 
     def _from_holds(self, running: Sequence[RunningJob]) -> bool:
         """The timeline from the running holds kept across cycles (_RunningHolds); False where only the
