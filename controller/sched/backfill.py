@@ -149,7 +149,7 @@ class _RunningHolds:
     def sync(self, running: Sequence[RunningJob], names: tuple[str, ...], index_of: dict[str, int]) -> None:
         if running is self.running and names == self.names:
             return
-        fresh = {id(job): job for job in running}
+        fresh = dict(zip(map(id, running), running, strict=True))  # {id(job): job ...}, in C
         old = self.by_id
         if names != self.names or self.conflict or len(old) > 2 * len(fresh) + 64:
             self.names, self.by_id, self.host_jobs, self.conflict = names, {}, 0, False
