@@ -25,8 +25,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
-from operator import attrgetter, is_not
+from functools import lru_cache
 
 from garrison.controller.sched.backfill import Reservation
 from garrison.controller.sched.capacity import Capacity
@@ -133,10 +132,6 @@ def _interned(key: tuple[object, ...]) -> _Key:
     return found
 
 
-_ARRAY_JOB_ID = attrgetter("array_job_id")
-_IS_SOME = partial(is_not, None)
-
-
 @lru_cache(maxsize=16)
 def _pipeline(scorer_weights: tuple[tuple[str, int], ...]) -> Pipeline:
     return build_pipeline(scorer_weights)
@@ -149,8 +144,9 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     placer = Placer(_pipeline(config.scorer_weights), config.score_limit)
     capacity = Capacity(snapshot.nodes)
     array_running = Counter(dict(snapshot.running_array_tasks))
-    # One more per running task of each array (a loop over the running jobs, in C).
-    array_running.update(filter(_IS_SOME, map(_ARRAY_JOB_ID, snapshot.running)))
+    for running in snapshot.running:
+        if running.array_job_id is not None:
+            array_running[running.array_job_id] += 1
     state = CycleState(
         snapshot=snapshot, now=now, config=config, placer=placer, capacity=capacity,
         idle=IdleCluster(capacity.views, placer), memo=Memo(capacity),
