@@ -292,10 +292,12 @@ class PriorityContext:
         return value, job.priority - spec.nice
 
 
-# The weights of the factors that read only the job and the configuration (_static_part). With every other
-# weight 0 (age, fair share, overdue, and any weight added later, until it is listed here), a job's priority
-# does not move with the clock or with usage: fifo and fifo-easy, whose queue then never needs repricing.
+# The weights of the factors that read only the job and the configuration (_static_part), and the settings
+# that are no weights. With every other field 0 (age, fair share, overdue, and any field added later until
+# it is listed here), a job's priority does not move with the clock or with usage: fifo and fifo-easy,
+# whose queue then never needs repricing (queue.py).
 _TIMELESS_WEIGHTS = frozenset({"qos", "job_size", "partition", "time_limit", "small_job"})
+_SETTINGS = frozenset({"max_age_s", "short_limit_s", "long_limit_s", "overdue_after_s", "overdue_share"})
 _TIMELESS: dict[PriorityWeights, bool] = {}
 
 
@@ -305,8 +307,7 @@ def _timeless(weights: PriorityWeights) -> bool:
         if len(_TIMELESS) >= 64:
             _TIMELESS.clear()
         found = _TIMELESS[weights] = all(
-            getattr(weights, f.name) == 0 for f in fields(weights)
-            if f.type in ("int", int) and f.name not in _TIMELESS_WEIGHTS
+            getattr(weights, f.name) == 0 for f in fields(weights) if f.name not in _TIMELESS_WEIGHTS | _SETTINGS
         )
     return found
 
