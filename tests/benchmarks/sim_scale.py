@@ -14,7 +14,9 @@ accounts are drawn by gsim from seed 0. Goal (issue 22): each policy's replay in
 
 The traces are read from ../shared/traces (beside the repository), which is not part of the project: the
 script stops with a one-line error if they are absent. `wall_s` is the replay's wall-clock time, `cpu_s`
-its process CPU time (what the goal means on a machine shared with other work). --priority-interval S
+its process CPU time (what the goal means on a machine shared with other work); `*_digest` a hash of every
+job's start, end, preemptions, timeout and estimates, and of the start order: a speed-up that changes no
+plan keeps it (run this script with another checkout's interpreter to compare). --priority-interval S
 replays with the daemon's priority recompute interval (ReplayOptions.priority_interval_s): faster, and not
 the same plans as gsim's default of pricing every cycle, which is what the goal is judged on.
 """
