@@ -149,7 +149,7 @@ class _RunningHolds:
     def sync(self, running: Sequence[RunningJob], names: tuple[str, ...], index_of: dict[str, int]) -> None:
         if running is self.running and names == self.names:
             return
-        fresh = {id(job): job for job in running}
+        fresh = dict(zip(map(id, running), running, strict=True))  # {id(job): job ...}, in C
         old = self.by_id
         if names != self.names or self.conflict or len(old) > 2 * len(fresh) + 64:
             self.names, self.by_id, self.host_jobs, self.conflict = names, {}, 0, False
@@ -219,6 +219,9 @@ class Timeline:
         self.now = now
         self.free_at: list[dict[int, float]] = []  # node index -> busy GPU -> when it comes free (INFINITY: unknown)
         self.events: list[tuple[float, int, tuple[int, ...]]] = []
+        # Nodes whose free_at dict is the running holds' own (_RunningHolds.until), shared instead of copied:
+        # most nodes are never held nor started on in a cycle. Copied before the first change (_own).
+        self._shared: set[int] = set()
         self._all_cpus: dict[int, frozenset[int]] = {}
         self._partition_members: dict[str, tuple[list[int], set[int]]] = {}
         # node index -> its CPUs and host memory over time, made on first use: a node none of whose jobs
@@ -228,15 +231,26 @@ class Timeline:
         # is made (starts after this take CPUs and memory from the capacity, and hold them here).
         self._free_cpus_then = list(capacity.free_cpus)
         self._free_memory_then = list(capacity.free_memory)
-        if not self._from_holds(running):
-            self._build(running)
         # GPUs usable from now on, per node (free now and not held by a start or reservation): every GPU
         # but those busy past now (a GPU busy for a reason the snapshot does not give stays INFINITY).
-        gpu_counts, free_at = capacity.gpu_counts, self.free_at
-        self.usable_now = [
-            gpu_counts[i] - sum(1 for until in free_at[i].values() if until > now) if free_at[i] else gpu_counts[i]
-            for i in range(len(gpu_counts))
-        ]
+        gpu_counts = capacity.gpu_counts
+        if self._from_holds(running):
+            # Each busy GPU is in free_at, and a running job's in exactly one event, with its end: those
+            # ending by now are the events up to now, in time order (usually none: stopping jobs, overruns).
+            free_at = self.free_at
+            usable = [gpu_counts[i] - len(free_at[i]) for i in range(len(gpu_counts))]
+            for when, index, gpus in self.events:
+                if when > now:
+                    break
+                usable[index] += len(gpus)
+            self.usable_now = usable
+        else:
+            self._build(running)
+            free_at = self.free_at
+            self.usable_now = [
+                gpu_counts[i] - sum(1 for until in free_at[i].values() if until > now) if free_at[i] else gpu_counts[i]
+                for i in range(len(gpu_counts))
+            ]
 
     def _from_holds(self, running: Sequence[RunningJob]) -> bool:
         """The timeline from the running holds kept across cycles (_RunningHolds); False where only the
@@ -259,7 +273,8 @@ class Timeline:
             if not free.isdisjoint(held):
                 return False
             if len(held) + len(free) == gpu_count:
-                free_at.append(dict(held))  # every busy GPU is a running job's
+                free_at.append(held)  # every busy GPU is a running job's: shared until changed (_own)
+                self._shared.add(index)
             else:
                 free_at.append({g: held.get(g, INFINITY) for g in range(gpu_count) if g not in free})
         self.free_at = free_at
@@ -269,6 +284,7 @@ class Timeline:
     def _build(self, running: Sequence[RunningJob]) -> None:
         """The timeline from every running job of the snapshot."""
         capacity, now = self.capacity, self.now
+        self._shared.clear()  # _from_holds may have shared some before it gave up
         free_at: list[dict[int, float]] = [{} for _ in capacity.views]
         gpu_counts = capacity.gpu_counts
         self.free_at = free_at
@@ -308,8 +324,9 @@ class Timeline:
         sets, so the timeline took them for busy with no known end): they come free at ``until``."""
         for node_alloc in allocation.nodes:
             index = self.capacity.index_of[node_alloc.node]
+            busy = self._own(index)
             for gpu in node_alloc.gpus:
-                self.free_at[index][gpu] = until
+                busy[gpu] = until
             self._host(index).explain(node_alloc.cpus, node_alloc.mem_mb, until)
             bisect.insort(self.events, (until, index, tuple(node_alloc.gpus)))
 
@@ -317,7 +334,7 @@ class Timeline:
         """The GPUs of ``allocation`` are busy until ``until`` at least (a start now, or a reservation)."""
         for node_alloc in allocation.nodes:
             index = self.capacity.index_of[node_alloc.node]
-            busy = self.free_at[index]
+            busy = self._own(index)
             for gpu in node_alloc.gpus:
                 before = busy.get(gpu, self.now)
                 if before <= self.now < until:
@@ -325,6 +342,13 @@ class Timeline:
                 busy[gpu] = max(before, until)
             self._host(index).hold(node_alloc.cpus, node_alloc.mem_mb, until)
             bisect.insort(self.events, (until, index, tuple(node_alloc.gpus)))
+
+    def _own(self, index: int) -> dict[int, float]:
+        """The node's free_at dict, the timeline's own (a copy of the running holds' one it shared)."""
+        if index in self._shared:
+            self._shared.discard(index)
+            self.free_at[index] = dict(self.free_at[index])
+        return self.free_at[index]
 
     def cpus_at(self, index: int, when: float) -> frozenset[int]:
         """The node's CPUs free from ``when`` on (as far as the timeline knows)."""
@@ -395,16 +419,18 @@ class Timeline:
         members, member_set = self._members(request.partition)
         if not members:
             return None
-        histogram = [0] * (capacity.max_gpus + 1)
-        for i in members:
-            histogram[counts[i]] += 1
         shape = request.shape
         per_node = shape.min_gpus_per_node
-
-        def might_fit() -> bool:
-            if shape.node_count is None:
-                return sum(k * histogram[k] for k in range(1, len(histogram))) >= shape.total_gpus
-            return sum(histogram[k] for k in range(per_node, len(histogram))) >= shape.node_count
+        # The cheap necessary test, kept as GPUs come free instead of recounted at each step: enough of the
+        # partition's nodes with per_node usable GPUs (a gang of so many nodes), or enough usable GPUs in
+        # all (a total to spread).
+        by_nodes = shape.node_count is not None
+        if shape.node_count is not None:
+            need = shape.node_count
+            have = sum(1 for i in members if counts[i] >= per_node)
+        else:
+            need = shape.total_gpus
+            have = sum(counts[i] for i in members)
 
         horizon = self.now + window_s
         attempts = 0
@@ -418,29 +444,39 @@ class Timeline:
 
         # Now first: GPUs of jobs being stopped count as free from now on, so the job may fit as soon as
         # they are (it could not start yet because they are still held).
-        if might_fit():
+        if have >= need:
             allocation = try_at(self.now)
             if allocation is not None:
                 return self.now, allocation
-        position = bisect.bisect_right(self.events, (self.now, math.inf, ()))
-        while position < len(self.events) and attempts < MAX_PLACEMENT_ATTEMPTS:
+        events, free_at, gpu_counts, now = self.events, self.free_at, capacity.gpu_counts, self.now
+        position = bisect.bisect_right(events, (now, math.inf, ()))
+        while position < len(events) and attempts < MAX_PLACEMENT_ATTEMPTS:
             # Every release up to the next resolution step counts at that step.
-            first = self.events[position][0]
-            step = self.now + math.ceil((first - self.now) / resolution_s) * resolution_s if resolution_s > 0 else first
+            first = events[position][0]
+            step = now + math.ceil((first - now) / resolution_s) * resolution_s if resolution_s > 0 else first
             if step > horizon:
                 return None
-            while position < len(self.events) and self.events[position][0] <= step:
-                when, index, gpus = self.events[position]
+            while position < len(events) and events[position][0] <= step:
+                when, index, gpus = events[position]
                 position += 1
                 if index not in member_set:
                     continue
-                busy = self.free_at[index]
-                released = sum(1 for g in gpus if busy.get(g) == when)
+                busy = free_at[index]
+                released = 0
+                for g in gpus:
+                    if busy.get(g) == when:
+                        released += 1
                 if released:
-                    histogram[counts[index]] -= 1
-                    counts[index] = min(capacity.gpu_counts[index], counts[index] + released)
-                    histogram[counts[index]] += 1
-            if might_fit():
+                    before = counts[index]
+                    after = before + released
+                    if after > gpu_counts[index]:
+                        after = gpu_counts[index]
+                    counts[index] = after
+                    if by_nodes:
+                        have += (after >= per_node) - (before >= per_node)
+                    else:
+                        have += after - before
+            if have >= need:
                 allocation = try_at(step)
                 if allocation is not None:
                     return step, allocation

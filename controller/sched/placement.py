@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 from garrison.controller.sched.filters.cpu_memory import cpus_needed, mem_needed
 from garrison.controller.sched.framework import OK, Candidate, GangShape, Request
-from garrison.controller.sched.scorers.gpu_topology import node_affinity
-from garrison.controller.sched.scorers.numa import local_cpus
+from garrison.controller.sched.scorers.binpack import BinPack
+from garrison.controller.sched.scorers.gpu_topology import GpuTopology, node_affinity
+from garrison.controller.sched.scorers.numa import NumaLocality, local_cpus
 from garrison.controller.sched.snapshot import NodeView
 from garrison.controller.sched.topology import gpu_affinity, pick_connected_gpus
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation
@@ -116,20 +117,30 @@ def hostable(request: Request, candidate: Candidate) -> int:
     return usable
 
 
-def _node_allocation(request: Request, candidate: Candidate, count: int) -> NodeAllocation:
+def _node_gpus(request: Request, candidate: Candidate, count: int) -> tuple[int, ...]:
+    """The GPUs the job would get on the node (what the scorers judge, before any CPU is chosen)."""
     view = candidate.view
     if request.exclusive:
-        # The whole node (the NodeExclusive filter saw it idle): every GPU, CPU and MB, as Slurm's --exclusive.
         every = list(range(view.gpu_count))
-        gpus = pick_connected_gpus(every, len(every), gpu_affinity(view.nvlink, view.topo))
-        return NodeAllocation(node=view.name, gpus=gpus, cpus=tuple(sorted(candidate.free_cpus)), mem_mb=view.memory_mb)
+        return pick_connected_gpus(every, len(every), gpu_affinity(view.nvlink, view.topo))
     usable = candidate.usable
     if 1 < count < len(usable):
-        gpus = pick_connected_gpus(usable, count, node_affinity(view)[0])
-    else:
-        # pick_connected_gpus' own answer without a choice to make (one GPU, or all of them), without the
-        # node's affinity matrix (a cache lookup that hashes the whole matrix, per candidate scored).
-        gpus = tuple(usable[:count]) if count > 0 else ()
+        return pick_connected_gpus(usable, count, node_affinity(view)[0])
+    # pick_connected_gpus' own answer without a choice to make (one GPU, or all of them), without the
+    # node's affinity matrix (a cache lookup that hashes the whole matrix, per candidate scored).
+    return tuple(usable[:count]) if count > 0 else ()
+
+
+def _node_allocation(
+    request: Request, candidate: Candidate, count: int, gpus: tuple[int, ...] | None = None
+) -> NodeAllocation:
+    """``gpus``: _node_gpus' answer for the same arguments, when already known."""
+    view = candidate.view
+    if gpus is None:
+        gpus = _node_gpus(request, candidate, count)
+    if request.exclusive:
+        # The whole node (the NodeExclusive filter saw it idle): every GPU, CPU and MB, as Slurm's --exclusive.
+        return NodeAllocation(node=view.name, gpus=gpus, cpus=tuple(sorted(candidate.free_cpus)), mem_mb=view.memory_mb)
     cpus = _choose_cpus(request, candidate, gpus)
     mem = mem_needed(request, len(gpus), view.memory_mb)
     if cpus or mem:
@@ -150,6 +161,7 @@ class Placer:
         self._filters = pipeline.filters
         self._scorers = tuple((s.weight, s) for s in pipeline.scorers)
         self._weight = sum(weight for weight, _ in self._scorers)
+        self._ceilings = (self._ceiling(one_gpu=False), self._ceiling(one_gpu=True))  # by count < 2
 
     def passing(self, request: Request, source: CandidateSource) -> list[Candidate]:
         return [c for c in source(request) if self._passes(request, c)]
@@ -193,22 +205,40 @@ class Placer:
         return self._fixed_nodes(request, passing, needs)
 
     def _one_node(self, request: Request, source: CandidateSource, count: int) -> Allocation | None:
-        best: tuple[int, int, NodeAllocation] | None = None
+        best: tuple[int, int, Candidate, tuple[int, ...]] | None = None
         scored = 0
         # hostable() is the usable count itself unless the job asks for CPUs or memory per GPU.
         per_gpu = request.cpus_per_gpu or (request.mem_per_gpu_mb and not request.mem_mb)
+        # The highest score any node could get (None: no bound known). Once the best so far has it, a node
+        # further on with a higher index cannot win (a tie goes to the lower index), so it is only counted
+        # among the scored (which bounds the search), not scored: the answer is the same.
+        ceiling = self._ceilings[count < 2]
         for candidate in source(request):
             if (len(candidate.usable) < count or (per_gpu and hostable(request, candidate) < count)
                     or not self._passes(request, candidate)):
                 continue
-            allocation = _node_allocation(request, candidate, count)
-            score = self._score(request, candidate, allocation.gpus)
-            if best is None or (score, -candidate.index) > (best[0], -best[1]):
-                best = (score, candidate.index, allocation)
             scored += 1
+            if best is None or best[0] != ceiling or candidate.index < best[1]:
+                gpus = _node_gpus(request, candidate, count)
+                score = self._score(request, candidate, gpus)
+                if best is None or (score, -candidate.index) > (best[0], -best[1]):
+                    best = (score, candidate.index, candidate, gpus)
             if scored >= self.score_limit:
                 break
-        return Allocation((best[2],)) if best is not None else None
+        return Allocation((_node_allocation(request, best[2], count, best[3]),)) if best is not None else None
+
+    def _ceiling(self, one_gpu: bool) -> int | None:
+        """The highest score ``_score`` can give a node (one GPU of it, or several), where every scorer
+        bounds its own: framework.Scorer's 0-100 is a convention; BinPack and NumaLocality keep to it, and
+        GpuTopology does for one GPU (for several it compares with a greedy best set, which a set could beat
+        on an unusual topology)."""
+        if self._weight == 0:
+            return 0
+        for weight, scorer in self._scorers:
+            if weight < 0 or not (isinstance(scorer, (BinPack, NumaLocality))
+                                  or (one_gpu and isinstance(scorer, GpuTopology))):
+                return None
+        return 100 * self._weight // self._weight
 
     def _fixed_nodes(self, request: Request, passing: list[Candidate], needs: list[int]) -> Allocation | None:
         """``len(needs)`` nodes, the i-th largest need on a node that has it, inside the tightest

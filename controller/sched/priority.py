@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from operator import neg
 
 from garrison.controller.sched.fairshare import fair_share_factors
@@ -260,6 +260,16 @@ class PriorityContext:
                 del static[job_id]
         return out
 
+    def prices_like(self, other: PriorityContext | None) -> bool:
+        """True when this context gives every job view the same priority as ``other`` does: the same
+        weights, none of them on a factor that moves with the clock or with usage, and the same
+        configuration. A queue ranked as of ``other`` is then ranked as of this context too (queue.py)."""
+        if other is None:
+            return False
+        if other.weights is not self.weights and other.weights != self.weights:
+            return False
+        return _timeless(self.weights) and self._static_fingerprint() == other._static_fingerprint()
+
     def _static_fingerprint(self) -> tuple[object, ...]:
         return (self.weights, self.total_gpus, self.default_qos, tuple(sorted(self.qos_factor.items())),
                 tuple(sorted(self.partition_factor.items())), tuple(sorted(self.default_limit.items())))
@@ -280,6 +290,26 @@ class PriorityContext:
         if w.small_job:
             value += w.small_job * small_job_factor(spec.total_gpus(), self.total_gpus)
         return value, job.priority - spec.nice
+
+
+# The weights of the factors that read only the job and the configuration (_static_part), and the settings
+# that are no weights. With every other field 0 (age, fair share, overdue, and any field added later until
+# it is listed here), a job's priority does not move with the clock or with usage: fifo and fifo-easy,
+# whose queue then never needs repricing (queue.py).
+_TIMELESS_WEIGHTS = frozenset({"qos", "job_size", "partition", "time_limit", "small_job"})
+_SETTINGS = frozenset({"max_age_s", "short_limit_s", "long_limit_s", "overdue_after_s", "overdue_share"})
+_TIMELESS: dict[PriorityWeights, bool] = {}
+
+
+def _timeless(weights: PriorityWeights) -> bool:
+    found = _TIMELESS.get(weights)
+    if found is None:
+        if len(_TIMELESS) >= 64:
+            _TIMELESS.clear()
+        found = _TIMELESS[weights] = all(
+            getattr(weights, f.name) == 0 for f in fields(weights) if f.name not in _TIMELESS_WEIGHTS | _SETTINGS
+        )
+    return found
 
 
 # Per configuration (the fingerprint of what the static part reads), per job id: (the job view it was

@@ -52,6 +52,7 @@ class RankedQueue:
         self.views: dict[int, PendingJob] = {}
         self.priorities: dict[int, int] = {}
         self.ids: list[int] = []  # job ids in QUEUE_ORDER (by ``_key_of``)
+        self.priced_since = 0  # job views priced on their own since the last full repricing
         # Shapes (see the module docstring) for the accounting and shape function they were computed with.
         self.shape_basis: tuple[Accounting, Hashable] | None = None
         self.shape_of: dict[int, Shape] = {}
@@ -76,7 +77,13 @@ class RankedQueue:
         if len(pending) - len(incoming) + len(outgoing) < len(views):
             present = set(map(_JOB_ID, pending))
             outgoing += [i for i in views if i not in present]
+        if pricing is not self.pricing and pricing.prices_like(self.pricing) and self.priced_since <= len(views) + 1024:
+            # Another context with the same prices (weights that read neither the clock nor usage: fifo,
+            # fifo-easy): the queue is ranked as of it already. A full repricing now and then all the same,
+            # which lets the priorities' memo forget the jobs gone (PriorityContext.priorities).
+            self.pricing = pricing
         if pricing is not self.pricing:
+            self.priced_since = 0
             self._forget(outgoing)
             self._admit(incoming)
             self._reprice(pricing)
@@ -84,6 +91,7 @@ class RankedQueue:
         if not incoming and not outgoing:
             return
         fresh = pricing.priorities(incoming, whole_queue=False)
+        self.priced_since += len(incoming)
         ids, key_of = self.ids, self._key_of
         if len(incoming) + len(outgoing) <= PATCH_LIMIT:
             for job_id in outgoing:  # found by their old views and prices, before those go

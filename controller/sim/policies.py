@@ -167,11 +167,13 @@ class SnapshotBuilder:
                 switches=configured_switches.get(node.name, (node.switch,)),
             )
         self._views = dict(self._base)
+        self._in_order = list(self._views) == self._order
         self._free_views: dict[str, dict[frozenset[int], NodeView]] = {
             name: {view.free_gpus: view} for name, view in self._base.items()
         }
         self._pending: dict[int, PendingJob] = {}
         self._running: dict[int, _Running] = {}
+        self._running_views: dict[int, RunningJob] = {}  # each running job's view, in _running's order
         # GPUs held per (account, user): charged as one holder each, since decayed usage is linear in the
         # GPUs held (a few accounts instead of hundreds of running jobs at every event).
         self._held: Counter[tuple[str, str]] = Counter()
@@ -224,23 +226,25 @@ class SnapshotBuilder:
             partition=pending.partition,
         )
         self._running[job_id] = _Running(view, allocation.gpu_count(), pending.account_name, pending.user)
+        self._running_views[job_id] = view
         self._held[(pending.account_name, pending.user)] += allocation.gpu_count()
         self._running_tuple = None
 
     def job_stopping(self, job_id: int) -> None:
         """Preemption has begun: its GPUs come free at the end of the grace period, and it is no victim."""
         running = self._running[job_id]
-        running.view = replace(running.view, stopping=True)
+        running.view = self._running_views[job_id] = replace(running.view, stopping=True)
         self._running_tuple = None
 
     def job_checkpointed(self, job_id: int, when: float) -> None:
         running = self._running[job_id]
         if running.view.checkpoint_time != when:
-            running.view = replace(running.view, checkpoint_time=when)
+            running.view = self._running_views[job_id] = replace(running.view, checkpoint_time=when)
             self._running_tuple = None
 
     def job_ended(self, job_id: int) -> None:
         ended = self._running.pop(job_id)
+        del self._running_views[job_id]
         holder = (ended.account, ended.user)
         self._held[holder] -= ended.gpus
         if not self._held[holder]:
@@ -255,11 +259,13 @@ class SnapshotBuilder:
 
     def build(self) -> Snapshot:
         if self._nodes_tuple is None:
-            self._nodes_tuple = tuple(self._views[name] for name in self._order)
+            # _views holds the nodes in _order (made in it, then only assigned to): its values, in C.
+            self._nodes_tuple = tuple(self._views.values()) if self._in_order else tuple(
+                self._views[name] for name in self._order)
         if self._pending_tuple is None:
             self._pending_tuple = tuple(self._pending.values())
         if self._running_tuple is None:
-            self._running_tuple = tuple(r.view for r in self._running.values())
+            self._running_tuple = tuple(self._running_views.values())
         return Snapshot(
             nodes=self._nodes_tuple,
             pending=self._pending_tuple,

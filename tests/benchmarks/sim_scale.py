@@ -14,7 +14,9 @@ accounts are drawn by gsim from seed 0. Goal (issue 22): each policy's replay in
 
 The traces are read from ../shared/traces (beside the repository), which is not part of the project: the
 script stops with a one-line error if they are absent. `wall_s` is the replay's wall-clock time, `cpu_s`
-its process CPU time (what the goal means on a machine shared with other work). --priority-interval S
+its process CPU time (what the goal means on a machine shared with other work); `*_digest` a hash of every
+job's start, end, preemptions, timeout and estimates, and of the start order: a speed-up that changes no
+plan keeps it (run this script with another checkout's interpreter to compare). --priority-interval S
 replays with the daemon's priority recompute interval (ReplayOptions.priority_interval_s): faster, and not
 the same plans as gsim's default of pricing every cycle, which is what the goal is judged on.
 """
@@ -23,12 +25,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from garrison.controller.sim.metrics import summarize
+from garrison.controller.sim.metrics import ReplayResult, summarize
 from garrison.controller.sim.policies import POLICY_NAMES
 from garrison.controller.sim.replay import ReplayOptions, replay
 from garrison.controller.sim.study import prepare
@@ -69,6 +72,17 @@ def build_trace(traces: Path, jobs: int, out: Path) -> float:
     return span / 86400
 
 
+def plan_digest(result: ReplayResult) -> str:
+    """A digest of every job's start, end, preemptions, timeout and estimates (at submission and an hour
+    ahead): equal digests mean the same plans, which is how a speed-up is checked to change no result."""
+    digest = hashlib.sha256()
+    for job in result.jobs:
+        digest.update(repr((job.job_id, job.first_start, job.end, job.preemptions, job.timed_out,
+                            job.estimate_at_submit, job.estimate_hour_before)).encode())
+    digest.update(repr(result.start_order).encode())
+    return digest.hexdigest()[:16]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=100_000)
@@ -106,6 +120,7 @@ def main() -> int:
         print(f"{prefix}_peak_pending: {max(result.queue_length, default=0)}")
         print(f"{prefix}_unfinished: {summary['unfinished']}")
         print(f"{prefix}_avg_jct_s: {float(summary['avg_jct_s']):.1f}")
+        print(f"{prefix}_digest: {plan_digest(result)}")
         sys.stdout.flush()
         worst = max(worst, cpu)
     print(f"max_replay_cpu_s: {worst:.2f}")

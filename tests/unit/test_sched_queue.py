@@ -14,6 +14,7 @@ from sched_helpers import NOW, busy, node, pending, running
 from garrison.controller.sched import queue
 from garrison.controller.sched.cycle import Plan, SchedulerConfig, schedule
 from garrison.controller.sched.presets import preset
+from garrison.controller.sched.priority import PriorityContext, PriorityWeights
 from garrison.controller.sched.snapshot import PendingJob, RunningJob, Snapshot, UsageView
 from garrison.model.accounts import Account, Accounting, Limits, PartitionDef, Qos
 
@@ -129,3 +130,62 @@ def test_a_changed_accounting_reprices_at_once() -> None:
     swapped = replace(acct, qos=(Qos("normal", 30), Qos("high", 20), Qos("short", 5, max_time_s=1800)))
     second = schedule(replace(snapshot, accounting=swapped, pricing=first.pricing), NOW + 1, config)
     assert second.order == (1, 2) and second.pricing is not first.pricing
+
+
+# Weights that read neither the clock nor usage: a new context each cycle prices every job as the last did.
+TIMELESS = PriorityWeights(age=0, fair_share=0, qos=2000, job_size=1000, partition=1000, time_limit=30_000,
+                           small_job=3000)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_timeless_weights_patch_the_kept_queue_and_plan_what_a_fresh_one_does(seed: int) -> None:
+    # fifo-easy (every weight 0) and a queue ordered by the factors that depend on the job alone: priced
+    # every cycle (no interval), yet the kept queue is patched with the changed jobs instead of repriced,
+    # unless the accounting changes what a job is worth.
+    rng = random.Random(seed)
+    config = replace(preset("fifo-easy"), max_job_test=rng.choice((5, 50)))
+    if seed % 2:
+        config = replace(config, weights=TIMELESS)
+    acct = accounting(False)
+    nodes = (busy(node("a"), running(900, {"a": tuple(range(6))})), node("b", free={0, 1}))
+    runs: tuple[RunningJob, ...] = (running(900, {"a": tuple(range(6))}, account="teamA"),)
+    jobs = {i: random_job(rng, i, NOW) for i in range(1, 300)}
+    next_id = 300
+    now = NOW
+    patched = 0
+    queue._QUEUES.clear()
+    for _ in range(25):
+        for _ in range(rng.choice((0, 1, 3, 300))):
+            jobs[next_id] = random_job(rng, next_id, now)
+            next_id += 1
+        for job_id in rng.sample(sorted(jobs), k=min(len(jobs), rng.choice((0, 2, 300)))):
+            del jobs[job_id]
+        for job_id in rng.sample(sorted(jobs), k=min(len(jobs), 3)):
+            job = jobs[job_id]
+            jobs[job_id] = replace(job, held=not job.held) if rng.random() < 0.5 else replace(job, priority=rng.randrange(100))
+        if rng.random() < 0.2:  # QoS priorities swapped: what a job is worth changes, so the queue is repriced
+            acct = replace(acct, qos=tuple(Qos(q.name, rng.randrange(40), max_time_s=q.max_time_s) for q in acct.qos))
+        now += rng.choice((1.0, 5.0, 3600.0))
+        snapshot = Snapshot(nodes=nodes, pending=tuple(jobs.values()), running=runs, accounting=acct)
+        plan = schedule(snapshot, now, config)
+        assert plan == from_scratch(snapshot, now, config)
+        patched += queue._QUEUES[-1].priced_since > 0
+        for start in plan.starts:
+            del jobs[start.job_id]
+    assert patched  # some cycles patched the kept queue rather than repricing it
+
+
+def test_only_contexts_that_ignore_clock_and_usage_price_alike() -> None:
+    acct = accounting(False)
+    snapshot = Snapshot(nodes=(node("a"),), pending=(pending(1, submit=NOW - 60, gpus=1),), accounting=acct,
+                        usage={("default", "u"): UsageView(5000.0, 100.0)})
+    earlier = PriorityContext(snapshot, NOW, TIMELESS)
+    assert PriorityContext(snapshot, NOW + 86400, TIMELESS).prices_like(earlier)
+    assert not earlier.prices_like(None)
+    garrison = preset("garrison").weights  # age, fair share, overdue: prices move with the clock and usage
+    assert not PriorityContext(snapshot, NOW + 60, garrison).prices_like(PriorityContext(snapshot, NOW, garrison))
+    assert not PriorityContext(snapshot, NOW, replace(TIMELESS, qos=1)).prices_like(earlier)
+    swapped = replace(acct, qos=(Qos("normal", 30), Qos("high", 20), Qos("short", 5, max_time_s=1800)))
+    assert not PriorityContext(replace(snapshot, accounting=swapped), NOW, TIMELESS).prices_like(earlier)
+    bigger = replace(snapshot, nodes=(node("a"), node("b")))  # the size factor is over the cluster's GPUs
+    assert not PriorityContext(bigger, NOW, TIMELESS).prices_like(earlier)
