@@ -206,6 +206,7 @@ class Engine:
         return self.due.why(self.state.generation, self.clock.now())
 
     async def _scheduler_loop(self) -> None:
+        await self._make_first_views()
         while True:
             if self.cycle_due() is None:
                 # Nothing a cycle reads has changed: sleep until something does, or the clock makes a cycle
@@ -227,6 +228,14 @@ class Engine:
             except Exception:  # a bug in one cycle must not stop scheduling for good
                 log.exception("scheduling cycle failed")
                 await asyncio.sleep(1.0)  # nor spin on the same snapshot
+
+    async def _make_first_views(self) -> None:
+        """Before the first cycle, the views of every pending job it would otherwise make in one piece on the
+        event loop, made a chunk at a time (controller/snapshots.py): a restarted controller with 50,000 jobs
+        answers its first requests in between instead of after them."""
+        pacer = Pacer()
+        while self.state.snapshots.make_first_views(self.state, pacer.size):
+            await pacer.pause(pacer.size)
 
     async def run_cycle(self) -> Plan | None:
         """One scheduling cycle: snapshot, plan (off the event loop), apply, wait reasons. None when nothing

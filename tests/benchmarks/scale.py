@@ -27,9 +27,12 @@ of them can start. Then it measures, and prints even when the figures are bad:
   (ListJobs with each array's pending tasks folded into one row, as squeue and gqueue show them);
   restart_listing_expanded_s: until it has then answered every job one row each (gqueue -r's listing).
   Polled every 10 ms on a channel that retries its connection as often (gRPC's default reconnect backoff,
-  1 s and growing, measured itself: a controller up after 0.9 s was seen after ~1.4-2.6 s). With
-  --restarts N, N restarts one after the other: each one's figures (restart_1_serving_s, ...), and the
-  medians under the names above.
+  1 s and growing, measured itself: a controller up after 0.9 s was seen after ~1.4-2.6 s).
+  restart_serving_cpu_s, restart_listing_cpu_s, restart_listing_expanded_cpu_s: the restarted controller's
+  CPU time (user + system, all its threads) when each of those answers came, which a machine loaded by
+  others does not stretch as it stretches the wall-clock figures; restart_listening_cpu_s: its CPU when it
+  started to serve, as it logs it (imports, loading the jobs: what no request could be answered before). With --restarts N, N restarts one after
+  the other: each one's figures (restart_1_serving_s, ...), and the medians under the names above.
 """
 
 from __future__ import annotations
@@ -136,24 +139,39 @@ def time_restart(old: psutil.Process, command: list[str], state_dir: Path, addre
 
     old.send_signal(signal.SIGTERM)
     old.wait(timeout=120)
+    logged = (state_dir / "controller.log").stat().st_size
     with open(state_dir / "controller.log", "ab") as log:
         began = time.monotonic()
         restarted = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                      start_new_session=True, env=env)
     (state_dir / "controller.pid").write_text(f"{restarted.pid}\n")
+    process = psutil.Process(restarted.pid)
     figures = {}
+
+    def answered(name: str) -> None:
+        figures[name] = time.monotonic() - began
+        figures[f"{name}_cpu"] = cpu_seconds(process)
+
     with grpc.insecure_channel(address, options=FAST_RECONNECT) as channel:
         stub = pb_grpc.ControllerStub(channel)
         wait_until(lambda: answers(lambda: stub.Hello(pb.HelloRequest(), timeout=1.0)), 300,
                    what="the restarted controller to answer Hello", **FAST_POLL)
-    figures["serving"] = time.monotonic() - began
+    answered("serving")
     with Client(address) as client:
         wait_until(lambda: answers(lambda: client.call("ListJobs", pb.ListJobsRequest(fold_pending_arrays=True))),
                    300, what="the restarted controller to list every job", **FAST_POLL)
-        figures["listing"] = time.monotonic() - began
+        answered("listing")
         wait_until(lambda: answers(lambda: client.call("ListJobs", pb.ListJobsRequest())), 300,
                    what="the restarted controller to list every job, one row each", **FAST_POLL)
-        figures["listing_expanded"] = time.monotonic() - began
+        answered("listing_expanded")
+    # The controller's own figure, logged as it starts serving: its CPU before the first request (imports,
+    # loading the jobs); what the others have beyond it is what the first requests waited for.
+    with open(state_dir / "controller.log", "rb") as written:
+        written.seek(logged)
+        found = re.search(rb"controller listening: .*\(database \w+; ([0-9.]+) s of CPU since start\)",
+                          written.read())
+    if found:
+        figures["listening_cpu"] = float(found.group(1))
     return TimedRestart(restarted, figures)
 
 
@@ -262,7 +280,7 @@ def main() -> int:
 
         # The restart: the same command `garrison up` runs, started the moment the old controller is gone.
         command = controller.cmdline()
-        figures: dict[str, list[float]] = {"serving": [], "listing": [], "listing_expanded": []}
+        figures: dict[str, list[float]] = {}
         for number in range(1, args.restarts + 1):
             old = controller if restarted is None else psutil.Process(restarted.pid)
             if restarted is not None:
@@ -270,7 +288,7 @@ def main() -> int:
             timed = time_restart(old, command, state_dir, address, env)
             restarted = timed.process
             for name, value in timed.figures.items():
-                figures[name].append(value)
+                figures.setdefault(name, []).append(value)
                 if args.restarts > 1:
                     print(f"restart_{number}_{name}_s: {value:.2f}")
         for name, values in figures.items():

@@ -82,3 +82,41 @@ def test_snapshot_views_follow_job_changes(db: str) -> None:
     assert third.pending == () and third.nodes[0].free_gpus == frozenset(range(8)) - {2, 3}
     assert [(r.job_id, r.expected_end) for r in third.running] == [(1, 31.0)]
     assert inventory("n1").gpus[0].name == third.nodes[0].gpu_names[0]
+
+
+def test_first_views_made_in_chunks_while_jobs_change_are_those_of_one_build(db: str) -> None:
+    """A restarted controller makes its pending jobs' first views a chunk at a time between requests
+    (Engine._make_first_views): jobs that change, start, end or arrive meanwhile, before or after their
+    chunk, give the snapshot that one build after the same changes gives."""
+    state = new_state(db)
+    connect(state, "n1")
+    jobs = [submit(state, job_id, gpus=1) for job_id in range(1, 11)]
+    again = new_state(db)
+    connect(again, "n1")
+    assert again.snapshots.make_first_views(again, 3)  # jobs 1-3 viewed, 7 left
+    again.update_job(replace(jobs[1], time_limit_s=30))  # viewed already
+    again.update_job(replace(jobs[7], priority=5))  # not yet viewed
+    again.cancel([3, 9], 1.0)
+    again.start_attempts([(5, Allocation((NodeAllocation("n1", (0,)),)))], 1.0)
+    submit(again, 11, gpus=2)
+    assert again.snapshots.make_first_views(again, 3)
+    assert again.snapshots.make_first_views(again, 3)
+    assert not again.snapshots.make_first_views(again, 3)  # the last job: none left
+    assert not again.snapshots.make_first_views(again, 3)
+
+    built_once = new_state(db)
+    connect(built_once, "n1")
+    viewed, expected = again.snapshot(), built_once.snapshot()
+    assert sorted(viewed.pending, key=lambda p: p.job_id) == sorted(expected.pending, key=lambda p: p.job_id)
+    assert [p.job_id for p in sorted(viewed.pending, key=lambda p: p.job_id)] == [1, 2, 4, 6, 7, 8, 10, 11]
+    assert viewed.running == expected.running
+
+
+def test_a_build_makes_the_first_views_still_to_be_made(db: str) -> None:
+    state = new_state(db)
+    for job_id in range(1, 6):
+        submit(state, job_id, gpus=1)
+    again = new_state(db)
+    assert again.snapshots.make_first_views(again, 2)
+    assert [p.job_id for p in again.snapshot().pending] == [1, 2, 3, 4, 5]
+    assert not again.snapshots.make_first_views(again, 2)  # the build made them all
