@@ -84,12 +84,29 @@ def local_cgroup_root(state_dir: Path, node: int) -> str:
     return f"garrison-up/{state_dir.resolve().name}-{digest}/node{node}"
 
 
+def _leading_keys(extra: str) -> list[str]:
+    """The ``key = value`` lines of ``extra`` before its first table header."""
+    keys = []
+    for line in extra.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            break
+        if "=" in stripped and not stripped.startswith("#"):
+            keys.append(stripped)
+    return keys
+
+
 def _write_configs(state_dir: Path, topologies: list[str], database: str | None = None, extra: str = "",
                    fake_cpus: int = 0) -> None:
     allow_root = os.geteuid() == 0
     controller = _controller_section(state_dir, _free_port(), allow_root, database)
     if extra:
-        # Tables such as [controller.scheduler] or [[controller.qos]], after the [controller] keys.
+        # Keys before its first table are [controller] keys: one that garrison up also sets (its 1 s heartbeat,
+        # say) is taken from the extra file instead, since TOML refuses a key given twice. Then tables such as
+        # [controller.scheduler] or [[controller.qos]], after the [controller] keys.
+        given = {line.split("=", 1)[0].strip() for line in _leading_keys(extra)}
+        controller = "\n".join(line for line in controller.split("\n")
+                               if "=" not in line or line.split("=", 1)[0].strip() not in given)
         controller += "\n" + extra.rstrip() + "\n"
     (state_dir / "garrison.toml").write_text(controller)
     for i, topology in enumerate(topologies, start=1):
@@ -360,8 +377,9 @@ def garrison() -> None:
               help="The controller's database (default: SQLite in the state dir), e.g. "
                    "postgresql+psycopg://postgres@127.0.0.1:5432/garrison; used when the state dir is new.")
 @click.option("--extra-config", "extra_config", default=None, type=click.File("r"), metavar="FILE",
-              help="TOML tables added to the controller configuration written for a new state dir, "
-                   "e.g. [controller.scheduler] preemption = true, or [[controller.qos]] entries.")
+              help="TOML added to the controller configuration written for a new state dir: [controller] "
+                   "keys first (one garrison up sets itself, e.g. heartbeat_interval_s, is replaced), then "
+                   "tables, e.g. [controller.scheduler] preemption = true, or [[controller.qos]] entries.")
 @click.option("--fake-cpus", type=click.IntRange(0, 4096), default=0, metavar="N",
               help="CPUs each fake node offers (default: the host's), for scripts written for bigger nodes; "
                    "jobs are still bound to the CPUs the host has. Used when the state dir is new.")

@@ -230,3 +230,15 @@ def test_fake_cpus_is_read_and_written_by_garrison_up(tmp_path: Path) -> None:
     state.mkdir()
     _write_configs(state, ["dgx1v"], fake_cpus=64)
     assert load_config(state / "agent-1.toml", environ={}).agent.fake_cpus == 64
+
+
+def test_garrison_ups_extra_config_may_replace_a_key_it_sets_itself(tmp_path: Path) -> None:
+    from garrison.cli.up import _write_configs
+
+    state = tmp_path / "state"
+    state.mkdir()
+    extra = "heartbeat_interval_s = 5.0\nrequest_rate_per_s = 0\n\n[controller.scheduler]\npreemption = true\n"
+    _write_configs(state, ["dgx1v"], extra=extra)
+    config = load_config(state / "garrison.toml", environ={})
+    assert config.controller.heartbeat_interval_s == 5.0  # garrison up's own is 1 s: the extra file's wins
+    assert config.controller.heartbeat_timeout_s == 10.0 and config.controller.scheduler.preemption
