@@ -357,12 +357,15 @@ class StepRunner:
             if status is None:
                 self._send_result(step, {t: 1 for t in step.tasks}, "the step's supervisor died before it started")
                 return
-        exits: dict[int, int] = {}
-        if status is not None:
-            for rank in status.ranks:
-                if rank.ended:
-                    exits[rank.rank] = rank.exit_code if rank.exit_code is not None else 1
         supervisor_gone = status is not None and not finished and not supervisor.is_alive(step.directory)
+        if status is not None and supervisor_gone:
+            # It may have written its final status and exited between our two looks (a step's tasks all ending
+            # at once): look again before calling it dead, or the tasks it had not yet seen end would count as
+            # failed (exit 1) and the step as killed by its supervisor's death.
+            status = supervisor.read_status(step.directory) or status
+            finished = status.state == "finished"
+            supervisor_gone = not finished
+        exits = _ended_tasks(status)
         # A task that has ended writes no more: the rest of its last line goes too.
         drained = self._send_output(step, all_ended=finished or supervisor_gone, ended=exits.keys())
         fresh = [pb.StepTaskExit(task=t, exit_code=c) for t, c in exits.items() if t not in step.reported]
@@ -451,6 +454,13 @@ class StepRunner:
 
 
 MAX_FORGOTTEN_RESULTS = 4096  # ~100 bytes each
+
+
+def _ended_tasks(status: supervisor.SupervisorStatus | None) -> dict[int, int]:
+    """task -> exit code, of the tasks the supervisor's status says have ended (1 where it has none)."""
+    if status is None:
+        return {}
+    return {rank.rank: rank.exit_code if rank.exit_code is not None else 1 for rank in status.ranks if rank.ended}
 
 
 def _open_user_file(path: Path, kind: Callable[[int], bool]) -> BinaryIO:

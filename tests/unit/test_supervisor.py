@@ -273,9 +273,11 @@ def test_sigusr1_reaches_the_rank(jobs: Jobs) -> None:
 
 # The shell's child: a sleep, which USR1 (no handler) kills. The shell's trap ends the child with TERM and
 # records how it died: by USR1 (138) if the signal reached the whole group, by TERM (143) if only the shell.
+# Ready only once the child is sleep: until its exec it is a shell, which a warning spares when it has no trap.
 CHILD_SEES = (
     "trap 'kill -TERM $child; wait $child; echo $? > {marker}; exit 0' USR1; "
-    "sleep 300 & child=$!; touch {ready}; while :; do wait $child; done"
+    "sleep 300 & child=$!; while [ \"$(cat /proc/$child/comm)\" != sleep ]; do :; done; touch {ready}; "
+    "while :; do wait $child; done"
 )
 
 
