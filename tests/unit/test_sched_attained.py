@@ -100,6 +100,11 @@ def test_high_queue_job_preempts_only_low_queue_jobs() -> None:
     # A job in the low queue itself (12 GPU-hours before) preempts no one.
     served = replace(pending(3, submit=NOW - 10 * HOUR, gpus=4), service=((NOW - 7 * HOUR, NOW - 4 * HOUR, 4),))
     assert plan_for(served)[0] == ()
+    # A resumed job with 12 GPU-hours before but 10 minutes into this attempt has not had its quantum yet.
+    resumed = replace(long_served, start_time=NOW - 600, service=((NOW - 8 * HOUR, NOW - 5 * HOUR, 4),))
+    snapshot = Snapshot(nodes=(full,), pending=(pending(4, submit=NOW - 60, gpus=4),), running=(resumed, young),
+                        accounting=ACCOUNTING)
+    assert schedule(snapshot, NOW, config).preempts == ()
     # Without the rule, the same high-queue job waits.
     plain = replace(config, preempt_attained=False)
     snapshot = Snapshot(nodes=(full,), pending=(pending(1, submit=NOW - 60, gpus=4),),
