@@ -115,10 +115,11 @@ CANDIDATES = {v.name: v for v in (
     Variant("small-10d", (("small_job", 10_000),)),
     Variant("small-30d", (("small_job", 30_000),)),
     Variant("small-30d-fair50", (("small_job", 30_000), ("fair_share", 50_000))),
-    # Attained service (Tiresias' two-queue LAS, sched/attained.py): a job with less than 1 or 16 GPU-hours of
-    # service is in the high queue (worth 50 days of age, below the overdue bound's 100,000), and may preempt
+    # Attained service (Tiresias' two-queue LAS, sched/attained.py): a job with less than 1, 16 or 64 GPU-hours
+    # of service is in the high queue (worth 50 days of age, below the overdue bound's 100,000), and may preempt
     # running jobs that have had more; a job that waited 8 times its last run is promoted back. gsim charges
-    # each preemption its restart cost (300 s) and the work since the last hourly checkpoint.
+    # each preemption its restart cost (300 s) and the work since the last hourly checkpoint. The smaller the
+    # threshold, the more preemptions and the slower the replay (docs/gsim.md: las-1h too slow to run).
     Variant("las-1h", LAS_WEIGHTS + (("attained_threshold_gpu_s", 3600.0),), LAS_PREEMPTION),
     Variant("las-16h", LAS_WEIGHTS + (("attained_threshold_gpu_s", 16 * 3600.0),), LAS_PREEMPTION),
     Variant("las-64h", LAS_WEIGHTS + (("attained_threshold_gpu_s", 64 * 3600.0),), LAS_PREEMPTION),
