@@ -22,7 +22,7 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
     """The core's configuration: the named preset, with every setting the admin gave on top."""
     base = preset(settings.policy)
     weights = base.weights
-    overrides = {
+    overrides: dict[str, float | None] = {
         "age": settings.priority_weight_age,
         "fair_share": settings.priority_weight_fairshare,
         "qos": settings.priority_weight_qos,
@@ -30,11 +30,16 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         "partition": settings.priority_weight_partition,
         "time_limit": settings.priority_weight_time_limit,
         "small_job": settings.priority_weight_small_job,
+        "attained_service": settings.priority_weight_attained_service,
+        "attained_threshold_gpu_s": (None if settings.priority_attained_threshold_gpu_hours is None
+                                     else settings.priority_attained_threshold_gpu_hours * 3600.0),
+        "attained_starvation": settings.priority_attained_starvation,
         "max_age_s": settings.priority_max_age_s,
         "short_limit_s": settings.priority_time_limit_short_s,
         "long_limit_s": settings.priority_time_limit_long_s,
     }
-    weights = replace(weights, **{k: v for k, v in overrides.items() if v is not None})
+    # (mypy checks a ** mapping's value type against every field: the weights are ints, the thresholds floats)
+    weights = replace(weights, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
     return replace(
         base,
         weights=weights,
@@ -46,6 +51,7 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         max_starts_per_cycle=settings.max_starts_per_cycle,
         preemption=settings.preemption,
         max_grace_s=settings.preempt_max_grace_s,
+        preempt_attained=settings.preempt_attained_service,
     )
 
 

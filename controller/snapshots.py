@@ -10,12 +10,13 @@ store.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from itertools import islice
 from typing import TYPE_CHECKING
 
 from garrison.controller.dependency import parse_dependency, typed_dependencies
+from garrison.controller.sched.attained import Service
 from garrison.controller.sched.dependencies import JobDependencies
 from garrison.controller.sched.snapshot import (
     EMPTY_ACCOUNTING,
@@ -29,7 +30,7 @@ from garrison.controller.sched.snapshot import (
 from garrison.controller.signals import parse_signal_request
 from garrison.model.accounts import Accounting
 from garrison.model.construct import constructor_without_init
-from garrison.model.domain import Job, JobState, Node, NodeState
+from garrison.model.domain import Attempt, Job, JobState, Node, NodeState
 from garrison.model.jobrefs import JobLookup, parse_job_ref
 
 if TYPE_CHECKING:
@@ -55,7 +56,13 @@ def pending_view(job: Job) -> PendingJob:
         account=job.account,
         qos=job.spec.qos or "",
         time_limit_s=job.time_limit_s,
+        service=attempt_service(job.attempts) if job.attempts else (),
     )
+
+
+def attempt_service(attempts: Sequence[Attempt]) -> Service:
+    """(start, end, GPUs) of each attempt that has ended, for attained service (sched/attained.py)."""
+    return tuple((a.start_time, a.end_time, a.allocation.gpu_count()) for a in attempts if a.end_time is not None)
 
 
 def _warning_lead_s(job: Job) -> int | None:
@@ -264,6 +271,7 @@ class SnapshotCache:
             checkpoint_time=checkpoint,
             stopping=stopping,
             warning_lead_s=_warning_lead_s(job),
+            service=attempt_service(job.attempts[:live.attempt]) if live.attempt else (),
         )
         self._running[(live.job_id, live.attempt)] = (key, view)
         return view

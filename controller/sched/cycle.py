@@ -33,6 +33,7 @@ from garrison.controller.sched.cycle_state import Candidacy, CycleState, Memo, t
 from garrison.controller.sched.feasibility import IdleCluster
 from garrison.controller.sched.framework import Request, placement_key
 from garrison.controller.sched.phases.gates import is_plain
+from garrison.controller.sched.phases.preempt import preemption_ruled_out
 from garrison.controller.sched.pipeline import (
     DEFAULT_SCORER_WEIGHTS,
     GATES,
@@ -79,6 +80,10 @@ class SchedulerConfig:
     # the interval has passed since that context's moment (Slurm's PriorityCalcPeriod), so that a cycle
     # places only the jobs that changed instead of pricing and sorting them all. 0: priced every cycle.
     priority_interval_s: float = 0.0
+    # Attained service's preemption rule (attained.py): with preemption on, a blocked job in the high queue
+    # may preempt running jobs in the low queue (those that have had the threshold of GPU time), as well as
+    # those its QoS may preempt. Needs the attained_service weight, which defines the queues.
+    preempt_attained: bool = False
 
     def __post_init__(self) -> None:
         for name in ("reservations", "max_job_test", "max_starts_per_cycle", "max_preemptions_per_cycle",
@@ -93,6 +98,9 @@ class SchedulerConfig:
             raise ValueError("scheduler setting resolution_s must not be negative")
         if self.priority_interval_s < 0:
             raise ValueError("scheduler setting priority_interval_s must not be negative")
+        if self.preempt_attained and not (self.preemption and self.weights.attained_service):
+            raise ValueError("scheduler setting preempt_attained needs preemption on and the attained_service "
+                             "priority weight set")
         _pipeline(self.scorer_weights)  # unknown scorer names fail here, not in the first cycle
 
 
@@ -157,6 +165,7 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     ranked = rank(snapshot.pending, pricing, QUEUE_ORDER)
     if config.weights.overdue:
         state.overdue_after = pricing.overdue_after
+    state.priced_at = pricing.now
     views, queue = ranked.views, ranked.ids
 
     waiting = state.waiting
@@ -168,6 +177,7 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     # The memo's dicts are cleared in place when the capacity changes (Memo.sync), never replaced.
     memo_blocked, memo_failed_end = memo.blocked, memo.failed_end
     settled, reservations = config.backfill and not config.preemption, config.reservations
+    preempting = config.backfill and config.preemption
     max_job_test, max_starts, backfill = config.max_job_test, config.max_starts_per_cycle, config.backfill
     for job_id in queue:
         if state.failed >= max_job_test or len(starts) >= max_starts:
@@ -197,8 +207,9 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
             waiting[job_id] = gated
             continue
         end = now + limit
-        if settled and len(state.reservations) >= reservations:
-            # Past the reservations, with preemption off, a job whose look-alike (same placement key) already
+        if (len(state.reservations) >= reservations
+                and (settled or (preempting and preemption_ruled_out(state, job, key, end)))):
+            # Past the reservations, with preemption off (or unable to act for this job), a job whose look-alike (same placement key) already
             # failed to start for a run ending no later, and was told why it waits, fails the same way and
             # waits for the same reason: its phases would each answer as they did for the look-alike
             # (place_now: does not fit; never_here: the idle verdict of the same key; reserve_later: the

@@ -104,6 +104,9 @@ class CycleState:
     preempted_for: list[tuple[Allocation, float]] = field(default_factory=list)
     overdue_after: float | None = None  # a job pending longer than this is overdue (priority.py); None: no bound
     wake_at: float | None = None  # the earliest begin time a job waits for (Plan.wake_at)
+    # (placement key, victims allowed) -> the earliest end of a run that found no victims (phases/preempt.py)
+    no_victims: dict[tuple[object, ...], float] = field(default_factory=dict)
+    priced_at: float = 0.0  # the moment the queue was priced as of (PriorityContext.now)
 
     def hold_on_timeline(self, allocation: Allocation, until: float, *, started: bool) -> None:
         """Record what a start (or a preemption's beneficiary) holds until ``until``, for later reservations."""

@@ -2,6 +2,7 @@
 
     priority = w_age * age + w_fairshare * fairshare + w_qos * qos + w_size * size + w_partition * partition
                + w_time_limit * time_limit + w_small_job * small_job + w_overdue * overdue
+               + w_attained_service * attained_service
                + the admin's adjustment (gcontrol update JOB --priority) - the owner's nice value (gsub --nice)
 
 - age: time pending over ``max_age_s``, capped at 1;
@@ -28,6 +29,13 @@
   queue now, if later), then 1 plus one more per further ``overdue_after_s``, without a cap: the bound on
   any job's wait, which no other factor can outrun. Computed from the snapshot and ``now`` alone, like age.
 
+- attained_service: Tiresias' discretised two-queue LAS (attained.py): 1 in the high queue (less than
+  ``attained_threshold_gpu_s`` GPU-seconds of service over the job's earlier attempts, or starving: waited
+  longer than ``attained_starvation`` times its last run), 0 in the low queue. Priced like age, as of the
+  pricing context's moment (the starvation guard moves with the clock). A job that never ran is in the high
+  queue, so on its own the factor only moves requeued jobs down; with SchedulerConfig.preempt_attained a
+  blocked high-queue job may also preempt running low-queue jobs (phases/preempt.py).
+
 With every weight 0 the queue is plain arrival order (FIFO).
 """
 
@@ -38,6 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from operator import neg
 
+from garrison.controller.sched.attained import in_high_queue
 from garrison.controller.sched.fairshare import fair_share_factors
 from garrison.controller.sched.snapshot import FALLBACK_TIME_LIMIT_S, PendingJob, Snapshot
 
@@ -66,9 +75,15 @@ class PriorityWeights:
     # overdue, and the queue is FIFO) or above those of a lighter one (then it bounds nothing); a share of
     # the current longest wait follows the load: only the longest waiters go first, in the order they came.
     overdue_share: float = 0.0
+    # Attained service (attained.py): the high queue's weight (0: off), the GPU-seconds of service below which
+    # a job is in it, and the starvation guard's multiple of a job's last run (0: no guard).
+    attained_service: int = 0
+    attained_threshold_gpu_s: float = 0.0
+    attained_starvation: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("age", "fair_share", "qos", "job_size", "partition", "time_limit", "small_job", "overdue"):
+        for name in ("age", "fair_share", "qos", "job_size", "partition", "time_limit", "small_job", "overdue",
+                     "attained_service"):
             if getattr(self, name) < 0:
                 raise ValueError(f"priority weight {name} must not be negative")
         if self.max_age_s <= 0:
@@ -79,6 +94,16 @@ class PriorityWeights:
             raise ValueError("priority overdue_after_s must be positive when the overdue weight is set")
         if not 0 <= self.overdue_share < 1:
             raise ValueError("priority overdue_share must be at least 0 and below 1")
+        if self.attained_threshold_gpu_s < 0 or (self.attained_service and not self.attained_threshold_gpu_s):
+            raise ValueError("priority attained_threshold_gpu_s must be positive when the attained_service weight "
+                             "is set")
+        if self.attained_starvation < 0:
+            raise ValueError("priority attained_starvation must not be negative")
+
+    def high_queue(self, job: PendingJob, now: float) -> bool:
+        """Whether ``job`` is in attained service's high queue as of ``now`` (attained.py)."""
+        service = job.service
+        return not service or in_high_queue(service, self.attained_threshold_gpu_s, self.attained_starvation, now)
 
 
 def overdue_factor(waited_s: float, overdue_after_s: float) -> float:
@@ -122,6 +147,7 @@ class PriorityFactors:
     nice: int = 0
     overdue: float = 0.0
     small_job: float = 0.0
+    attained_service: float = 0.0
 
 
 class PriorityOrder:
@@ -200,11 +226,13 @@ class PriorityContext:
         short = time_limit_factor(self._limit(job), w.short_limit_s, w.long_limit_s)
         small = small_job_factor(job.spec.total_gpus(), self.total_gpus)
         overdue = overdue_factor(self.now - job.submit_time, self.overdue_after) if w.overdue else 0.0
+        high = 1.0 if w.attained_service and w.high_queue(job, self.now) else 0.0
         total = round(w.age * age + w.fair_share * fair + w.qos * qos + w.job_size * size + w.partition * part
-                      + w.time_limit * short + w.small_job * small + w.overdue * overdue)
+                      + w.time_limit * short + w.small_job * small + w.overdue * overdue
+                      + w.attained_service * high)
         nice = job.spec.nice
         return PriorityFactors(age, fair, qos, size, part, job.priority, total + job.priority - nice, short, nice,
-                               overdue, small)
+                               overdue, small, high)
 
     def _limit(self, job: PendingJob) -> float:
         if job.time_limit_s is not None:
@@ -229,6 +257,7 @@ class PriorityContext:
         static = _static_parts(self._static_fingerprint())
         age_w, fair_w = w.age, w.fair_share
         overdue_w, overdue_after = w.overdue, self.overdue_after
+        attained_w = w.attained_service
         out: dict[int, int] = {}
         fair_terms: dict[tuple[str, str], float] = {}  # fair_w * the association's factor, once each
         remembered = static.get
@@ -245,6 +274,8 @@ class PriorityContext:
             value = age_w * age + known[1]
             if overdue_w and waited > overdue_after:
                 value += overdue_w * ((waited - overdue_after) / overdue_after + 1.0)
+            if attained_w and (not job.service or w.high_queue(job, now)):
+                value += attained_w  # a job that never ran: the high queue, without a call
             if fair_w:
                 association = known[3]
                 term = fair_terms.get(association)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from garrison.controller.sched.attained import Service
 from garrison.controller.sched.dependencies import JobDependencies
 from garrison.model.accounts import Accounting
 from garrison.model.cpulist import parse_cpu_list as parse_cpu_list
@@ -66,6 +67,7 @@ class PendingJob:
     account: str = ""  # "" : spec.account, else "default"
     qos: str = ""  # "" : spec.qos, else the accounting's default QoS
     time_limit_s: int | None = None  # None: spec.time_limit_s, else the partition default
+    service: Service = ()  # (start, end, GPUs) of its earlier attempts, for attained service (attained.py)
 
     @property
     def account_name(self) -> str:
@@ -94,6 +96,7 @@ class RunningJob:
     checkpoint_time: float | None = None  # when its work was last saved; None: the attempt start
     stopping: bool = False  # already being stopped: its GPUs come free soon, and it is no victim
     warning_lead_s: int | None = None  # its --signal lead time (None: it asked for none), for preemption grace
+    service: Service = ()  # (start, end, GPUs) of the job's earlier attempts, for attained service (attained.py)
 
     @property
     def expected_end(self) -> float:

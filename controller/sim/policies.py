@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from garrison.config import ConfigError, ControllerConfig, PartitionConfig, load_config
+from garrison.controller.sched.attained import Service
 from garrison.controller.sched.cycle import SchedulerConfig
 from garrison.controller.sched.explain import never_text
 from garrison.controller.sched.feasibility import Feasibility, IdleCluster
@@ -195,7 +196,9 @@ class SnapshotBuilder:
         self._views[node] = view
         self._nodes_tuple = None
 
-    def job_arrived(self, job_id: int, job: TraceJob, submit_time: float) -> None:
+    def job_arrived(self, job_id: int, job: TraceJob, submit_time: float, service: Service = ()) -> None:
+        """A job joins the queue: on its arrival, or requeued after a preemption with ``service``, the (start,
+        end, GPUs) of its earlier attempts (for attained service, sched/attained.py)."""
         account = job.account or self.accounting.default_account
         self._pending[job_id] = PendingJob(
             job_id=job_id,
@@ -206,6 +209,7 @@ class SnapshotBuilder:
             account=account,
             qos=job.qos or "",
             time_limit_s=job.time_limit_s,
+            service=service,
         )
         self._pending_tuple = None
 
@@ -224,6 +228,7 @@ class SnapshotBuilder:
             account=pending.account_name,
             qos=pending.qos,
             partition=pending.partition,
+            service=pending.service,
         )
         self._running[job_id] = _Running(view, allocation.gpu_count(), pending.account_name, pending.user)
         self._running_views[job_id] = view

@@ -77,6 +77,7 @@ class _Job:
     stopping: bool = False  # being preempted: warned, GPUs held until the grace period ends
     estimate_at_submit: float | None = None  # the first cycle's estimated start after its submission
     estimates: list[tuple[float, float]] | None = None  # (cycle time, estimate) whenever the estimate changed
+    service: tuple[tuple[float, float, int], ...] = ()  # (start, end, GPUs) of its preempted attempts
 
 
 _END = 0
@@ -377,6 +378,7 @@ class Replay:
         self.lost_gpu_s += lost * gpus
         job.remaining_s = max(job.remaining_s - kept, 0.0) + self.options.restart_cost_s
         self._release(job)  # before the attempt number moves on: the ledger knows the attempt by it
+        job.service = (*job.service, (job.run_start, now, gpus))  # for attained service (sched/attained.py)
         job.preemptions += 1
         job.attempt += 1
         job.stopping = False
@@ -386,7 +388,7 @@ class Replay:
         self.tracker.change(job.account, held=-gpus, waiting=1)
         self._add_pending(job)
         # Requeued with its original submission time, as the controller keeps it.
-        self.builder.job_arrived(job.job_id, job.trace, job.trace.submit_s)
+        self.builder.job_arrived(job.job_id, job.trace, job.trace.submit_s, job.service)
 
 
 def _estimate_before(job: _Job, lead_s: float) -> float | None:

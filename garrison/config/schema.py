@@ -102,6 +102,11 @@ class SchedulerSettings:
     priority_weight_partition: int | None = None
     priority_weight_time_limit: int | None = None
     priority_weight_small_job: int | None = None
+    # Attained service (controller/sched/attained.py, Tiresias' two-queue LAS): the high queue's weight, the
+    # GPU-hours of service below which a job is in it, the starvation guard's multiple of its last run.
+    priority_weight_attained_service: int | None = None
+    priority_attained_threshold_gpu_hours: float | None = None
+    priority_attained_starvation: float | None = None
     priority_max_age_s: int | None = None  # None: the preset's
     priority_time_limit_short_s: int | None = None
     priority_time_limit_long_s: int | None = None
@@ -116,6 +121,8 @@ class SchedulerSettings:
     preemption: bool = False
     # How far a preempted job's --signal lead time may lengthen its QoS grace (sched/preemption.py).
     preempt_max_grace_s: int = 300
+    # With preemption on, a job in attained service's high queue may preempt running jobs in the low queue.
+    preempt_attained_service: bool = False
     usage_save_interval_s: float = 30.0
 
 

@@ -239,6 +239,9 @@ def read_scheduler(table: Mapping[str, Any] | None, where: str) -> SchedulerSett
     def duration(key: str) -> int | None:
         return s.get_duration(key, 0) if key in s.table else None
 
+    def number(key: str) -> float | None:
+        return s.get_number(key, 0.0) if key in s.table else None
+
     settings = SchedulerSettings(
         policy=s.get_str("policy", d.policy),
         priority_weight_age=weight("priority_weight_age"),
@@ -248,6 +251,9 @@ def read_scheduler(table: Mapping[str, Any] | None, where: str) -> SchedulerSett
         priority_weight_partition=weight("priority_weight_partition"),
         priority_weight_time_limit=weight("priority_weight_time_limit"),
         priority_weight_small_job=weight("priority_weight_small_job"),
+        priority_weight_attained_service=weight("priority_weight_attained_service"),
+        priority_attained_threshold_gpu_hours=number("priority_attained_threshold_gpu_hours"),
+        priority_attained_starvation=number("priority_attained_starvation"),
         priority_max_age_s=duration("priority_max_age"),
         priority_time_limit_short_s=duration("priority_time_limit_short"),
         priority_time_limit_long_s=duration("priority_time_limit_long"),
@@ -261,6 +267,7 @@ def read_scheduler(table: Mapping[str, Any] | None, where: str) -> SchedulerSett
         max_starts_per_cycle=s.get_int("max_starts_per_cycle", d.max_starts_per_cycle, 1),
         preemption=s.get_bool("preemption", d.preemption),
         preempt_max_grace_s=s.get_duration("preempt_max_grace", d.preempt_max_grace_s),
+        preempt_attained_service=s.get_bool("preempt_attained_service", d.preempt_attained_service),
         usage_save_interval_s=s.get_number("usage_save_interval_s", d.usage_save_interval_s, 1.0),
     )
     s.finish()
@@ -271,6 +278,12 @@ def read_scheduler(table: Mapping[str, Any] | None, where: str) -> SchedulerSett
         value = getattr(settings, key)
         if value is not None and value <= 0:
             raise ConfigError(f"{where}.{key.removesuffix('_s')}: must be positive")
+    if settings.priority_weight_attained_service and not settings.priority_attained_threshold_gpu_hours:
+        raise ConfigError(f"{where}.priority_attained_threshold_gpu_hours: must be positive when "
+                          "priority_weight_attained_service is set")
+    if settings.preempt_attained_service and not (settings.preemption and settings.priority_weight_attained_service):
+        raise ConfigError(f"{where}.preempt_attained_service: needs preemption = true and "
+                          "priority_weight_attained_service set")
     short = settings.priority_time_limit_short_s or PRESET_TIME_LIMIT_SHORT_S
     long = settings.priority_time_limit_long_s or PRESET_TIME_LIMIT_LONG_S
     if short >= long:

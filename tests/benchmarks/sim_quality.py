@@ -92,6 +92,8 @@ FRONTIER = (
 # least an hour), the rest of the queue by priority (shorter limits first), with few reservations so that
 # backfill leaves no GPU idle that fifo-easy would have used.
 OLDEST = (("overdue_after_s", 3600.0),)
+LAS_WEIGHTS = (("attained_service", 50_000), ("attained_starvation", 8.0))
+LAS_PREEMPTION = (("preemption", True), ("preempt_attained", True))
 CANDIDATES = {v.name: v for v in (
     Variant("oldest90-1r", (*OLDEST, ("overdue_share", 0.9)), (("reservations", 1),)),
     Variant("oldest90-2r", (*OLDEST, ("overdue_share", 0.9)), (("reservations", 2),)),
@@ -113,6 +115,14 @@ CANDIDATES = {v.name: v for v in (
     Variant("small-10d", (("small_job", 10_000),)),
     Variant("small-30d", (("small_job", 30_000),)),
     Variant("small-30d-fair50", (("small_job", 30_000), ("fair_share", 50_000))),
+    # Attained service (Tiresias' two-queue LAS, sched/attained.py): a job with less than 1, 16 or 64 GPU-hours
+    # of service is in the high queue (worth 50 days of age, below the overdue bound's 100,000), and may preempt
+    # running jobs that have had more; a job that waited 8 times its last run is promoted back. gsim charges
+    # each preemption its restart cost (300 s) and the work since the last hourly checkpoint. The smaller the
+    # threshold, the more preemptions and the slower the replay (docs/gsim.md: las-1h too slow to run).
+    Variant("las-1h", LAS_WEIGHTS + (("attained_threshold_gpu_s", 3600.0),), LAS_PREEMPTION),
+    Variant("las-16h", LAS_WEIGHTS + (("attained_threshold_gpu_s", 16 * 3600.0),), LAS_PREEMPTION),
+    Variant("las-64h", LAS_WEIGHTS + (("attained_threshold_gpu_s", 64 * 3600.0),), LAS_PREEMPTION),
 )}
 
 
