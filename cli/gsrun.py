@@ -61,8 +61,8 @@ INTERRUPT_WINDOW_S = 1.0
 STREAM_END = 255  # controller/rpc/local.py's last frame of a stream
 RESOURCE_EXHAUSTED = 8  # grpc.StatusCode's: the local socket's limits refused us
 # grpc.StatusCode values after which a step's stream is tried again: the controller is away (UNAVAILABLE,
-# CANCELLED and UNKNOWN as it shuts down, INTERNAL for a reset link) or still has the old stream's gsrun
-# (FAILED_PRECONDITION: the step is busy).
+# CANCELLED and UNKNOWN as it shuts down, INTERNAL for a reset link), or an older controller still has the old
+# stream (FAILED_PRECONDITION: busy; this one lets the new stream take over).
 TRANSIENT_STATUSES = frozenset({1, 2, 9, 13, 14})
 REATTACH_S = 600.0  # how long a broken step stream is tried again: a controller restart takes seconds
 REATTACH_FIRST_DELAY_S = 0.25
@@ -470,16 +470,7 @@ class StepSession:
 
     def _open(self, first: Any) -> None:
         """A new stream whose first message is ``first``; the requests not yet sent on the last one go on it."""
-        self.generation += 1
-        old, self.requests = self.requests, queue.Queue()
-        old.put(None)  # the last stream's writer ends
-        while True:
-            try:
-                message = old.get_nowait()
-            except queue.Empty:
-                break
-            if message is not None:
-                self.requests.put(message)
+        self._new_requests()
         # On the controller's host the local socket (no grpc to import: a fast start); elsewhere gRPC.
         local = self.client.open_local_stream("RunStep", first.SerializeToString())
         if local is not None:
@@ -487,6 +478,20 @@ class StepSession:
             threading.Thread(target=self._write_local, args=(local, self.requests), daemon=True).start()
         else:
             self._over_grpc(first)
+
+    def _new_requests(self) -> None:
+        """A request queue for a new stream: what the last one had not sent moves to it, and the last one's writer
+        (gRPC's request iterator, or the local socket's thread) is told to end."""
+        self.generation += 1
+        old, self.requests = self.requests, queue.Queue()
+        while True:
+            try:
+                message = old.get_nowait()
+            except queue.Empty:
+                break
+            if message is not None:
+                self.requests.put(message)
+        old.put(None)
 
     def _attach_message(self) -> Any:
         assert self.step_key is not None
@@ -529,7 +534,7 @@ class StepSession:
                 continue  # from a stream given up already
             if kind == "local-busy" and not self.step_name:
                 # The local socket's per-user limits (many gsruns at once): gRPC takes the step instead.
-                self.generation += 1
+                self._new_requests()
                 self._over_grpc(self.start)
                 continue
             if kind in ("local-busy", "refused"):
