@@ -37,8 +37,12 @@ assert rank == int(os.environ["RANK"]) == int(os.environ["SLURM_PROCID"])
 assert world == int(os.environ["WORLD_SIZE"]) == int(os.environ["SLURM_STEP_NUM_TASKS"])
 value = torch.tensor([float(rank + 1)])
 dist.all_reduce(value)
-print(f"rank {rank} world {world} local {os.environ['LOCAL_RANK']} node {os.environ['SLURM_NODEID']} "
-      f"sum {value.item():g} step {os.environ['SLURM_STEP_ID']} tpn {os.environ['SLURM_STEP_TASKS_PER_NODE']}")
+# One write per line: torchrun's workers on a node share their task's stdout, and print() writes the text and
+# its newline apart when unbuffered, so two workers' lines could merge into one.
+sys.stdout.write(f"rank {rank} world {world} local {os.environ['LOCAL_RANK']} node {os.environ['SLURM_NODEID']} "
+                 f"sum {value.item():g} step {os.environ['SLURM_STEP_ID']} "
+                 f"tpn {os.environ['SLURM_STEP_TASKS_PER_NODE']}\\n")
+sys.stdout.flush()
 dist.destroy_process_group()
 """
 
