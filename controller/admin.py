@@ -37,6 +37,7 @@ from garrison.model.accounts import (
     User,
 )
 from garrison.model.domain import Job, JobState, Node, Principal
+from garrison.model.partitions import in_partition, partition_names
 
 log = logging.getLogger("garrison.controller.admin")
 
@@ -227,7 +228,7 @@ class AdminOps:
     def delete_partition(self, principal: Principal, name: str) -> Accounting:
         self.require_admin(principal, f"delete partition {name}")
         self._existing(self.policy.accounting.partition_map, name, "partition")
-        busy = self._jobs_using(lambda j: j.partition == name)
+        busy = self._jobs_using(lambda j: in_partition(j.partition, name))
         if busy:
             raise ValidationError(f"partition {name!r} has {len(busy)} unfinished job(s), e.g. {busy[0].display_id}")
         return self._change(principal, f"delete partition {name}", lambda a: a.without_partition(name))
@@ -346,10 +347,11 @@ class AdminOps:
                 if time_limit_s > job.time_limit_s and role == "owner":
                     raise PermissionDenied(f"only admins and coordinators may raise a time limit (job "
                                            f"{job.display_id} has {job.time_limit_s}s)")
-                part = accounting.partition_map.get(job.partition)
-                if part is not None and time_limit_s > part.max_time_s:
-                    raise ValidationError(f"time limit {time_limit_s}s exceeds partition {part.name!r} maximum "
-                                          f"of {part.max_time_s}s")
+                for name in partition_names(job.partition):  # -p a,b: every partition it waits in
+                    part = accounting.partition_map.get(name)
+                    if part is not None and time_limit_s > part.max_time_s:
+                        raise ValidationError(f"time limit {time_limit_s}s exceeds partition {part.name!r} maximum "
+                                              f"of {part.max_time_s}s")
                 updated = replace(updated, time_limit_s=time_limit_s)
             if qos is not None:
                 if job.state != JobState.PENDING:
@@ -372,9 +374,10 @@ class AdminOps:
         allowed = accounting.allowed_qos(job.account)
         if allowed and qos not in allowed:
             raise PermissionDenied(f"account {job.account!r} may not use QoS {qos!r} (allowed: {', '.join(allowed)})")
-        part = accounting.partition_map.get(job.partition)
-        if part is not None and part.allowed_qos and qos not in part.allowed_qos:
-            raise PermissionDenied(f"partition {part.name!r} does not allow QoS {qos!r}")
+        for name in partition_names(job.partition):  # -p a,b: every partition it waits in
+            part = accounting.partition_map.get(name)
+            if part is not None and part.allowed_qos and qos not in part.allowed_qos:
+                raise PermissionDenied(f"partition {part.name!r} does not allow QoS {qos!r}")
         if found.max_time_s is not None and time_limit_s > found.max_time_s:
             raise ValidationError(f"time limit {time_limit_s}s exceeds QoS {qos!r} maximum of {found.max_time_s}s")
 

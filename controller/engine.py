@@ -81,6 +81,7 @@ from garrison.model.construct import replacer
 from garrison.model.domain import Job, JobSpec, JobState, Principal
 from garrison.model.jobrefs import MAX_ID, JobLookup, parse_job_ref
 from garrison.model.launch import LaunchDescription
+from garrison.model.partitions import in_partition
 
 log = logging.getLogger("garrison.controller")
 # A job with its wait reason: the first cycle after a restart (or after a large array's submission) sets
@@ -104,7 +105,7 @@ def _matches(job: Job, selection: JobFilter) -> bool:
         (not selection.users or job.user in selection.users)
         and (not selection.states or job.state in selection.states)
         and (not selection.names or job.spec.name in selection.names)
-        and (not selection.partitions or job.partition in selection.partitions)
+        and (not selection.partitions or any(in_partition(job.partition, name) for name in selection.partitions))
         and (not selection.accounts or job.account in selection.accounts)
     )
 

@@ -71,6 +71,7 @@ class StartedAttempt:
     job_id: int
     attempt: int
     allocation: Allocation
+    partition: str | None = None  # the one it starts in, for a job that names several (plan.Start.partition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +210,7 @@ class AttemptLedger:
                 rejected.append(Rejection(job_id, problem[0], node=problem[1]))
                 continue
             taken.add(start.allocation)
-            started.append(StartedAttempt(job_id, attempt, start.allocation))
+            started.append(StartedAttempt(job_id, attempt, start.allocation, start.partition))
         preempting: list[Preempt] = []
         for victim in plan.preempts:
             live = self.live.get((victim.job_id, victim.attempt))

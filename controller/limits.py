@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from garrison.controller.validate import MAX_JOB_NAME_CHARS, ValidationError
 from garrison.model.domain import JobSpec, NodeInventory
+from garrison.model.partitions import SEPARATOR, partition_names
 
 if TYPE_CHECKING:
     from garrison.protos.v1 import admin_pb2 as adminpb
@@ -24,6 +25,7 @@ MAX_ENV_VARS = 10_000
 MAX_ENV_NAME_CHARS = 1024
 MAX_PATH_CHARS = 4096
 MAX_NAME_CHARS = 64  # accounts, partitions, QoS, GPU types
+MAX_PARTITION_LIST_CHARS = 1024  # -p a,b,...
 MAX_MEM_MB = 1 << 40
 MAX_CPUS_PER_GPU = 4096
 MAX_LIST_ITEMS = 10_000  # job ids, users or states in one request
@@ -75,7 +77,13 @@ def check_spec_limits(spec: JobSpec) -> None:
     if len(spec.nodelist) > MAX_LIST_ITEMS:
         raise ValidationError(f"--nodelist: too many nodes: {len(spec.nodelist)} (at most {MAX_LIST_ITEMS})")
     _check_name(spec.account, "account")
-    _check_name(spec.partition, "partition")
+    if spec.partition is not None and SEPARATOR in spec.partition:  # -p a,b: each a name
+        if len(spec.partition) > MAX_PARTITION_LIST_CHARS:
+            raise ValidationError(f"--partition list is too long (at most {MAX_PARTITION_LIST_CHARS} characters)")
+        for name in partition_names(spec.partition):
+            _check_name(name, "partition")
+    else:
+        _check_name(spec.partition, "partition")
     _check_name(spec.qos, "QoS")
     _check_name(spec.gpu_type, "GPU type")
     if spec.mem_mb > MAX_MEM_MB:

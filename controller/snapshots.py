@@ -32,6 +32,7 @@ from garrison.model.accounts import Accounting
 from garrison.model.construct import constructor_without_init
 from garrison.model.domain import Attempt, Job, JobState, Node, NodeState
 from garrison.model.jobrefs import JobLookup, parse_job_ref
+from garrison.model.partitions import SEPARATOR, partition_names
 
 if TYPE_CHECKING:
     from garrison.controller.ledger import LiveAttempt
@@ -45,10 +46,16 @@ _new_pending = constructor_without_init(PendingJob)
 
 def pending_view(job: Job) -> PendingJob:
     """What the scheduling core sees of a pending job."""
+    partition = job.partition
+    others: tuple[str, ...] = ()
+    if SEPARATOR in partition:  # -p a,b: tried in a, then b
+        partition, *rest = partition_names(partition)
+        others = tuple(rest)
     return _new_pending(
         job_id=job.job_id,
         spec=job.spec,
-        partition=job.partition,
+        partition=partition,
+        other_partitions=others,
         submit_time=job.submit_time,
         priority=job.priority,
         array_job_id=job.array_job_id,

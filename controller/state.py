@@ -27,6 +27,7 @@ from garrison.controller.sched.cycle import Plan, Start
 from garrison.controller.sched.snapshot import EMPTY_ACCOUNTING, Snapshot, UsageView
 from garrison.controller.snapshots import SnapshotCache
 from garrison.model.domain import Allocation, Attempt, Job, JobState, Node, NodeResult
+from garrison.model.partitions import first_partition
 
 if TYPE_CHECKING:
     from garrison.controller.store import Store
@@ -134,6 +135,8 @@ class ClusterState(NodeReconciliation):
                     start_time=when,
                     reason="",
                     restart_count=start.attempt,
+                    # -p a,b: from here on the job is in the partition it started in (plan.Start.partition)
+                    partition=start.partition or first_partition(job.partition),
                 ))
             self._save(started)
 

@@ -19,6 +19,7 @@ from garrison.model.domain import JobSpec, LaunchMode, Node, NodeInventory, Prin
 from garrison.model.features import ConstraintError, constraint_features, parse_constraint, satisfies
 from garrison.model.gputype import gpu_matches
 from garrison.model.jobspec import UNLIMITED_TIME_S
+from garrison.model.partitions import SEPARATOR, joined, partition_names
 from garrison.model.resources import ResourceError, memory_per_node_mb, resolve
 
 MAX_SCRIPT_BYTES = 1 << 20
@@ -29,6 +30,7 @@ MAX_NODES = 1 << 14
 MAX_PATTERN_LEN = 4096
 MAX_NICE = 2_147_483_645  # sbatch's range
 MAX_COMMENT_LEN = 1024
+MAX_PARTITIONS_PER_JOB = 32  # -p a,b,...
 OPEN_MODES = ("append", "truncate")
 # gsub's host name (SLURM_SUBMIT_HOST): informational, but it lands in every rank's environment.
 SUBMIT_HOST = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252}[A-Za-z0-9])?$")
@@ -168,7 +170,71 @@ def validate_submission(
     if spec.launch == LaunchMode.RANK and spec.total_gpus() == 0 and spec.ntasks_per_node is None:
         # A CPU-only job in rank mode runs one process per node.
         spec = replace(spec, ntasks_per_node=1)
+    if spec.partition is not None and SEPARATOR in spec.partition:
+        return _resolve_in_partitions(spec, principal, config, nodes, array_indices, accounting)
+    return _resolve_in_partition(spec, principal, config, nodes, array_indices, accounting)
 
+
+def _resolve_in_partitions(
+    spec: JobSpec,
+    principal: Principal,
+    config: ControllerConfig,
+    nodes: Mapping[str, Node],
+    array_indices: Sequence[int],
+    accounting: Accounting | None,
+) -> Resolved:
+    """-p a,b: the job waits in every named partition that accepts it and starts in the first that can run it
+    (sched/phases/place_elsewhere.py). The partitions are tried in order of their priority, highest first, then
+    as named (sbatch: "higher priority partitions will be considered first"). The job has one time limit,
+    resolved in the first partition that accepts it (its default when -t is not given); a later partition
+    keeps the job only if it accepts that limit. A partition that refuses the job is dropped, as Slurm's
+    EnforcePartLimits=ANY does; the job is refused only when every one refuses it, with each one's reason."""
+    names = partition_names(spec.partition or "")
+    if not names:
+        raise ValidationError(f"--partition {spec.partition!r} names no partition")
+    if len(names) > MAX_PARTITIONS_PER_JOB:
+        raise ValidationError(f"--partition names {len(names)} partitions, at most {MAX_PARTITIONS_PER_JOB}")
+    priority = _partition_priorities(config, accounting)
+    names = tuple(sorted(names, key=lambda name: -priority.get(name, 0)))  # stable: as named within a priority
+    first: Resolved | None = None
+    kept: list[str] = []
+    refusals: list[str] = []
+    for name in names:
+        one = replace(spec, partition=name)
+        if first is not None:
+            one = replace(one, time_limit_s=first.time_limit_s)
+        try:
+            resolved = _resolve_in_partition(one, principal, config, nodes, array_indices, accounting)
+        except ValidationError as exc:
+            refusals.append(f"{name}: {exc}")
+            continue
+        if first is None:
+            first = resolved
+        kept.append(resolved.partition)
+    if first is None:
+        raise ValidationError(f"no partition of --partition {spec.partition} accepts the job ({'; '.join(refusals)})")
+    if len(kept) == 1:
+        return first
+    listed = joined(kept)
+    return replace(first, spec=replace(first.spec, partition=listed), partition=listed)
+
+
+def _partition_priorities(config: ControllerConfig, accounting: Accounting | None) -> dict[str, int]:
+    if accounting is not None:
+        return {p.name: p.priority for p in accounting.partitions}
+    return {p.name: p.priority for p in config.partitions}
+
+
+def _resolve_in_partition(
+    spec: JobSpec,
+    principal: Principal,
+    config: ControllerConfig,
+    nodes: Mapping[str, Node],
+    array_indices: Sequence[int],
+    accounting: Accounting | None,
+) -> Resolved:
+    """The checks that depend on the partition (its account and QoS rules, its time limits, its nodes), for a
+    spec that names at most one."""
     part: PartitionConfig | PartitionDef
     if accounting is not None:
         account, part, spec = _resolve_policy(spec, principal, accounting)

@@ -192,7 +192,11 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
         else:
             limit = time_limit_of(job, partition)
             request = request_for(job_id, job.spec, job.partition, limit)
-            key = _interned(placement_key(request))
+            key = placement_key(request)
+            if job.other_partitions:
+                # -p a,b: a look-alike must name the same partitions, since it is tried in each of them
+                key = (*key, job.other_partitions)
+            key = _interned(key)
             plain = is_plain(state, job, partition, limit)
             requests[job_id] = (job, partition, accounting, limit, request, key, plain)
         if plain:

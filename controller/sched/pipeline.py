@@ -31,6 +31,7 @@ from garrison.controller.sched.filters import (
 from garrison.controller.sched.framework import OK, Candidate, Filter, QueueOrder, Request, Scorer, Status
 from garrison.controller.sched.phases.gates import gate
 from garrison.controller.sched.phases.never_here import never_here
+from garrison.controller.sched.phases.place_elsewhere import place_elsewhere
 from garrison.controller.sched.phases.place_now import place_now
 from garrison.controller.sched.phases.preempt import preempt_for
 from garrison.controller.sched.phases.reserve import reserve_later
@@ -67,6 +68,8 @@ GATES = gate
 PHASES: tuple[Callable[[CycleState, Candidacy], bool], ...] = (
     # 1. Start now if the whole gang fits, respecting reservations ahead (Filter, Score, Bind).
     place_now,
+    # 1b. A job that names several partitions (-p a,b): start it now in the next one that can run it.
+    place_elsewhere,
     # 2. Can never run on the up nodes (the filters' UNRESOLVABLE on the idle cluster): say so, hold no one.
     never_here,
     # 3. PostFilter: make room by preempting lower QoS, when enabled.

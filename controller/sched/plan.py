@@ -45,6 +45,8 @@ class Reason:
 class Start:
     job_id: int
     allocation: Allocation
+    # The partition it starts in, for a job that names several (sbatch -p a,b); None: the job's only one.
+    partition: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

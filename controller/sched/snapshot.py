@@ -68,6 +68,9 @@ class PendingJob:
     qos: str = ""  # "" : spec.qos, else the accounting's default QoS
     time_limit_s: int | None = None  # None: spec.time_limit_s, else the partition default
     service: Service = ()  # (start, end, GPUs) of its earlier attempts, for attained service (attained.py)
+    # sbatch -p a,b: the partitions tried after ``partition`` when it cannot start there now, in order (each
+    # placement in one partition: a gang never spans two). Its priority, gates and reservation are the first's.
+    other_partitions: tuple[str, ...] = ()
 
     @property
     def account_name(self) -> str:

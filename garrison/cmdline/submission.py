@@ -150,7 +150,7 @@ def _gsub_parser() -> Parser:
     _option(parser, "--gpu-mem", metavar="SIZE", help_text="The least memory each GPU must have, e.g. 40G.")
     _option(parser, "-t", "--time", metavar="TIME", help_text="Time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S; UNLIMITED (or 0): the partition's maximum.")
     _option(parser, "-A", "--account", metavar="NAME", help_text="Account to charge.")
-    _option(parser, "-p", "--partition", metavar="NAME", help_text="Partition to run in.")
+    _option(parser, "-p", "--partition", metavar="NAME", help_text="Partition to run in; a comma list (a,b): the first of them that can start the job.")
     _option(parser, "-q", "--qos", metavar="NAME", help_text="Quality of service.")
     _option(parser, "-o", "--output", metavar="PATTERN", help_text="stdout file; %%j %%t %%n %%A %%a %%u %%x expand.")
     _option(parser, "-e", "--error", metavar="PATTERN", help_text="stderr file (default: with stdout).")

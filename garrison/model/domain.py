@@ -229,6 +229,12 @@ class Job:
 
     def with_state(self, new: JobState, **changes: object) -> Job:
         check_transition(self.state, new)
+        if new == JobState.PENDING and self.state != JobState.PENDING and "partition" not in changes:
+            spec_partition = self.spec.partition
+            if spec_partition is not None and "," in spec_partition:
+                # -p a,b, requeued: it waits in every partition it named again (its spec keeps the list the
+                # controller resolved), as Slurm's requeued job does, not only in the one it ran in.
+                changes["partition"] = spec_partition
         return replace(self, state=new, **changes)  # type: ignore[arg-type]
 
 

@@ -27,7 +27,8 @@ def place_now(state: CycleState, c: Candidacy) -> bool:
         state.failed += 1
         return False
     job = c.job
-    state.starts.append(Start(job.job_id, allocation))
+    # A job that names several partitions starts in one of them (phases/place_elsewhere.py): say which.
+    state.starts.append(Start(job.job_id, allocation, c.request.partition if job.other_partitions else None))
     state.estimated[job.job_id] = state.now
     capacity.take(allocation, c.end, exclusive=c.request.exclusive)
     state.quotas.started(job, job.spec.total_gpus(), c.limit)

@@ -19,7 +19,7 @@ def reserve_later(state: CycleState, c: Candidacy) -> bool:
     config, job = state.config, c.job
     if not config.backfill:
         state.waiting[job.job_id] = Reason.RESOURCES
-        state.blocked_partitions.add(job.partition)
+        state.blocked_partitions.update((job.partition, *job.other_partitions))
         return True
     if len(state.reservations) < config.reservations:
         timeline = state.ensure_timeline()
