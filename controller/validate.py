@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from garrison.config import ControllerConfig, PartitionConfig
@@ -170,18 +170,16 @@ def validate_submission(
     if spec.launch == LaunchMode.RANK and spec.total_gpus() == 0 and spec.ntasks_per_node is None:
         # A CPU-only job in rank mode runs one process per node.
         spec = replace(spec, ntasks_per_node=1)
+    def resolve_in(one: JobSpec) -> Resolved:
+        return _resolve_in_partition(one, principal, config, nodes, array_indices, accounting)
+
     if spec.partition is not None and SEPARATOR in spec.partition:
-        return _resolve_in_partitions(spec, principal, config, nodes, array_indices, accounting)
-    return _resolve_in_partition(spec, principal, config, nodes, array_indices, accounting)
+        return _resolve_in_partitions(spec, resolve_in, _partition_priorities(config, accounting))
+    return resolve_in(spec)
 
 
 def _resolve_in_partitions(
-    spec: JobSpec,
-    principal: Principal,
-    config: ControllerConfig,
-    nodes: Mapping[str, Node],
-    array_indices: Sequence[int],
-    accounting: Accounting | None,
+    spec: JobSpec, resolve_in: Callable[[JobSpec], Resolved], priority: Mapping[str, int]
 ) -> Resolved:
     """-p a,b: the job waits in every named partition that accepts it and starts in the first that can run it
     (sched/phases/place_elsewhere.py). The partitions are tried in order of their priority, highest first, then
@@ -194,7 +192,6 @@ def _resolve_in_partitions(
         raise ValidationError(f"--partition {spec.partition!r} names no partition")
     if len(names) > MAX_PARTITIONS_PER_JOB:
         raise ValidationError(f"--partition names {len(names)} partitions, at most {MAX_PARTITIONS_PER_JOB}")
-    priority = _partition_priorities(config, accounting)
     names = tuple(sorted(names, key=lambda name: -priority.get(name, 0)))  # stable: as named within a priority
     first: Resolved | None = None
     kept: list[str] = []
@@ -204,7 +201,7 @@ def _resolve_in_partitions(
         if first is not None:
             one = replace(one, time_limit_s=first.time_limit_s)
         try:
-            resolved = _resolve_in_partition(one, principal, config, nodes, array_indices, accounting)
+            resolved = resolve_in(one)
         except ValidationError as exc:
             refusals.append(f"{name}: {exc}")
             continue
