@@ -19,6 +19,8 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 from helpers.polling import wait_until
@@ -92,35 +94,57 @@ def kill_agent(cluster: Cluster) -> None:
     os.kill(cluster.pid("agent-1"), signal.SIGKILL)
 
 
-def run_through_fault(cluster: Cluster, fault: Callable[[Cluster], None], restart_agent: bool = False) -> None:
+@dataclass
+class PrintingStep:
+    """A running job and a gsrun step in it running PRINTER, with the files that pace it."""
+
+    job_id: str
+    process: subprocess.Popen[str]
+    reader: Reader
+    go: str  # created by the test: the task prints the rest of its lines
+    printed: str  # created by the task once it has printed them
+    end: str  # created by the test: the task prints its last line and exits
+
+
+@contextmanager
+def printing_step(cluster: Cluster, label: str, env: dict[str, str] | None = None) -> Iterator[PrintingStep]:
+    """A one-GPU job and a gsrun step in it that has printed its first FIRST lines; on the way out, the step
+    is awaited (after the test created ``end``) or killed, and the job cancelled."""
     job_id = cluster.submit("-G", "1", "-t", "10:00", "--wrap", "sleep 600")
     cluster.wait_state(job_id, {"RUNNING"})
-    base = cluster.work / f"fault-{job_id}"
+    base = cluster.work / f"{label}-{job_id}"
     go, printed, end = (f"{base}.{name}" for name in ("go", "printed", "end"))
-    step = subprocess.Popen([str(BIN / "gsrun"), "--jobid", job_id, sys.executable, "-c", PRINTER, go, printed, end],
-                            env=cluster.env, cwd=str(cluster.work), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    reader = Reader(step)
+    process = subprocess.Popen(
+        [str(BIN / "gsrun"), "--jobid", job_id, sys.executable, "-c", PRINTER, go, printed, end],
+        env=env or cluster.env, cwd=str(cluster.work), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    step = PrintingStep(job_id, process, Reader(process), go, printed, end)
     try:
-        wait_until(lambda: len(reader.lines) >= FIRST, 60, what="the step's first lines at gsrun")
+        wait_until(lambda: len(step.reader.lines) >= FIRST, 60, what="the step's first lines at gsrun")
+        yield step
+        process.wait(timeout=120)
+        step.reader.thread.join(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        cluster.run("gcancel", job_id, check=False)
+
+
+def run_through_fault(cluster: Cluster, fault: Callable[[Cluster], None], restart_agent: bool = False) -> None:
+    with printing_step(cluster, "fault") as step:
         controller = cluster.pid("controller")
         os.kill(controller, signal.SIGSTOP)
         try:
-            open(go, "w").close()
-            wait_until(lambda: os.path.exists(printed), 60, what="the task to print while the controller is stopped")
+            open(step.go, "w").close()
+            wait_until(lambda: os.path.exists(step.printed), 60,
+                       what="the task to print while the controller is stopped")
             fault(cluster)
         finally:
             os.kill(controller, signal.SIGCONT)
         if restart_agent:  # `garrison up` waits for the controller: once it runs again
             cluster.up()
-        open(end, "w").close()
-        step.wait(timeout=120)
-        reader.thread.join(timeout=60)
-    finally:
-        if step.poll() is None:
-            step.kill()
-        cluster.run("gcancel", job_id, check=False)
-    assert_every_line_once(step, reader)
+        open(step.end, "w").close()
+    assert_every_line_once(step.process, step.reader)
 
 
 def assert_every_line_once(step: subprocess.Popen[str], reader: Reader) -> str:
@@ -153,27 +177,13 @@ def test_a_step_and_its_output_survive_a_controller_restart_exactly_once(cluster
     stream is gone with it) while the task prints, and started again: the task runs on, gsrun takes the step
     up again on a new stream (the local socket, or gRPC), and every line arrives once, in order; the step
     ends with the task's exit code, as srun's would across a slurmctld restart."""
-    job_id = cluster.submit("-G", "1", "-t", "10:00", "--wrap", "sleep 600")
-    cluster.wait_state(job_id, {"RUNNING"})
-    base = cluster.work / f"restart-{job_id}"
-    go, printed, end = (f"{base}.{name}" for name in ("go", "printed", "end"))
     env = dict(cluster.env, GARRISON_TRANSPORT="grpc") if transport == "grpc" else cluster.env
-    step = subprocess.Popen([str(BIN / "gsrun"), "--jobid", job_id, sys.executable, "-c", PRINTER, go, printed, end],
-                            env=env, cwd=str(cluster.work), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    reader = Reader(step)
-    try:
-        wait_until(lambda: len(reader.lines) >= FIRST, 60, what="the step's first lines at gsrun")
-        open(go, "w").close()
-        wait_until(lambda: len(reader.lines) > FIRST, 60, what="the task's lines after the first")
+    with printing_step(cluster, "restart", env) as step:
+        open(step.go, "w").close()
+        wait_until(lambda: len(step.reader.lines) > FIRST, 60, what="the task's lines after the first")
         os.kill(cluster.pid("controller"), signal.SIGKILL)
-        wait_until(lambda: os.path.exists(printed), 60, what="the task to print while the controller is down")
+        wait_until(lambda: os.path.exists(step.printed), 60, what="the task to print while the controller is down")
         cluster.up()
-        open(end, "w").close()
-        step.wait(timeout=120)
-        reader.thread.join(timeout=60)
-    finally:
-        if step.poll() is None:
-            step.kill()
-        cluster.run("gcancel", job_id, check=False)
-    err = assert_every_line_once(step, reader)
+        open(step.end, "w").close()
+    err = assert_every_line_once(step.process, step.reader)
     assert "took step" in err, err  # gsrun says so on its stderr, as it says it lost the stream
