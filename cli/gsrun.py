@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
+    from garrison.cli.gsrun_alloc import Granted
+
 PROG = "gsrun"
 # srun options real scripts carry that Garrison accepts and does not act on: gsrun names them once in a warning
 # (unless -Q), as gsub does sbatch's, so a script written for Slurm runs unchanged. Each is a placement, MPI or
@@ -668,7 +670,7 @@ def main(argv: list[str] | None = None) -> None:
 
     writer = OutputWriter(args.label, args.output, args.error)
     session: StepSession | None = None
-    allocation: int | None = None
+    allocation: Granted | None = None
     code = 1
     try:
         with Client() as client:
@@ -677,9 +679,14 @@ def main(argv: list[str] | None = None) -> None:
 
                 interruptible()
                 try:
-                    allocation = job_id = request_allocation(client, args)
+                    allocation = request_allocation(client, args)
                 except AllocationInterrupted:
                     raise CliError("interrupted while waiting for an allocation") from None
+                job_id = allocation.job_id
+                # The tasks get the allocation's job variables, as srun's tasks get those of the one it made
+                # (what the step's own variables name, per node, is set over them on each node).
+                spec_fields["env"] = {**spec_fields["env"], **allocation.environment}
+                allocation.keep_renewed()
             start = pb.StepSpec(job_id=job_id, **spec_fields)
             session = StepSession(client, start, pb)
             handlers = [signal.SIGINT, *FORWARDED] + ([signal.SIGWINCH] if args.pty else [])
@@ -697,6 +704,7 @@ def main(argv: list[str] | None = None) -> None:
         if allocation is not None:
             from garrison.cli.gsrun_alloc import release_allocation
 
+            allocation.stop_renewing()
             with Client() as releasing:
-                release_allocation(releasing, allocation)
+                release_allocation(releasing, allocation.job_id, code)
     sys.exit(code)

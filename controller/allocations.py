@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("garrison.controller.allocations")
 
-LAPSED_REASON = "galloc went away (its keep-alive lapsed)"
+LAPSED_REASON = "its galloc or srun went away (its keep-alive lapsed)"
 MIN_CHECK_INTERVAL_S = 1.0  # leases are checked at most this often: the check reads every job
 
 
@@ -168,7 +168,7 @@ class Allocations:
         job = self._owned_allocation(principal, job_id)
         now = self.engine.clock.now()
         if job.state == JobState.PENDING:
-            cancelled, instructions = self.engine.state.cancel([job_id], now, reason="galloc gave up waiting")
+            cancelled, instructions = self.engine.state.cancel([job_id], now, reason="its galloc or srun gave up waiting")
             self.engine.execute(instructions)
             return ReleaseResult(released=bool(cancelled), state=self.engine.state.jobs[job_id].state)
         instructions = self.engine.state.release_allocation(job_id, exit_code, now)

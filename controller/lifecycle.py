@@ -455,7 +455,7 @@ class JobLifecycle:
             return []
         self._live_changing(live)
         live.outcome = JobState.COMPLETED if exit_code == 0 else JobState.FAILED
-        live.outcome_reason = "" if exit_code == 0 else f"galloc's command exited with {exit_code}"
+        live.outcome_reason = "" if exit_code == 0 else f"the allocation's command exited with {exit_code}"
         # The exit code is stored with the decision, so a controller restarted meanwhile still knows it.
         self._save([job.with_state(JobState.COMPLETING, reason=live.outcome_reason, exit_code=exit_code)])
         self._save_stop(live)

@@ -317,3 +317,42 @@ def test_gsrun_inside_galloc_runs_a_step_on_every_allocated_node(cluster: Cluste
     assert c.wait_done(str(job_id))["state"] == "COMPLETED"
     recorded = json.loads(c.run("gacct", "--steps", "-j", str(job_id), "--json").stdout)["steps"]
     assert [s["state"] for s in recorded if s["step_id"] == f"{job_id}.0"] == ["COMPLETED"], recorded
+
+
+def test_gsrun_outside_a_job_renews_its_allocation_and_ends_it_with_the_steps_exit_code(cluster: Cluster) -> None:
+    """srun outside a job holds an allocation as salloc's (its lease renewed while the step runs, here for
+    longer than the lease), its tasks get the allocation's job variables, and the job ends with the step's
+    exit code (FAILED 3), as srun's does in sacct."""
+    c = cluster
+    outside = {k: v for k, v in c.env.items() if not k.startswith(("SLURM_", "GARRISON_JOB"))}
+    result = subprocess.run(
+        [str(BIN / "gsrun"), "-N", "2", "--gpus-per-node", "1", "-J", "leased", "bash", "-c",
+         f"sleep {2 * KEEPALIVE_S}; echo $SLURM_JOB_NODELIST $SLURM_NNODES $SLURM_JOB_PARTITION $SLURM_SUBMIT_DIR;"
+         " exit 3"],
+        env=outside, cwd=c.work, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.splitlines() == [f"node[1-2] 2 main {c.work}"] * 2, result.stdout
+    (job,) = [j for j in c.jobs() if j["name"] == "leased"]
+    done = c.wait_done(str(job["job_id"]))
+    assert (done["state"], done["exit_code"]) == ("FAILED", 3), done
+    wait_until(lambda: sum(allocated_gpus(c).values()) == 0, 30, what="the GPUs to be free again")
+
+
+def test_a_killed_gsrun_outside_a_job_loses_its_allocation(cluster: Cluster) -> None:
+    c = cluster
+    outside = {k: v for k, v in c.env.items() if not k.startswith(("SLURM_", "GARRISON_JOB"))}
+    step = subprocess.Popen([str(BIN / "gsrun"), "-G", "2", "-J", "killed-step", "sleep", "300"], env=outside,
+                            cwd=c.work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        job = wait_until(lambda: next((j for j in c.jobs() if j["name"] == "killed-step" and j["state"] == "RUNNING"),
+                                      None), 60, what="gsrun's allocation to run")
+        step.kill()
+        step.wait()
+        # Within the keep-alive lease (3 s) and a check, not at the time limit.
+        done = c.wait_done(str(job["job_id"]), timeout=30)
+        assert done["state"] == "CANCELLED" and "keep-alive" in done["reason"], done
+        wait_until(lambda: sum(allocated_gpus(c).values()) == 0, 30, what="the GPUs to be free again")
+    finally:
+        if step.poll() is None:
+            step.kill()
