@@ -29,7 +29,7 @@ ended without an error; otherwise, and after MAX_ATTEMPTS_PER_SUPERVISOR attempt
 
 What a fork costs is mostly the child's copy-on-write faults (every object the supervisor touches, if only to
 count a reference, copies its page) and the page tables copied and torn down. So the server imports only what
-a supervisor needs (start_forkserver()'s subprocess, select and pathlib are the agent's, imported there).
+a supervisor needs (start_forkserver()'s subprocess and pathlib are the agent's, imported there).
 (gc.freeze() before serving was measured again and left out: supervisor_spawn.py, three alternating pairs,
 7.77, 7.30, 8.10 ms of supervisor-and-rank CPU per job with it, 7.20, 6.97, 7.53 without.)
 """
@@ -189,6 +189,10 @@ def _become_supervisor(
 
 # The server's end of each supervisor's socket pair, by the supervisor's pid, and the idle ones (oldest first).
 _channels: dict[int, socket.socket] = {}
+_pid_by_channel_fd: dict[int, int] = {}
+# poll(), not select(): a node may run more supervisors than select()'s 1,024 descriptors. (A poll object holds
+# no descriptor, so the supervisors forked with a copy of it inherit nothing.)
+_poller = select.poll()
 _idle: list[int] = []
 
 
@@ -196,6 +200,8 @@ def _drop(pid: int) -> None:
     """Forget a supervisor: closing our end tells it (if idle) to exit."""
     channel = _channels.pop(pid, None)
     if channel is not None:
+        _poller.unregister(channel)
+        del _pid_by_channel_fd[channel.fileno()]
         channel.close()
     if pid in _idle:
         _idle.remove(pid)
@@ -271,6 +277,8 @@ def fork_supervisor(job_dir: str, lock_fd: int, sockets_to_close: list[socket.so
             _become_supervisor(job_dir, lock_fd, [*sockets_to_close, ours, *_channels.values()], theirs)
         theirs.close()
         _channels[pid] = ours
+        _pid_by_channel_fd[ours.fileno()] = pid
+        _poller.register(ours, select.POLLIN)
         write_file_atomically(os.path.join(job_dir, PID_FILE), f"{pid}\n".encode())
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
@@ -297,7 +305,13 @@ def _handle_request(connection: socket.socket, listener: socket.socket) -> None:
         job_dir = str(request["job_dir"])
         if not os.path.isabs(job_dir) or not os.path.isdir(job_dir):
             raise ValueError(f"job_dir must be an existing absolute directory: {job_dir!r}")
-        pid = _hand_to_idle_supervisor(job_dir, fds[0])
+        # As around a fork: our death (SIGTERM, PR_SET_PDEATHSIG) waits until the pid file of a supervisor
+        # that took the attempt is written.
+        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            pid = _hand_to_idle_supervisor(job_dir, fds[0])
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
         if pid is None:
             pid = fork_supervisor(job_dir, fds[0], [listener, connection])
         reply = {"pid": pid}
@@ -329,14 +343,16 @@ def serve(socket_path: str | os.PathLike[str], *, exit_with_parent: bool = True)
     listener.listen(64)
     sys.stdout.buffer.write(READY_LINE)
     sys.stdout.flush()
+    _poller.register(listener, select.POLLIN)
     while True:
-        readable = _wait_readable([listener, *_channels.values()])
-        for ready in readable:
-            if ready is not listener:
-                pid = next((pid for pid, channel in _channels.items() if channel is ready), None)
-                if pid is not None:
-                    _hear_from_supervisor(pid)
-        if listener not in readable:
+        # poll() retries by itself after the SIGCHLD handler has run (PEP 475). Supervisors first: one that has
+        # just said it is idle can take the request that came with it.
+        ready = [fd for fd, _events in _poller.poll()]
+        for fd in ready:
+            pid = _pid_by_channel_fd.get(fd)
+            if pid is not None:
+                _hear_from_supervisor(pid)
+        if listener.fileno() not in ready:
             continue
         connection, _address = listener.accept()
         with connection:
@@ -344,12 +360,6 @@ def serve(socket_path: str | os.PathLike[str], *, exit_with_parent: bool = True)
                 _handle_request(connection, listener)
             except OSError as error:
                 print(f"forkserver: request failed: {error!r}", file=sys.stderr, flush=True)
-
-
-def _wait_readable(sockets: list[socket.socket]) -> list[socket.socket]:
-    # select() retries by itself after the SIGCHLD handler has run (PEP 475).
-    readable, _, _ = select.select(sockets, [], [])
-    return readable
 
 
 def start_forkserver(
