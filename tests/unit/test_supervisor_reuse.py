@@ -22,17 +22,33 @@ from test_supervisor import DEADLINE_S, Jobs, parent_pid, process_is_gone
 from garrison.nodeagent.supervisor import client, core
 from garrison.nodeagent.supervisor.forkserver import MAX_IDLE_SUPERVISORS, start_forkserver
 
-# recvmsg(2), where an idle supervisor waits for its next attempt (after it has said it is idle).
+# recvmsg(2), where an idle supervisor waits for its next attempt (after it has said it is idle), and
+# rt_sigtimedwait(2), where a busy one waits for its signals.
 RECVMSG_SYSCALL = {"x86_64": 47, "aarch64": 212}
+SIGTIMEDWAIT_SYSCALL = {"x86_64": 128, "aarch64": 137}
 
 
-def waiting_for_an_attempt(pid: int) -> bool:
-    """pid is blocked in recvmsg: it has told the server it is idle (it says so just before)."""
+def _blocked_in(pid: int, syscalls: dict[str, int]) -> bool:
     try:
         number = Path(f"/proc/{pid}/syscall").read_text().split()[0]
     except (FileNotFoundError, IndexError):
         return False
-    return number.isdigit() and int(number) == RECVMSG_SYSCALL[platform.machine()]
+    return number.isdigit() and int(number) == syscalls[platform.machine()]
+
+
+def waiting_for_an_attempt(pid: int) -> bool:
+    """pid is blocked in recvmsg: it has told the server it is idle (it says so just before)."""
+    return _blocked_in(pid, RECVMSG_SYSCALL)
+
+
+def done_with_its_signals(pid: int) -> bool:
+    """pid has taken every signal sent to it and waits for more: whatever they made it do is done."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except FileNotFoundError:
+        return False
+    pending = [int(line.split()[1], 16) for line in lines if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return not any(pending) and _blocked_in(pid, SIGTIMEDWAIT_SYSCALL)
 
 
 @pytest.fixture
@@ -195,3 +211,68 @@ def test_a_supervisor_whose_attempt_failed_is_not_reused(jobs: Jobs, forkserver:
     wait_until(lambda: process_is_gone(pid), DEADLINE_S, what="the supervisor of a broken launch to exit")
     status = client.read_status(broken)
     assert status is not None and status.finished and "launch.json" in (status.error or "")
+
+
+def test_a_reused_supervisor_keeps_a_gangs_start_barrier_until_its_own_release(
+    jobs: Jobs, forkserver: Path
+) -> None:
+    import dataclasses
+
+    first = jobs.job_dir()
+    pid = client.spawn(first, jobs.spec(jobs.rank(0, "exit 0"), job_id=1), forkserver=forkserver)
+    jobs.wait_finished(first)
+    wait_until(lambda: waiting_for_an_attempt(pid), DEADLINE_S, what="the supervisor to be idle")
+    client.release(first)  # late, for the ended attempt: refused by its lock, its file left in its own directory
+    started = jobs.root / "started"
+    gang, stopped_gang = jobs.job_dir(), jobs.job_dir()
+    spec = dataclasses.replace(jobs.spec(jobs.rank(0, f"touch {started}"), job_id=2), start_barrier=True)
+    assert client.spawn(gang, spec, forkserver=forkserver) == pid
+    # Wake-ups with no release in the gang's directory leave it at the barrier; its own release starts it.
+    for stale in (signal.SIGHUP, signal.SIGUSR1):
+        os.kill(pid, stale)
+    wait_until(lambda: done_with_its_signals(pid), DEADLINE_S, what="the supervisor to take the wake-ups")
+    assert client.is_alive(gang) and not started.exists()
+    assert client.release(gang)
+    status = jobs.wait_finished(gang)
+    assert started.exists() and status.ranks[0].exit_code == 0
+
+    wait_until(lambda: waiting_for_an_attempt(pid), DEADLINE_S, what="the supervisor to be idle again")
+    spec = dataclasses.replace(jobs.spec(jobs.rank(0, f"touch {started}.again"), job_id=3), start_barrier=True)
+    assert client.spawn(stopped_gang, spec, forkserver=forkserver) == pid
+    assert client.terminate(stopped_gang)
+    status = jobs.wait_finished(stopped_gang)
+    assert status.terminated_by == "SIGTERM" and "not started" in (status.ranks[0].error or "")
+    assert not Path(f"{started}.again").exists()
+
+
+def test_the_reuse_check_sees_what_an_attempt_could_leave_behind() -> None:
+    """forkserver._process_state(), compared before and after each attempt, changes with each kind of state
+    a supervisor could carry from one attempt into the next (each changed here and put back)."""
+    import resource
+
+    from garrison.nodeagent.supervisor import forkserver as server_module
+
+    before = server_module._process_state()
+    changes = []
+    umask = os.umask(0o027)
+    changes.append(server_module._process_state())
+    os.umask(umask)
+    os.environ["GARRISON_REUSE_TEST"] = "1"
+    changes.append(server_module._process_state())
+    del os.environ["GARRISON_REUSE_TEST"]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft - 1, hard))
+    changes.append(server_module._process_state())
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    leaked = os.open(os.devnull, os.O_RDONLY)
+    changes.append(server_module._process_state())
+    os.close(leaked)
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    changes.append(server_module._process_state())
+    signal.signal(signal.SIGUSR2, previous)
+    cwd = os.getcwd()
+    os.chdir("/")
+    changes.append(server_module._process_state() if cwd != "/" else ("cwd already /",))
+    os.chdir(cwd)
+    assert server_module._process_state() == before
+    assert all(change != before for change in changes)
