@@ -6,8 +6,9 @@
 
 Starts a fork server (nodeagent/supervisor/forkserver.py) as the agent does, spawns --jobs one-rank attempts
 through it one after another as the agent's launch threads do (client.spawn), each running --argv, and waits
-for each supervisor's notification. Prints CPU per job: the fork server's own, and its reaped children's (the
-supervisors, with the ranks they reaped), and the same --argv run --jobs times by a plain parent
+for each supervisor's notification. Prints CPU per job: the fork server's own, and its children's (the
+supervisors, with the ranks they reaped: those reaped, and those kept idle for another attempt from their own
+figures), and the same --argv run --jobs times by a plain parent
 (``rank_alone``: what the job itself costs without any supervisor), so that the difference is the supervisor.
 With --cgroup-root (root, cgroup v1), each attempt gets its cgroup with limits as the agent makes it
 (nodeagent/containment/cgroup_v1.py, before the spawn, not counted), which the supervisor joins, empties and
