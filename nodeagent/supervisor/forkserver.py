@@ -104,9 +104,10 @@ def _process_state(attempt_lock_fd: int | None = None) -> tuple[object, ...]:
     dispositions = tuple(_signal.getsignal(number) for number in sorted(_signal.valid_signals()))
     with open("/proc/self/cgroup", "rb") as cgroup_file:
         cgroups = cgroup_file.read()
+    descriptors = sorted(fd for fd in os.listdir("/proc/self/fd") if fd != str(attempt_lock_fd))
     return (
         os.getcwd(), umask, dict(os.environ), limits, dispositions,
-        frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, ())), sorted(fd for fd in os.listdir("/proc/self/fd") if fd != str(attempt_lock_fd)),
+        frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, ())), descriptors,
         os.getresuid(), os.getresgid(), os.getgroups(), frozenset(os.sched_getaffinity(0)),
         os.getpriority(os.PRIO_PROCESS, 0), os.getsid(0), os.getpgid(0), cgroups,
     )
@@ -270,7 +271,12 @@ def fork_supervisor(job_dir: str, lock_fd: int, sockets_to_close: list[socket.so
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, CONTROL_SIGNALS)
     try:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            raise
         if pid == 0:
             # Our ends of the other supervisors' pairs: held here, they would keep those supervisors from
             # seeing the server's exit.
