@@ -1,6 +1,7 @@
 """The supervisor process of one job attempt (the role of Slurm's slurmstepd).
 
-One supervisor runs per (job_id, attempt). It is started detached from the node
+One supervisor runs per (job_id, attempt) at a time; a fork server's supervisor goes on
+to another attempt once one is over (forkserver.py). It is started detached from the node
 agent (see client.spawn() and forkserver.py), so the agent can crash or restart
 without killing or losing jobs. It reads ``launch.json``, starts every rank in its
 own session/process group, forwards control signals, enforces the SIGTERM->SIGKILL
