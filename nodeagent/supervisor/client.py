@@ -9,6 +9,11 @@ supervisor holds an exclusive flock on it for its whole life (taken by spawn() b
 the process even exists and handed down to it), so a reused pid can never pass for a
 supervisor, and there is no start-up window in which a live supervisor looks dead.
 
+Every request to a supervisor is a file in the attempt's directory, and the signal sent to its pid only wakes
+it: a supervisor that has finished an attempt goes on to the next one (forkserver.py), so a pid read for an
+attempt that ended meanwhile may be the next attempt's supervisor, which finds no request in its own
+directory and ignores the signal.
+
 Launches are idempotent: a job directory that has a live supervisor or a status.json
 (its attempt ran, or is running) never gets a second supervisor, because the
 controller resends launch commands.
@@ -265,13 +270,12 @@ def _signal_supervisor(job_dir: Path, signal_number: int) -> bool:
 def send(job_dir: Path, sig: int) -> bool:
     """Deliver sig to every rank's process group. False if no supervisor is alive.
 
-    SIGUSR1 and SIGUSR2 are relayed directly; any other signal goes through a request
-    file in control/ and a SIGHUP. To stop a job use terminate() or kill_now(), which
-    also record why the job ended and enforce the grace period.
+    Through a request file in control/ and a SIGHUP, SIGUSR1 and SIGUSR2 too (they were
+    sent to the supervisor itself, which a reused supervisor cannot tell from one meant
+    for its previous attempt). To stop a job use terminate() or kill_now(), which also
+    record why the job ended and enforce the grace period.
     """
     signal_number = signal.Signals(sig)  # ValueError for a number that is no signal
-    if signal_number in core.FORWARDED_SIGNALS:
-        return _signal_supervisor(job_dir, signal_number)
     if not is_alive(job_dir):
         return False
     control_dir = Path(job_dir) / core.CONTROL_DIR
@@ -288,9 +292,19 @@ def send(job_dir: Path, sig: int) -> bool:
     return _signal_supervisor(job_dir, core.CONTROL_REQUEST_SIGNAL)
 
 
+def _request(job_dir: Path, request_file: str, wake_up: int) -> bool:
+    """Leave a request file for the attempt's live supervisor, then wake it. False if none is alive."""
+    if not is_alive(job_dir):
+        return False
+    path = Path(job_dir) / request_file
+    if not path.exists():
+        path.touch(mode=0o600)
+    return _signal_supervisor(job_dir, wake_up)
+
+
 def terminate(job_dir: Path) -> bool:
     """SIGCONT+SIGTERM to every rank group, SIGKILL to those left after kill_wait_s."""
-    return _signal_supervisor(job_dir, core.TERMINATE_SIGNAL)
+    return _request(job_dir, core.TERMINATE_REQUEST_FILE, core.TERMINATE_SIGNAL)
 
 
 def release(job_dir: Path) -> bool:
@@ -304,7 +318,7 @@ def release(job_dir: Path) -> bool:
 
 def kill_now(job_dir: Path) -> bool:
     """SIGKILL every rank group at once."""
-    return _signal_supervisor(job_dir, core.KILL_NOW_SIGNAL)
+    return _request(job_dir, core.KILL_REQUEST_FILE, core.KILL_NOW_SIGNAL)
 
 
 def _empty_cgroup(job_dir: Path) -> None:

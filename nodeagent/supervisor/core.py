@@ -1,6 +1,7 @@
 """The supervisor process of one job attempt (the role of Slurm's slurmstepd).
 
-One supervisor runs per (job_id, attempt). It is started detached from the node
+One supervisor runs per (job_id, attempt) at a time; a fork server's supervisor goes on
+to another attempt once one is over (forkserver.py). It is started detached from the node
 agent (see client.spawn() and forkserver.py), so the agent can crash or restart
 without killing or losing jobs. It reads ``launch.json``, starts every rank in its
 own session/process group, forwards control signals, enforces the SIGTERM->SIGKILL
@@ -14,19 +15,24 @@ into its own plain classes instead. client.spawn() runs it with ``python -I -S``
 appending this directory to sys.path, so it must not use package-relative imports
 either: when started that way it is the top-level module ``core``.
 
-Control protocol (signals sent to the supervisor pid):
-  SIGUSR1, SIGUSR2  forwarded to every process of the attempt, also those that left their
-                    rank's process group (torchrun's workers run in sessions of their own),
-                    except torchrun agents, which would die of it and pass it to nobody,
-                    gsrun clients, whose tasks get it from their steps' own supervisors, and
-                    shells that do not trap it, which would die of it (to each rank's own
-                    process only when it is the launch's batch_signal: --signal=B:, as in Slurm)
-  SIGTERM           terminate: SIGCONT+SIGTERM to every process group of the attempt,
-                    SIGKILL to everything still alive after kill_wait_s
-  SIGINT            SIGKILL every rank group now
-  SIGHUP            process the request files in ``control/`` (one file per request,
-                    containing a signal number to forward to every rank group); at a
-                    gang's start barrier, look for the release file
+Control protocol: every request is a file in the attempt's job directory, and a signal to the
+supervisor pid (client.py sends them) is only a wake-up to look at them. A supervisor is reused for
+one attempt after another (forkserver.py), so a signal meant for an attempt that has just ended may
+reach the next one's supervisor: it finds no request in its own attempt's directory and does nothing.
+  kill-requested       SIGKILL every rank group now (woken by SIGINT)
+  terminate-requested  terminate: SIGCONT+SIGTERM to every process group of the attempt, SIGKILL to
+                       everything still alive after kill_wait_s (woken by SIGTERM); also read before
+                       any rank starts, so a stop asked for while we were being started is not lost
+  control/             one file per request, containing a signal number to forward (woken by SIGHUP):
+                       to every process of the attempt, also those that left their rank's process
+                       group (torchrun's workers run in sessions of their own), except torchrun agents,
+                       which would die of it and pass it to nobody, gsrun clients, whose tasks get it
+                       from their steps' own supervisors, and shells that do not trap it, which would
+                       die of it (to each rank's own process only when it is the launch's
+                       batch_signal: --signal=B:, as in Slurm)
+  released             at a gang's start barrier: start the ranks (woken by SIGHUP)
+Each wake-up signal is the one that meant the request itself before requests were files, so a
+supervisor started by an older agent still acts on a newer agent's requests.
 
 Fencing (docs/operations.md): when launch.json names a ``lease_file``, the supervisor
 reads it every LEASE_CHECK_INTERVAL_S. It holds the end of the node's lease in
@@ -108,6 +114,8 @@ RELEASE_FILE = "released"
 # The agent creates it before it signals a stop; a stop requested while the supervisor was being started
 # (before its pid was known) is found this way, so it is never lost, not even at a start barrier.
 TERMINATE_REQUEST_FILE = "terminate-requested"
+# Written by client.kill_now() before its wake-up (SIGINT): kill every rank now.
+KILL_REQUEST_FILE = "kill-requested"
 # The agent signals the release; this is the fallback should its SIGHUP be lost.
 BARRIER_POLL_INTERVAL_S = 0.5
 
@@ -262,7 +270,7 @@ def read_lease_end(path: str) -> float | None:
 _log_file_to_open: str | None = None  # see log_to_file_when_needed()
 
 
-def log_to_file_when_needed(path: str) -> None:
+def log_to_file_when_needed(path: str | None) -> None:
     """Make ``path`` our stderr (the log) once there is something to log, not before: most attempts never log
     a line, and a file created and removed for nothing is one more of each per attempt (the fork server's
     supervisors start with stderr on /dev/null and call this)."""
@@ -592,6 +600,9 @@ class Supervisor:
         self.usage: dict[str, int] | None = None
         self.out_of_memory = False
         self._leftovers_killed = False
+        self._kill_request_taken = False
+        self._terminate_request_taken = False
+        self.left_something_behind = False  # its cgroup could not be removed: this process is not reused
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -618,7 +629,7 @@ class Supervisor:
         self.finished_at = time.time()
         self.write_status(STATE_FINISHED)
         self._notify_agent()
-        return 0 if self.error is None else 1
+        return 0 if self.error is None and not self.left_something_behind else 1
 
     def _record_running_ranks(self) -> None:
         """The ranks' process groups, once they have started, for an agent that finds us dead
@@ -653,20 +664,21 @@ class Supervisor:
             timeout = BARRIER_POLL_INTERVAL_S
             if self.launch.lease_file is not None:
                 timeout = min(timeout, max(self._next_lease_check - time.monotonic(), 0.0))
+            if self._kill_requested_by_file():
+                self.terminated_by = "SIGKILL"
+                return False
+            # Any signal is a wake-up to look at the files again (the release, a stop; a control request has
+            # no rank to go to yet).
             signal_number = _wait_for_signal(timeout)
             while signal_number is not None:
-                if signal_number == KILL_NOW_SIGNAL:
-                    self.terminated_by = "SIGKILL"
-                    return False
-                if signal_number == TERMINATE_SIGNAL:
-                    self.terminated_by = self.terminated_by or "SIGTERM"
-                    return False
-                # SIGHUP: the release (or a control request, with no rank to forward it to yet).
                 signal_number = _wait_for_signal(0)
         return True
 
     def _stop_requested_by_file(self) -> bool:
         return os.path.exists(os.path.join(self.job_dir, TERMINATE_REQUEST_FILE))
+
+    def _kill_requested_by_file(self) -> bool:
+        return os.path.exists(os.path.join(self.job_dir, KILL_REQUEST_FILE))
 
     def _check_lease(self, force: bool = False) -> None:
         """Every LEASE_CHECK_INTERVAL_S: once the node's lease has run out, stop the ranks (fencing)."""
@@ -699,6 +711,7 @@ class Supervisor:
             cgroup_runtime.kill_all(cgroup, reap=lambda: self._reap_children())
             self.usage = cgroup_runtime.usage(cgroup)
         except OSError as error:
+            self.left_something_behind = True
             _log(f"cgroup {cgroup}: {error}")
             return
         if self.usage.get("oom_kills", 0) > 0:
@@ -709,6 +722,7 @@ class Supervisor:
                 _log(f"could not write the out-of-memory note: {error}")
         left = cgroup_runtime.remove(cgroup)
         if left:
+            self.left_something_behind = True
             _log(f"cgroup directories still busy, left in place: {left}")
 
     def _tell_ranks_out_of_memory(self, kills: int) -> None:
@@ -735,14 +749,16 @@ class Supervisor:
             os.waitpid(pid, 0)
 
     def _termination_requested_before_start(self) -> bool:
-        pending = signal.sigpending()
-        if KILL_NOW_SIGNAL in pending:
+        # The wake-ups pending now were sent before this attempt's requests were looked at (or to the attempt
+        # this process supervised before): what they asked for is in the files, which are read after.
+        while _wait_for_signal(0) is not None:
+            pass
+        if self._kill_requested_by_file():
             self.terminated_by = "SIGKILL"
-        elif TERMINATE_SIGNAL in pending or self._stop_requested_by_file():
+        elif self._stop_requested_by_file():
             self.terminated_by = "SIGTERM"
         else:
             return False
-        signal.sigtimedwait({TERMINATE_SIGNAL, KILL_NOW_SIGNAL}, 0)
         return True
 
     def _start_ranks(self) -> None:
@@ -851,16 +867,20 @@ class Supervisor:
     def _handle_signal(self, signal_number: int) -> None:
         if signal_number == signal.SIGCHLD:
             return  # reaping happens at the top of the loop
-        if signal_number in FORWARDED_SIGNALS:
-            self._forward(signal_number)
-        elif signal_number == TERMINATE_SIGNAL:
-            self._terminate()
-        elif signal_number == KILL_NOW_SIGNAL:
+        # Whichever control signal woke us, the requests are the files in our attempt's directory: a signal
+        # alone may be one sent to the attempt this process supervised before (see the module docstring).
+        self._take_requests()
+
+    def _take_requests(self) -> None:
+        if not self._kill_request_taken and self._kill_requested_by_file():
+            self._kill_request_taken = self._terminate_request_taken = True
             self.terminated_by = "SIGKILL"
             self._kill_deadline = None
             self._signal_attempt(signal.SIGKILL)
-        elif signal_number == CONTROL_REQUEST_SIGNAL:
-            self._process_control_requests()
+        elif not self._terminate_request_taken and self._stop_requested_by_file():
+            self._terminate_request_taken = True  # taken once: a later wake-up must not restart the grace period
+            self._terminate()
+        self._process_control_requests()
 
     def _terminate(self) -> None:
         if self._kill_deadline is not None or self.terminated_by == "SIGKILL":

@@ -127,25 +127,33 @@ def idle_latency(client, out_dir: Path, count: int) -> list[float]:  # type: ign
 # Which of the cluster's processes is which, by a word of its command line (cli/up.py, the agent's fork
 # server). Supervisors and the jobs' own processes are counted through the fork server: it reaps the
 # supervisors, and each supervisor (a subreaper) reaps the job's processes, so their CPU time is the fork
-# server's children's time.
+# server's children's time. A supervisor kept for the next attempt (forkserver.py) has not been reaped: it
+# is counted from its own figures, with the ranks it reaped. It has the fork server's command line (it is
+# a fork of it); the fork server is the one whose parent is an agent.
 PROCESS_KINDS = (("garrison.controller.main", "controller"), ("garrison.nodeagent.main", "agents"),
                  ("supervisor.forkserver", "forkservers"))
 
 
 def cpu_by_kind(state_dir: Path) -> dict[str, float]:
     """CPU seconds so far of the cluster's processes under ``state_dir``, by kind (PROCESS_KINDS); the fork
-    servers' reaped children as ``supervisors_and_jobs``."""
+    servers' reaped children and the live supervisors as ``supervisors_and_jobs``."""
     import psutil
 
     totals = {kind: 0.0 for _, kind in PROCESS_KINDS} | {"supervisors_and_jobs": 0.0}
-    for proc in psutil.process_iter(["cmdline"]):
+    found: list[tuple[str, psutil.Process]] = []
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
         cmdline = " ".join(proc.info["cmdline"] or ())
         kind = next((kind for word, kind in PROCESS_KINDS if word in cmdline), None)
-        if kind is None or str(state_dir) not in cmdline:
-            continue
+        if kind is not None and str(state_dir) in cmdline:
+            found.append((kind, proc))
+    agents = {proc.pid for kind, proc in found if kind == "agents"}
+    for kind, proc in found:
         try:
             times = proc.cpu_times()
         except psutil.Error:
+            continue
+        if kind == "forkservers" and proc.info["ppid"] not in agents:  # a supervisor kept for reuse
+            totals["supervisors_and_jobs"] += times.user + times.system + times.children_user + times.children_system
             continue
         totals[kind] += times.user + times.system
         if kind == "forkservers":

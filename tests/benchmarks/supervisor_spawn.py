@@ -6,8 +6,9 @@
 
 Starts a fork server (nodeagent/supervisor/forkserver.py) as the agent does, spawns --jobs one-rank attempts
 through it one after another as the agent's launch threads do (client.spawn), each running --argv, and waits
-for each supervisor's notification. Prints CPU per job: the fork server's own, and its reaped children's (the
-supervisors, with the ranks they reaped), and the same --argv run --jobs times by a plain parent
+for each supervisor's notification. Prints CPU per job: the fork server's own, and its children's (the
+supervisors, with the ranks they reaped: those reaped, and those kept idle for another attempt from their own
+figures), and the same --argv run --jobs times by a plain parent
 (``rank_alone``: what the job itself costs without any supervisor), so that the difference is the supervisor.
 With --cgroup-root (root, cgroup v1), each attempt gets its cgroup with limits as the agent makes it
 (nodeagent/containment/cgroup_v1.py, before the spawn, not counted), which the supervisor joins, empties and
@@ -79,17 +80,24 @@ def main() -> int:
             while json.loads(notifications.recv(4096))["job_id"] != job_id:
                 pass
         wall = time.perf_counter() - started
-        # The last supervisor may not be reaped yet: its notification comes just before it exits.
+        # The last supervisor may not be reaped yet: its notification comes just before it exits. A supervisor
+        # kept for reuse does not exit: it is counted once it has let go of its attempt (supervisor.lock), with
+        # the ranks it reaped, from its own figures.
         deadline = time.monotonic() + 10
-        while server_proc.children() and time.monotonic() < deadline:
+        while client.is_alive(root / f"job{args.jobs}") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while time.monotonic() < deadline and any(child.status() != psutil.STATUS_SLEEPING
+                                                  for child in server_proc.children()):
             time.sleep(0.01)
         after = server_proc.cpu_times()
+        live = [child.cpu_times() for child in server_proc.children()]
+        kept = sum(times.user + times.system + times.children_user + times.children_system for times in live)
     finally:
         server.terminate()
         server.wait()
         if containment is not None:
             remove_subtree(args.cgroup_root)  # the supervisors removed their attempts' cgroups
-    supervised = (after.children_user + after.children_system - before.children_user - before.children_system)
+    supervised = (after.children_user + after.children_system - before.children_user - before.children_system) + kept
     own = after.user + after.system - before.user - before.system
 
     alone_before = children_cpu()
@@ -102,6 +110,7 @@ def main() -> int:
     print(f"rank_argv: {args.argv}")
     print(f"cgroups: {'yes' if containment is not None else 'no'}")
     print(f"wall_ms_per_job: {wall * per_job:.2f}")
+    print(f"supervisors_kept: {len(live)}")
     print(f"forkserver_cpu_ms_per_job: {own * per_job:.2f}")
     print(f"supervisor_and_rank_cpu_ms_per_job: {supervised * per_job:.2f}")
     print(f"rank_alone_cpu_ms_per_job: {alone * per_job:.2f}")
