@@ -222,8 +222,11 @@ def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | 
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if step.env.get(name):
             common[name] = step.env[name]
-    if here.held_gpus:
-        common["SLURM_STEP_GPUS"] = ",".join(str(g) for g in here.held_gpus)
+    # The step's GPUs on this node: those it holds, or (a step that holds none) the job's its tasks see, as
+    # slurmstepd names them on every node (the batch's SLURM_JOB_GPUS names the first node's).
+    step_gpus = here.held_gpus or sorted({g for gpus in here.task_gpus for g in gpus})
+    if step_gpus:
+        common["SLURM_STEP_GPUS"] = ",".join(str(g) for g in step_gpus)
     plans = []
     for local, task in enumerate(here.tasks):
         env = dict(common)

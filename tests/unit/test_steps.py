@@ -153,6 +153,16 @@ def test_task_environment_has_srun_and_torchrun_variables() -> None:
         ("0", "0", "0"), ("1", "1", "1")]
 
 
+def test_slurm_step_gpus_names_the_steps_gpus_on_each_node() -> None:
+    # Held with --gpus-per-task: the held GPUs (task 2, alone on n2, holds GPU 4).
+    assert plan_step_tasks(launch(1), "/io")[0].env["SLURM_STEP_GPUS"] == "4"
+    # Holding none: the job's GPUs its tasks see there, per node, as slurmstepd sets it on every node.
+    layout = place(ntasks=2)
+    for index, expected in ((0, "0,1,2,3"), (1, "4,5,6,7")):
+        step = replace(launch(index), layout=layout)
+        assert [p.env["SLURM_STEP_GPUS"] for p in plan_step_tasks(step, "/io")] == [expected]
+
+
 def test_step_launch_and_request_survive_the_wire() -> None:
     description = launch(1, pty=True)
     assert step_launch_from_pb(step_launch_to_pb(description)) == description
