@@ -170,10 +170,19 @@ def plan_ranks(
             # A per-rank or per-node launch is a step's tasks, as srun starts them.
             env.update({"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local_rank),
                         "SLURM_NODEID": str(launch.node_rank)})
+        else:
+            # The batch script is task 0 of the batch step on the first node, as slurmstepd tells it: Lightning's
+            # SLURMEnvironment (chosen wherever SLURM_NTASKS is set, e.g. #SBATCH --ntasks=1) reads SLURM_PROCID
+            # for the global rank and failed with a KeyError without it.
+            env.update(BATCH_TASK_VARIABLES)
         stdout = _resolve_output(spec.output, launch, rank)
         stderr = _resolve_output(spec.error, launch, rank) if spec.error else stdout
         plans.append(RankPlan(rank=rank, argv=tuple(argv), env=env, cwd=spec.workdir, stdout=stdout, stderr=stderr))
     return plans
+
+
+# What slurmstepd sets for the batch script (checked against Slurm 22.05): it is the batch step's one task.
+BATCH_TASK_VARIABLES = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_GTIDS": "0"}
 
 
 # ---------------------------------------------------------------------------------------------------------

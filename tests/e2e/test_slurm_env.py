@@ -57,7 +57,7 @@ def test_a_two_node_batch_script_runs_once_and_sees_slurms_variables(cluster: Cl
     assert (env["SLURM_JOB_PARTITION"], env["SLURM_JOB_ACCOUNT"]) == (job["partition"], job["account"])
     assert (env["SLURM_RESTART_COUNT"], env["SLURM_CLUSTER_NAME"]) == ("0", "garrison")
     assert int(env["SLURM_CPUS_ON_NODE"]) >= 1
-    assert "procid=unset torchelastic=unset" in out  # a batch script: no task of a step, no torchrun agent
+    assert "procid=0 torchelastic=unset" in out  # the batch step's task 0, as under slurmstepd; no torchrun agent
     if os.geteuid() == 0:
         # garrison up named the nodes in /etc/hosts: each its own loopback address.
         addresses = dict(zip(nodes, env["resolved"].split(","), strict=True))

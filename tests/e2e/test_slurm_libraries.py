@@ -104,6 +104,30 @@ def test_lightning_requeues_itself_at_the_time_limit_and_resumes_its_global_step
     assert runs == [f"{job_id}|REQUEUED"] * (len(attempts) - 1) + [f"{job_id}|COMPLETED"], runs
 
 
+LIGHTNING_ENV = (
+    "import os; from lightning.fabric.plugins.environments import SLURMEnvironment as S; e = S(); "
+    "print(S.detect(), e.global_rank(), e.local_rank(), e.node_rank(), e.world_size(), os.environ['SLURM_NODELIST'], "
+    "e.main_address == os.environ['MASTER_ADDR'])"
+)
+
+
+def test_lightnings_slurm_environment_reads_a_batch_script_and_an_srun_outside_a_job(slurm_cluster: Cluster) -> None:
+    """Lightning picks SLURMEnvironment wherever SLURM_NTASKS is set: in a batch script run without srun
+    (#SBATCH --ntasks=1, the common single-GPU script) it reads SLURM_PROCID, and the tasks of an srun outside
+    a job have the job's variables (SLURM_NODELIST, which Lightning reads where MASTER_ADDR is not set), as
+    under Slurm."""
+    c = slurm_cluster
+    out = c.work / "lightning-env.out"
+    job_id = slurm(c, "sbatch", "--parsable", "--ntasks=1", "--gres=gpu:1", "-o", str(out),
+                   "--wrap", f"{sys.executable} -c \"{LIGHTNING_ENV}\"").strip()
+    assert c.wait_done(job_id, timeout=120)["state"] == "COMPLETED", out.read_text()
+    assert out.read_text().split()[-7:] == ["True", "0", "0", "0", "1", "node1", "True"], out.read_text()
+    outside = {k: v for k, v in c.env.items() if not k.startswith(("SLURM_", "GARRISON_JOB"))}
+    tasks = c.run(c.env["PATH"].split(":", 1)[0] + "/srun", "-N", "2", "--ntasks-per-node=1", "--gpus-per-node=1",
+                  sys.executable, "-c", LIGHTNING_ENV, env=outside).stdout.splitlines()
+    assert sorted(tasks) == ["True 0 0 0 2 node[1-2] True", "True 1 0 1 2 node[1-2] True"], tasks
+
+
 def _where(value: int) -> tuple[int, str, str, str, str]:
     """The submitted function (pickled by value: it is this module's, which the job cannot import)."""
     import os

@@ -125,8 +125,11 @@ def test_batch_script_gets_slurms_job_variables() -> None:
     assert (env["SLURM_SUBMIT_DIR"], env["SLURM_SUBMIT_HOST"]) == ("/home/u/run", "login1")
     assert (env["SLURM_JOB_PARTITION"], env["SLURM_JOB_ACCOUNT"], env["SLURM_JOB_QOS"]) == ("gpu", "physics", "normal")
     assert (env["SLURM_RESTART_COUNT"], env["SLURM_CLUSTER_NAME"]) == ("1", "tiny")
-    # The batch shell is no task of a step, and no torchrun agent exists: nothing of the kind.
-    assert not {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_ARRAY_JOB_ID"} & set(env)
+    # The batch shell is task 0 of the batch step, as slurmstepd tells it (Slurm 22.05 sets these four; Lightning's
+    # SLURMEnvironment reads SLURM_PROCID wherever SLURM_NTASKS is set); no torchrun agent exists.
+    assert {name: env[name] for name in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_GTIDS")} == {
+        "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_GTIDS": "0"}
+    assert "SLURM_ARRAY_JOB_ID" not in env
     assert not [name for name in env if name.startswith("TORCHELASTIC_")]
 
 
