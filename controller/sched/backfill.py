@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from garrison.controller.sched.capacity import INFINITY, Capacity
 from garrison.controller.sched.framework import Candidate, Request
-from garrison.controller.sched.placement import Placer
+from garrison.controller.sched.placement import BestFit, Placer
 from garrison.controller.sched.snapshot import RunningJob
 from garrison.model.domain import Allocation, NodeAllocation
 
@@ -209,10 +209,6 @@ class _RunningHolds:
 _HOLDS = _RunningHolds()
 
 
-def _usable_count(candidate: Candidate) -> int:
-    return len(candidate.usable)
-
-
 class Timeline:
     def __init__(self, capacity: Capacity, running: Sequence[RunningJob], now: float) -> None:
         self.capacity = capacity
@@ -367,32 +363,44 @@ class Timeline:
             for n in allocation.nodes if n.mem_mb
         }
 
-    def _candidates_at(self, request: Request, when: float, counts: list[int]) -> Iterator[Candidate]:
+    def _best_fit_at(self, request: Request, when: float, counts: list[int]) -> BestFit:
+        """The candidates of the partition's ready nodes at ``when``, best fit first (fewest usable GPUs,
+        ties in index order), each made when a search first reaches it."""
         capacity = self.capacity
         per_node = request.shape.min_gpus_per_node
-        wants_cpus = request.cpus_per_gpu or request.cpus_per_node
-        wants_memory = request.mem_mb or request.mem_per_gpu_mb or request.mem_whole_node
         gpu_counts, free_at, now = capacity.gpu_counts, self.free_at, self.now
+        gpu_type, gpu_mem_mib = request.gpu_type, request.gpu_mem_mib
+        entries = []
         # The partition's ready nodes, in index order: the nodes a walk of every view would keep.
         for index in self._members(request.partition)[0]:
             if counts[index] < per_node:
                 continue
-            view = capacity.views[index]
-            match = capacity.matching(index, request.gpu_type, request.gpu_mem_mib)
+            match = capacity.matching(index, gpu_type, gpu_mem_mib)
             busy = free_at[index]
             gpu_count = gpu_counts[index]
             if busy or when < now:
                 usable = [g for g in range(gpu_count) if busy.get(g, now) <= when and g in match]
             else:
                 usable = list(range(gpu_count)) if len(match) == gpu_count else sorted(match)
-            yield Candidate(
+            # ascending: the matching GPUs not busy past ``when``
+            entries.append((len(usable), index, usable, len(match)))
+        entries.sort()  # by count, then index (unique): the order a stable sort by count of index order gives
+        wants_cpus = request.cpus_per_gpu or request.cpus_per_node
+        wants_memory = request.mem_mb or request.mem_per_gpu_mb or request.mem_whole_node
+        views = capacity.views
+
+        def make(index: int, usable: list[int], capable: int) -> Candidate:
+            view = views[index]
+            return Candidate(
                 index=index,
                 view=view,
-                usable=usable,  # ascending: the matching GPUs not busy past ``when``
-                capable=len(match),
+                usable=usable,
+                capable=capable,
                 free_cpus=self.cpus_at(index, when) if wants_cpus else self._every_cpu(index),
                 free_memory_mb=self.memory_at(index, when) if wants_memory else view.memory_mb,
             )
+
+        return BestFit(entries, make)
 
     def _every_cpu(self, index: int) -> frozenset[int]:
         found = self._all_cpus.get(index)
@@ -438,8 +446,7 @@ class Timeline:
         def try_at(step: float) -> Allocation | None:
             nonlocal attempts
             attempts += 1
-            # Best fit first; the candidates come in index order and the sort is stable, so ties stay in it.
-            candidates = sorted(self._candidates_at(request, step, counts), key=_usable_count)
+            candidates = self._best_fit_at(request, step, counts)
             return placer.place(request, lambda _r: candidates)
 
         # Now first: GPUs of jobs being stopped count as free from now on, so the job may fit as soon as

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from garrison.controller.sched.framework import Candidate, Request
-from garrison.controller.sched.placement import matching_gpus
+from garrison.controller.sched.placement import Graded, matching_gpus
 from garrison.controller.sched.snapshot import NodeView
 from garrison.model.domain import Allocation
 
@@ -230,10 +230,13 @@ class Capacity:
 
     def stream(self, request: Request, end_time: float) -> Iterator[Candidate]:
         """Ready nodes of the job's partition with enough free GPUs, fewest free first (best fit)."""
+        return _Stream(self, request, end_time)
+
+    def _stream(self, request: Request, end_time: float, least: int) -> Iterator[Candidate]:
         buckets = self.buckets.get(request.partition)
         if buckets is None:
             return
-        for k in range(request.shape.min_gpus_per_node, len(buckets)):
+        for k in range(max(least, request.shape.min_gpus_per_node), len(buckets)):
             for index in sorted(buckets[k]):
                 yield self.candidate(request, index, end_time)
 
@@ -301,3 +304,23 @@ class Capacity:
             if node_alloc.mem_mb:
                 found.extend((start, job) for start, _, job in self.memory_room.get(index, ()))
         return min(found, default=None)
+
+
+class _Stream(Graded, Iterator[Candidate]):
+    """Capacity.stream: its candidates made as they are reached. A node of the bucket of k free GPUs has at
+    most k usable (fewer where reserved or of another type), so a search for ``least`` starts at bucket
+    ``least`` (Graded)."""
+
+    __slots__ = ("_capacity", "_request", "_end_time", "_all")
+
+    def __init__(self, capacity: Capacity, request: Request, end_time: float) -> None:
+        self._capacity, self._request, self._end_time = capacity, request, end_time
+        self._all: Iterator[Candidate] | None = None
+
+    def __next__(self) -> Candidate:
+        if self._all is None:
+            self._all = self._capacity._stream(self._request, self._end_time, 0)
+        return next(self._all)
+
+    def from_usable(self, least: int) -> Iterator[Candidate]:
+        return self._capacity._stream(self._request, self._end_time, least)

@@ -15,12 +15,15 @@ candidate nodes that say what they can offer at one moment. It never returns a p
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from garrison.controller.sched.filters.cpu_memory import cpus_needed, mem_needed
+from garrison.controller.sched.filters.gpu_free import GpuFree
 from garrison.controller.sched.framework import OK, Candidate, GangShape, Request
 from garrison.controller.sched.scorers.binpack import BinPack
 from garrison.controller.sched.scorers.gpu_topology import GpuTopology, node_affinity
@@ -152,6 +155,51 @@ def _node_allocation(
 CandidateSource = Callable[[Request], Iterable[Candidate]]
 
 
+class Graded(ABC):
+    """Candidates in best-fit order that can start at the first with a given number of usable GPUs (a
+    CandidateSource may return one): the one-node search passes over every candidate with fewer GPUs than
+    the job wants on its node, so those need not be made at all."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def from_usable(self, least: int) -> Iterator[Candidate]:
+        """Every candidate with at least ``least`` usable GPUs, in the order iterating would give, and
+        perhaps a few with fewer (a search still checks each)."""
+
+
+class BestFit(Graded):
+    """Candidates in best-fit order (fewest usable GPUs first, ties in index order), each made on first use.
+    A search that needs ``k`` usable GPUs on one node starts at the first candidate with ``k``
+    (``from_usable``): those before it, which it would pass over, are never made (the backfill sweep's
+    candidates, made for every ready node of the partition at each attempt, cost more than the search).
+    Iterated again, it gives the same objects."""
+
+    __slots__ = ("_counts", "_entries", "_made", "_make")
+
+    def __init__(self, entries: list[tuple[int, int, list[int], int]],
+                 make: Callable[[int, list[int], int], Candidate]) -> None:
+        """``entries``: (usable count, node index, usable GPUs, capable GPUs) per node, sorted (so by
+        count, then index); ``make(index, usable, capable)`` the candidate of one."""
+        self._entries = entries
+        self._counts = [entry[0] for entry in entries]
+        self._made: list[Candidate | None] = [None] * len(entries)
+        self._make = make
+
+    def __iter__(self) -> Iterator[Candidate]:
+        return self.from_usable(0)
+
+    def from_usable(self, least: int) -> Iterator[Candidate]:
+        """The candidates with at least ``least`` usable GPUs, in order."""
+        entries, made, make = self._entries, self._made, self._make
+        for at in range(bisect_left(self._counts, least), len(entries)):
+            candidate = made[at]
+            if candidate is None:
+                _, index, usable, capable = entries[at]
+                candidate = made[at] = make(index, usable, capable)
+            yield candidate
+
+
 class Placer:
     def __init__(self, pipeline: Pipeline, score_limit: int = DEFAULT_SCORE_LIMIT) -> None:
         self.pipeline = pipeline
@@ -162,9 +210,15 @@ class Placer:
         self._scorers = tuple((s.weight, s) for s in pipeline.scorers)
         self._weight = sum(weight for weight, _ in self._scorers)
         self._ceilings = (self._ceiling(one_gpu=False), self._ceiling(one_gpu=True))  # by count < 2
+        # GpuFree passes no node with fewer usable GPUs than the request's smallest share per node: with it
+        # among the filters, a BestFit source's candidates below that need no check.
+        self._gpu_free = any(isinstance(step, GpuFree) for step in self._filters)
 
     def passing(self, request: Request, source: CandidateSource) -> list[Candidate]:
-        return [c for c in source(request) if self._passes(request, c)]
+        candidates = source(request)
+        if self._gpu_free and isinstance(candidates, Graded):
+            candidates = candidates.from_usable(request.shape.min_gpus_per_node)
+        return [c for c in candidates if self._passes(request, c)]
 
     def _passes(self, request: Request, candidate: Candidate) -> bool:
         """``pipeline.check(request, candidate).ok``; a filter that passes answers with the OK singleton, so
@@ -213,7 +267,10 @@ class Placer:
         # further on with a higher index cannot win (a tie goes to the lower index), so it is only counted
         # among the scored (which bounds the search), not scored: the answer is the same.
         ceiling = self._ceilings[count < 2]
-        for candidate in source(request):
+        candidates = source(request)
+        if isinstance(candidates, Graded):
+            candidates = candidates.from_usable(count)  # the others are passed over just below
+        for candidate in candidates:
             if (len(candidate.usable) < count or (per_gpu and hostable(request, candidate) < count)
                     or not self._passes(request, candidate)):
                 continue
