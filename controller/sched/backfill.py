@@ -134,7 +134,7 @@ class _RunningHolds:
     (``host_jobs``) or two jobs claiming one GPU make the timeline fall back to its full build.
     """
 
-    __slots__ = ("running", "names", "by_id", "until", "events", "host_jobs", "conflict")
+    __slots__ = ("running", "names", "by_id", "until", "events", "host_jobs", "conflict", "derived")
 
     def __init__(self) -> None:
         self.running: tuple[RunningJob, ...] | None = None  # the snapshot's tuple this describes (never a list,
@@ -145,6 +145,11 @@ class _RunningHolds:
         self.events: list[tuple[float, int, tuple[int, ...]]] = []  # (end, node index, GPUs), one per job and node
         self.host_jobs = 0  # running jobs that hold CPUs or host memory
         self.conflict = False  # two jobs claimed one GPU: the full build decides, as it always did
+        # node index -> what Timeline._from_holds derived for it from the holds and the node's free GPUs:
+        # (free GPUs, GPU count, free_at dict); None once a job that started or ended there changed the
+        # holds. Most nodes change in no cycle, and the free GPUs are the same object until they change
+        # (capacity._NodeIndex), so the derivation is one identity test per node, not set arithmetic.
+        self.derived: list[tuple[frozenset[int], int, dict[int, float]] | None] = []
 
     def sync(self, running: Sequence[RunningJob], names: tuple[str, ...], index_of: dict[str, int]) -> None:
         if running is self.running and names == self.names:
@@ -154,6 +159,7 @@ class _RunningHolds:
         if names != self.names or self.conflict or len(old) > 2 * len(fresh) + 64:
             self.names, self.by_id, self.host_jobs, self.conflict = names, {}, 0, False
             self.until = [{} for _ in names]
+            self.derived = [None] * len(names)
             self.events = []
             old = {}
         gone = old.keys() - fresh.keys()
@@ -182,6 +188,7 @@ class _RunningHolds:
         end = self._end_of(job)
         host = False
         for index, node_alloc in self._on_indexed_nodes(job, index_of):
+            self.derived[index] = None
             held = self.until[index]
             for gpu in node_alloc.gpus:
                 if gpu in held:
@@ -195,6 +202,7 @@ class _RunningHolds:
         end = self._end_of(job)
         host = False
         for index, node_alloc in self._on_indexed_nodes(job, index_of):
+            self.derived[index] = None
             held = self.until[index]
             for gpu in node_alloc.gpus:
                 held.pop(gpu, None)
@@ -215,9 +223,11 @@ class Timeline:
         self.now = now
         self.free_at: list[dict[int, float]] = []  # node index -> busy GPU -> when it comes free (INFINITY: unknown)
         self.events: list[tuple[float, int, tuple[int, ...]]] = []
-        # Nodes whose free_at dict is the running holds' own (_RunningHolds.until), shared instead of copied:
-        # most nodes are never held nor started on in a cycle. Copied before the first change (_own).
-        self._shared: set[int] = set()
+        # Nodes whose free_at dict is the timeline's own; the others' are shared with the running holds
+        # (_RunningHolds.until and .derived, kept across cycles) instead of copied: most nodes are never held
+        # nor started on in a cycle. Copied before the first change (_own). The full build owns every one.
+        self._owned: set[int] = set()
+        self._owns_all = False
         self._all_cpus: dict[int, frozenset[int]] = {}
         self._partition_members: dict[str, tuple[list[int], set[int]]] = {}
         # node index -> its CPUs and host memory over time, made on first use: a node none of whose jobs
@@ -257,22 +267,26 @@ class Timeline:
         if holds.conflict or holds.host_jobs:
             return False
         free_at: list[dict[int, float]] = []
-        gpu_counts, until = capacity.gpu_counts, holds.until
+        gpu_counts, until, derived = capacity.gpu_counts, holds.until, holds.derived
         for index, free in enumerate(capacity.free):
             gpu_count = gpu_counts[index]
+            known = derived[index]
+            if known is not None and known[0] is free and known[1] == gpu_count:
+                free_at.append(known[2])
+                continue
             held = until[index]
             if len(free) >= gpu_count:
                 if held:
                     return False  # a running job holds a GPU the node calls free
-                free_at.append({})
-                continue
-            if not free.isdisjoint(held):
+                busy: dict[int, float] = {}
+            elif not free.isdisjoint(held):
                 return False
-            if len(held) + len(free) == gpu_count:
-                free_at.append(held)  # every busy GPU is a running job's: shared until changed (_own)
-                self._shared.add(index)
+            elif len(held) + len(free) == gpu_count:
+                busy = held  # every busy GPU is a running job's
             else:
-                free_at.append({g: held.get(g, INFINITY) for g in range(gpu_count) if g not in free})
+                busy = {g: held.get(g, INFINITY) for g in range(gpu_count) if g not in free}
+            derived[index] = (free, gpu_count, busy)
+            free_at.append(busy)
         self.free_at = free_at
         self.events = list(holds.events)
         return True
@@ -280,7 +294,7 @@ class Timeline:
     def _build(self, running: Sequence[RunningJob]) -> None:
         """The timeline from every running job of the snapshot."""
         capacity, now = self.capacity, self.now
-        self._shared.clear()  # _from_holds may have shared some before it gave up
+        self._owns_all = True  # _from_holds may have shared some before it gave up: none is shared now
         free_at: list[dict[int, float]] = [{} for _ in capacity.views]
         gpu_counts = capacity.gpu_counts
         self.free_at = free_at
@@ -341,8 +355,8 @@ class Timeline:
 
     def _own(self, index: int) -> dict[int, float]:
         """The node's free_at dict, the timeline's own (a copy of the running holds' one it shared)."""
-        if index in self._shared:
-            self._shared.discard(index)
+        if not self._owns_all and index not in self._owned:
+            self._owned.add(index)
             self.free_at[index] = dict(self.free_at[index])
         return self.free_at[index]
 
