@@ -42,9 +42,9 @@ With every weight 0 the queue is plain arrival order (FIFO).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from operator import attrgetter, neg
+from operator import neg
 
 from garrison.controller.sched.attained import in_high_queue
 from garrison.controller.sched.fairshare import fair_share_factors
@@ -104,21 +104,6 @@ class PriorityWeights:
         """Whether ``job`` is in attained service's high queue as of ``now`` (attained.py)."""
         service = job.service
         return not service or in_high_queue(service, self.attained_threshold_gpu_s, self.attained_starvation, now)
-
-
-_GPU_COUNT = attrgetter("gpu_count")
-_ACCOUNT = attrgetter("account")
-_USER = attrgetter("user")
-
-
-def _associations_of(pending: Sequence[PendingJob]) -> frozenset[tuple[str, str]]:
-    """Every (account, user) of the pending jobs (PendingJob.account_name, user). The pairs are made in C;
-    only if a job has no account of its own (the spec's, or "default", then) is it asked job by job."""
-    accounts = list(map(_ACCOUNT, pending))
-    if all(accounts):
-        return frozenset(zip(accounts, map(_USER, pending), strict=True))
-    # PendingJob.account_name, spelt out: a property call per job doubles this pass over the queue.
-    return frozenset({(job.account or job.spec.account or "default", job.user) for job in pending})
 
 
 def overdue_factor(waited_s: float, overdue_after_s: float) -> float:
@@ -187,7 +172,7 @@ class PriorityContext:
         self.now = now
         self.weights = weights
         accounting = snapshot.accounting
-        self.total_gpus = sum(map(_GPU_COUNT, snapshot.nodes)) or 1
+        self.total_gpus = sum(n.gpu_count for n in snapshot.nodes) or 1
         top_qos = max((q.priority for q in accounting.qos), default=0)
         self.qos_factor = {q.name: (q.priority / top_qos if top_qos > 0 else 0.0) for q in accounting.qos}
         top_part = max((p.priority for p in accounting.partitions), default=0)
@@ -209,7 +194,9 @@ class PriorityContext:
         self._associations: frozenset[tuple[str, str]] = frozenset()
         self._decayed: dict[tuple[str, str], float] = {}
         if weights.fair_share:
-            self._associations = _associations_of(snapshot.pending)
+            # PendingJob.account_name, spelt out: a property call per job doubles this pass over the queue.
+            self._associations = frozenset({(job.account or job.spec.account or "default", job.user)
+                                            for job in snapshot.pending})
             self._decayed = {key: usage.decayed_gpu_s for key, usage in snapshot.usage.items()}
             self.fair_share = fair_share_factors(accounting, self._associations, self._decayed)
         # Associations first seen after this context was computed (a job submitted since, by a new user):

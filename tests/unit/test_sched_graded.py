@@ -18,8 +18,7 @@ from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.framework import Candidate, Request
 from garrison.controller.sched.pipeline import build_pipeline
 from garrison.controller.sched.placement import BestFit, Graded, Placer, candidates_of, request_for
-from garrison.controller.sched.priority import _associations_of
-from garrison.controller.sched.snapshot import NodeView, PendingJob, RunningJob
+from garrison.controller.sched.snapshot import NodeView, RunningJob
 from garrison.model.domain import JobSpec
 
 
@@ -151,14 +150,3 @@ def test_best_fit_makes_each_candidate_once_and_only_when_reached() -> None:
     assert Placer(build_pipeline()).place(request, lambda r: graded) == Placer(build_pipeline()).place(
         request, lambda r: plain)
 
-
-def test_associations_are_those_of_each_job() -> None:
-    def job(job_id: int, account: str, spec_account: str | None, user: str) -> PendingJob:
-        return PendingJob(job_id=job_id, spec=JobSpec(name="j", command=("x",), account=spec_account),
-                          partition="main", submit_time=0.0, priority=0, user=user, account=account)
-
-    with_accounts = [job(1, "a", None, "u"), job(2, "b", "z", "u"), job(3, "a", None, "v"), job(4, "a", None, "u")]
-    assert _associations_of(with_accounts) == {("a", "u"), ("b", "u"), ("a", "v")}
-    some_without = [*with_accounts, job(5, "", "z", "w"), job(6, "", None, "w")]
-    assert _associations_of(some_without) == {("a", "u"), ("b", "u"), ("a", "v"), ("z", "w"), ("default", "w")}
-    assert _associations_of(()) == frozenset()
