@@ -119,15 +119,15 @@ def test_placing_now_from_the_graded_stream_places_as_from_a_list(seed: int) -> 
         for job_id in range(rng.randrange(3)):  # reservations: reserved GPUs usable only by jobs ending first
             request = request_for(900 + job_id, JobSpec(name="r", command=("x",), gpus=rng.choice((2, 4, 8))),
                                   "main", 3600.0)
-            reserved = placer.place(request, lambda r: list(capacity.stream(r, float("-inf"))))
+            reserved = placer.place(request, lambda r, c=capacity: list(c.stream(r, float("-inf"))))
             if reserved is not None:
                 capacity.reserve(reserved, NOW + rng.choice((600, 7200)), 900 + job_id)
         request = request_for(1, _spec(rng), "main", 3600.0)
         end = NOW + rng.choice((300, 3600, 36000))
         stream = capacity.stream(request, end)
         assert isinstance(stream, Graded)
-        assert placer.place(request, lambda r: capacity.stream(r, end)) == placer.place(
-            request, lambda r: list(capacity.stream(r, end)))
+        graded = placer.place(request, lambda r, c=capacity, e=end: c.stream(r, e))
+        assert graded == placer.place(request, lambda r, c=capacity, e=end: list(c.stream(r, e)))
 
 
 def test_best_fit_makes_each_candidate_once_and_only_when_reached() -> None:
