@@ -383,20 +383,27 @@ class Timeline:
         capacity = self.capacity
         per_node = request.shape.min_gpus_per_node
         gpu_counts, free_at, now = capacity.gpu_counts, self.free_at, self.now
-        gpu_type, gpu_mem_mib = request.gpu_type, request.gpu_mem_mib
+        matches = capacity.matching_all(request.gpu_type, request.gpu_mem_mib)
         entries = []
         # The partition's ready nodes, in index order: the nodes a walk of every view would keep.
         for index in self._members(request.partition)[0]:
             if counts[index] < per_node:
                 continue
-            match = capacity.matching(index, gpu_type, gpu_mem_mib)
+            match = matches[index]  # None: every GPU of the node
             busy = free_at[index]
             gpu_count = gpu_counts[index]
+            # ascending: the matching GPUs not busy past ``when``
+            if match is None:
+                if busy or when < now:
+                    usable = [g for g in range(gpu_count) if busy.get(g, now) <= when]
+                else:
+                    usable = list(range(gpu_count))
+                entries.append((len(usable), index, usable, gpu_count))
+                continue
             if busy or when < now:
                 usable = [g for g in range(gpu_count) if busy.get(g, now) <= when and g in match]
             else:
-                usable = list(range(gpu_count)) if len(match) == gpu_count else sorted(match)
-            # ascending: the matching GPUs not busy past ``when``
+                usable = sorted(match)
             entries.append((len(usable), index, usable, len(match)))
         entries.sort()  # by count, then index (unique): the order a stable sort by count of index order gives
         wants_cpus = request.cpus_per_gpu or request.cpus_per_node
@@ -452,7 +459,8 @@ class Timeline:
             have = sum(1 for i in members if counts[i] >= per_node)
         else:
             need = shape.total_gpus
-            have = sum(counts[i] for i in members)
+            # every node of the cluster (one partition, all ready): a sum in C
+            have = sum(counts) if len(members) == len(counts) else sum(counts[i] for i in members)
 
         horizon = self.now + window_s
         attempts = 0

@@ -55,6 +55,9 @@ class _NodeIndex:
                     self.bucket(part)[len(view.free_gpus)].add(i)
         # (index, GPU type, GPU memory) -> the node's matching GPUs: static facts of the node
         self.matching: dict[tuple[int, str | None, int], frozenset[int]] = {}
+        # (GPU type, GPU memory) -> every node's matching GPUs, by index, or None for a node all of whose
+        # GPUs match (most requests name no type): what the backfill sweep reads per node and attempt
+        self.matching_all: dict[tuple[str | None, int], list[frozenset[int] | None]] = {}
 
     def bucket(self, partition: str) -> list[set[int]]:
         found = self.buckets.get(partition)
@@ -133,6 +136,7 @@ class Capacity:
             part: [set(members) for members in bucket] for part, bucket in index.buckets.items()
         }
         self._matching = index.matching
+        self._matching_all = index.matching_all
         # partition -> (free GPUs on its ready nodes, nodes with at least k free GPUs for each k), for the
         # capacity version it was counted at: might_fit asks it for every job of a deep queue, and the
         # buckets only change when something starts.
@@ -153,6 +157,18 @@ class Capacity:
         if found is None:
             found = matching_gpus(self.views[index], gpu_type, gpu_mem_mib)
             self._matching[key] = found
+        return found
+
+    def matching_all(self, gpu_type: str | None, gpu_mem_mib: int) -> list[frozenset[int] | None]:
+        """``matching`` of every node, by index, with None for a node all of whose GPUs match."""
+        key = (gpu_type, gpu_mem_mib)
+        found = self._matching_all.get(key)
+        if found is None:
+            found = []
+            for index, gpu_count in enumerate(self.gpu_counts):
+                match = self.matching(index, gpu_type, gpu_mem_mib)
+                found.append(None if len(match) == gpu_count else match)
+            self._matching_all[key] = found
         return found
 
     # -- questions ------------------------------------------------------------------------------------
