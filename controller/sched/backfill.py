@@ -134,13 +134,14 @@ class _RunningHolds:
     (``host_jobs``) or two jobs claiming one GPU make the timeline fall back to its full build.
     """
 
-    __slots__ = ("running", "names", "by_id", "until", "events", "host_jobs", "conflict", "derived")
+    __slots__ = ("running", "names", "by_id", "ids", "until", "events", "host_jobs", "conflict", "derived")
 
     def __init__(self) -> None:
         self.running: tuple[RunningJob, ...] | None = None  # the snapshot's tuple this describes (never a list,
         # which could change in place and still be the same object)
         self.names: tuple[str, ...] = ()  # node order the indices refer to
         self.by_id: dict[int, RunningJob] = {}  # id(view) -> view: keeps the views alive, so ids stay unique
+        self.ids: list[int] = []  # id() of each view of the snapshot described, in its order
         self.until: list[dict[int, float]] = []  # node index -> GPU -> when it comes free
         self.events: list[tuple[float, int, tuple[int, ...]]] = []  # (end, node index, GPUs), one per job and node
         self.host_jobs = 0  # running jobs that hold CPUs or host memory
@@ -154,7 +155,14 @@ class _RunningHolds:
     def sync(self, running: Sequence[RunningJob], names: tuple[str, ...], index_of: dict[str, int]) -> None:
         if running is self.running and names == self.names:
             return
-        fresh = dict(zip(map(id, running), running, strict=True))  # {id(job): job ...}, in C
+        ids = list(map(id, running))
+        if ids == self.ids and names == self.names and not self.conflict:
+            # The same views in the same order (another tuple of them: a cycle on an arrival, when nothing
+            # started or ended): nothing to update. A list compare in C, where the dict and the two key
+            # differences below cost ~10x as much for hundreds of running jobs.
+            self.running = running if isinstance(running, tuple) else None
+            return
+        fresh = dict(zip(ids, running, strict=True))  # {id(job): job ...}, in C
         old = self.by_id
         if names != self.names or self.conflict or len(old) > 2 * len(fresh) + 64:
             self.names, self.by_id, self.host_jobs, self.conflict = names, {}, 0, False
@@ -169,6 +177,7 @@ class _RunningHolds:
         for key in came:
             self._add(fresh[key], index_of)
         self.by_id = fresh
+        self.ids = ids
         self.running = running if isinstance(running, tuple) else None
 
     @staticmethod
