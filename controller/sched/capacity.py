@@ -208,10 +208,13 @@ class Capacity:
 
     def candidate(self, request: Request, index: int, end_time: float) -> Candidate:
         """What node ``index`` offers a job that would run until ``end_time`` if it started now."""
+        return self._candidate(request, index, end_time, self.matching_all(request.gpu_type, request.gpu_mem_mib)[index])
+
+    def _candidate(self, request: Request, index: int, end_time: float, match: frozenset[int] | None) -> Candidate:
+        """``candidate``, given the node's entry of ``matching_all``."""
         view = self.views[index]
-        match = self.matching(index, request.gpu_type, request.gpu_mem_mib)
         free = self.free[index]
-        usable: frozenset[int] | set[int] = free if len(match) == self.gpu_counts[index] else free & match
+        usable: frozenset[int] | set[int] = free if match is None else free & match
         reserved = self.reserved.get(index)
         if reserved:
             usable = {g for g in usable if g not in reserved or reserved[g][0] >= end_time}
@@ -227,7 +230,7 @@ class Capacity:
             index=index,
             view=view,
             usable=sorted(usable),
-            capable=len(match),
+            capable=self.gpu_counts[index] if match is None else len(match),
             free_cpus=free_cpus,
             free_memory_mb=free_memory,
             idle=self.idle[index],
@@ -252,9 +255,10 @@ class Capacity:
         buckets = self.buckets.get(request.partition)
         if buckets is None:
             return
+        matches = self.matching_all(request.gpu_type, request.gpu_mem_mib)
         for k in range(max(least, request.shape.min_gpus_per_node), len(buckets)):
             for index in sorted(buckets[k]):
-                yield self.candidate(request, index, end_time)
+                yield self._candidate(request, index, end_time, matches[index])
 
     # -- changes --------------------------------------------------------------------------------------
 
