@@ -23,8 +23,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from garrison.controller.sched.filters.cpu_memory import cpus_needed, mem_needed
+from garrison.controller.sched.filters.excluded import NodeNotExcluded
 from garrison.controller.sched.filters.gpu_free import GpuFree
-from garrison.controller.sched.framework import OK, Candidate, GangShape, Request
+from garrison.controller.sched.filters.node_selection import NodeFeatures, NodeListed, restricted_to_list
+from garrison.controller.sched.framework import OK, Candidate, Filter, GangShape, Request
 from garrison.controller.sched.scorers.binpack import BinPack
 from garrison.controller.sched.scorers.gpu_topology import GpuTopology, node_affinity
 from garrison.controller.sched.scorers.numa import NumaLocality, local_cpus
@@ -213,17 +215,31 @@ class Placer:
         # GpuFree passes no node with fewer usable GPUs than the request's smallest share per node: with it
         # among the filters, a BestFit source's candidates below that need no check.
         self._gpu_free = any(isinstance(step, GpuFree) for step in self._filters)
+        # The last request's filters that can fail a node for it (_steps): a request is placed against
+        # several candidates, often more than once (a sweep's attempts, a spread after the one-node search).
+        self._steps_request: Request | None = None
+        self._steps: tuple[Filter, ...] = ()
 
     def passing(self, request: Request, source: CandidateSource) -> list[Candidate]:
         candidates = source(request)
         if self._gpu_free and isinstance(candidates, Graded):
             candidates = candidates.from_usable(request.shape.min_gpus_per_node)
-        return [c for c in candidates if self._passes(request, c)]
+        steps = self._steps_for(request)
+        return [c for c in candidates if self._passes(request, c, steps)]
 
-    def _passes(self, request: Request, candidate: Candidate) -> bool:
+    def _steps_for(self, request: Request) -> tuple[Filter, ...]:
+        """The filters that can fail a node for ``request``: those that pass every node for it whatever the
+        node (no -x, no -C, no -w that names every node it gets: most jobs) are left out, which the boolean
+        of _passes does not notice (filters only answer, and every one must pass)."""
+        if request is not self._steps_request:
+            self._steps = tuple(step for step in self._filters if not _passes_every_node(step, request))
+            self._steps_request = request
+        return self._steps
+
+    def _passes(self, request: Request, candidate: Candidate, steps: tuple[Filter, ...] | None = None) -> bool:
         """``pipeline.check(request, candidate).ok``; a filter that passes answers with the OK singleton, so
-        most statuses need no look inside."""
-        for step in self._filters:
+        most statuses need no look inside. ``steps``: ``_steps_for(request)``, when known."""
+        for step in self._steps_for(request) if steps is None else steps:
             status = step.check(request, candidate)
             if status is not OK and not status.ok:
                 return False
@@ -270,9 +286,10 @@ class Placer:
         candidates = source(request)
         if isinstance(candidates, Graded):
             candidates = candidates.from_usable(count)  # the others are passed over just below
+        steps = self._steps_for(request)
         for candidate in candidates:
             if (len(candidate.usable) < count or (per_gpu and hostable(request, candidate) < count)
-                    or not self._passes(request, candidate)):
+                    or not self._passes(request, candidate, steps)):
                 continue
             scored += 1
             if best is None or best[0] != ceiling or candidate.index < best[1]:
@@ -366,6 +383,19 @@ class Placer:
                 chosen.sort(key=lambda item: item[0].index)
                 return Allocation(tuple(_node_allocation(request, c, n) for c, n in chosen))
         return None
+
+
+def _passes_every_node(step: Filter, request: Request) -> bool:
+    """Whether ``step`` answers OK for ``request`` on any node whatever: a filter of the job's own node
+    choice (-x, -C, -w) when the job made none. Exact types: a subclass may check more."""
+    kind = type(step)
+    if kind is NodeNotExcluded:
+        return not request.exclude
+    if kind is NodeFeatures:
+        return not request.constraint  # satisfies(): an empty expression matches every node
+    if kind is NodeListed:
+        return not restricted_to_list(request)
+    return False
 
 
 def _groups_tightest_first(
