@@ -158,25 +158,34 @@ class _RunningHolds:
         ids = list(map(id, running))
         if ids == self.ids and names == self.names and not self.conflict:
             # The same views in the same order (another tuple of them: a cycle on an arrival, when nothing
-            # started or ended): nothing to update. A list compare in C, where the dict and the two key
-            # differences below cost ~10x as much for hundreds of running jobs.
+            # started or ended): nothing to update. A list compare in C, where the set and the two
+            # differences below cost several times as much for hundreds of running jobs.
             self.running = running if isinstance(running, tuple) else None
             return
-        fresh = dict(zip(ids, running, strict=True))  # {id(job): job ...}, in C
-        old = self.by_id
-        if names != self.names or self.conflict or len(old) > 2 * len(fresh) + 64:
+        fresh = set(ids)
+        by_id = self.by_id
+        if names != self.names or self.conflict or len(by_id) > 2 * len(fresh) + 64:
             self.names, self.by_id, self.host_jobs, self.conflict = names, {}, 0, False
             self.until = [{} for _ in names]
             self.derived = [None] * len(names)
             self.events = []
-            old = {}
-        gone = old.keys() - fresh.keys()
-        came = fresh.keys() - old.keys()
+            by_id = self.by_id
+        # by_id is kept up to date job by job rather than rebuilt: the two differences are in C, and the jobs
+        # that came are found from the end of the snapshot's order (where a start appends them), usually
+        # after a step or two.
+        gone = by_id.keys() - fresh
+        came = fresh - by_id.keys()
         for key in gone:
-            self._drop(old[key], index_of)
-        for key in came:
-            self._add(fresh[key], index_of)
-        self.by_id = fresh
+            self._drop(by_id.pop(key), index_of)
+        if came:
+            for job in reversed(running):
+                key = id(job)
+                if key in came and key not in by_id:
+                    by_id[key] = job
+                    self._add(job, index_of)
+                    if len(came) == 1:
+                        break
+                    came.discard(key)
         self.ids = ids
         self.running = running if isinstance(running, tuple) else None
 
