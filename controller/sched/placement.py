@@ -217,8 +217,9 @@ class Placer:
         self._gpu_free = any(isinstance(step, GpuFree) for step in self._filters)
         # The last request's filters that can fail a node for it (_steps): a request is placed against
         # several candidates, often more than once (a sweep's attempts, a spread after the one-node search).
-        self._steps_request: Request | None = None
-        self._steps: tuple[Filter, ...] = ()
+        # One tuple, replaced whole: a placer shared by several callers never pairs one request's filters
+        # with another request.
+        self._last_steps: tuple[Request | None, tuple[Filter, ...]] = (None, ())
 
     def passing(self, request: Request, source: CandidateSource) -> list[Candidate]:
         candidates = source(request)
@@ -231,10 +232,12 @@ class Placer:
         """The filters that can fail a node for ``request``: those that pass every node for it whatever the
         node (no -x, no -C, no -w that names every node it gets: most jobs) are left out, which the boolean
         of _passes does not notice (filters only answer, and every one must pass)."""
-        if request is not self._steps_request:
-            self._steps = tuple(step for step in self._filters if not _passes_every_node(step, request))
-            self._steps_request = request
-        return self._steps
+        last = self._last_steps
+        if last[0] is request:
+            return last[1]
+        steps = tuple(step for step in self._filters if not _passes_every_node(step, request))
+        self._last_steps = (request, steps)
+        return steps
 
     def _passes(self, request: Request, candidate: Candidate, steps: tuple[Filter, ...] | None = None) -> bool:
         """``pipeline.check(request, candidate).ok``; a filter that passes answers with the OK singleton, so
