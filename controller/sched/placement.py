@@ -20,6 +20,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
+from itertools import product
 from typing import TYPE_CHECKING
 
 from garrison.controller.sched.filters.cpu_memory import cpus_needed, mem_needed
@@ -177,14 +178,13 @@ class BestFit(Graded):
     candidates, made for every ready node of the partition at each attempt, cost more than the search).
     Iterated again, it gives the same objects."""
 
-    __slots__ = ("_counts", "_entries", "_made", "_make")
+    __slots__ = ("_entries", "_made", "_make")
 
     def __init__(self, entries: list[tuple[int, int, list[int], int]],
                  make: Callable[[int, list[int], int], Candidate]) -> None:
         """``entries``: (usable count, node index, usable GPUs, capable GPUs) per node, sorted (so by
         count, then index); ``make(index, usable, capable)`` the candidate of one."""
         self._entries = entries
-        self._counts = [entry[0] for entry in entries]
         self._made: list[Candidate | None] = [None] * len(entries)
         self._make = make
 
@@ -194,7 +194,9 @@ class BestFit(Graded):
     def from_usable(self, least: int) -> Iterator[Candidate]:
         """The candidates with at least ``least`` usable GPUs, in order."""
         entries, made, make = self._entries, self._made, self._make
-        for at in range(bisect_left(self._counts, least), len(entries)):
+        # (least,) sorts before every entry of count ``least`` (a tuple's prefix sorts first) and after
+        # those of fewer: the first entry with ``least`` usable GPUs or more, found comparing counts only.
+        for at in range(bisect_left(entries, (least,)), len(entries)):
             candidate = made[at]
             if candidate is None:
                 _, index, usable, capable = entries[at]
@@ -220,6 +222,10 @@ class Placer:
         # One tuple, replaced whole: a placer shared by several callers never pairs one request's filters
         # with another request.
         self._last_steps: tuple[Request | None, tuple[Filter, ...]] = (None, ())
+        self._steps_by_choices: dict[Choices, tuple[Filter, ...]] = {
+            (x, c, w): tuple(step for step in self._filters if not _passes_every_node(step, (x, c, w)))
+            for x, c, w in product((False, True), repeat=3)
+        }
 
     def passing(self, request: Request, source: CandidateSource) -> list[Candidate]:
         candidates = source(request)
@@ -235,7 +241,7 @@ class Placer:
         last = self._last_steps
         if last[0] is request:
             return last[1]
-        steps = tuple(step for step in self._filters if not _passes_every_node(step, request))
+        steps = self._steps_by_choices[_choices(request)]
         self._last_steps = (request, steps)
         return steps
 
@@ -388,16 +394,24 @@ class Placer:
         return None
 
 
-def _passes_every_node(step: Filter, request: Request) -> bool:
-    """Whether ``step`` answers OK for ``request`` on any node whatever: a filter of the job's own node
-    choice (-x, -C, -w) when the job made none. Exact types: a subclass may check more."""
+Choices = tuple[bool, bool, bool]
+
+
+def _choices(request: Request) -> Choices:
+    """Which of its own node choices a request made: -x, -C, and -w naming every node it gets."""
+    return bool(request.exclude), bool(request.constraint), restricted_to_list(request)
+
+
+def _passes_every_node(step: Filter, choices: Choices) -> bool:
+    """Whether ``step`` answers OK on any node whatever for a request that made ``choices``: a filter of
+    the job's own node choice (-x, -C, -w) when the job made none. Exact types: a subclass may check more."""
     kind = type(step)
     if kind is NodeNotExcluded:
-        return not request.exclude
+        return not choices[0]  # nothing excluded
     if kind is NodeFeatures:
-        return not request.constraint  # satisfies(): an empty expression matches every node
+        return not choices[1]  # satisfies(): an empty expression matches every node
     if kind is NodeListed:
-        return not restricted_to_list(request)
+        return not choices[2]
     return False
 
 
