@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from garrison.controller.sched.capacity import INFINITY, Capacity
 from garrison.controller.sched.framework import Candidate, Request
-from garrison.controller.sched.placement import Placer
+from garrison.controller.sched.placement import BestFit, Placer
 from garrison.controller.sched.snapshot import RunningJob
 from garrison.model.domain import Allocation, NodeAllocation
 
@@ -134,35 +134,59 @@ class _RunningHolds:
     (``host_jobs``) or two jobs claiming one GPU make the timeline fall back to its full build.
     """
 
-    __slots__ = ("running", "names", "by_id", "until", "events", "host_jobs", "conflict")
+    __slots__ = ("running", "names", "by_id", "ids", "until", "events", "host_jobs", "conflict", "derived")
 
     def __init__(self) -> None:
         self.running: tuple[RunningJob, ...] | None = None  # the snapshot's tuple this describes (never a list,
         # which could change in place and still be the same object)
         self.names: tuple[str, ...] = ()  # node order the indices refer to
         self.by_id: dict[int, RunningJob] = {}  # id(view) -> view: keeps the views alive, so ids stay unique
+        self.ids: list[int] = []  # id() of each view of the snapshot described, in its order
         self.until: list[dict[int, float]] = []  # node index -> GPU -> when it comes free
         self.events: list[tuple[float, int, tuple[int, ...]]] = []  # (end, node index, GPUs), one per job and node
         self.host_jobs = 0  # running jobs that hold CPUs or host memory
         self.conflict = False  # two jobs claimed one GPU: the full build decides, as it always did
+        # node index -> what Timeline._from_holds derived for it from the holds and the node's free GPUs:
+        # (free GPUs, GPU count, free_at dict); None once a job that started or ended there changed the
+        # holds. Most nodes change in no cycle, and the free GPUs are the same object until they change
+        # (capacity._NodeIndex), so the derivation is one identity test per node, not set arithmetic.
+        self.derived: list[tuple[frozenset[int], int, dict[int, float]] | None] = []
 
     def sync(self, running: Sequence[RunningJob], names: tuple[str, ...], index_of: dict[str, int]) -> None:
         if running is self.running and names == self.names:
             return
-        fresh = dict(zip(map(id, running), running, strict=True))  # {id(job): job ...}, in C
-        old = self.by_id
-        if names != self.names or self.conflict or len(old) > 2 * len(fresh) + 64:
+        ids = list(map(id, running))
+        if ids == self.ids and names == self.names and not self.conflict:
+            # The same views in the same order (another tuple of them: a cycle on an arrival, when nothing
+            # started or ended): nothing to update. A list compare in C, where the set and the two
+            # differences below cost several times as much for hundreds of running jobs.
+            self.running = running if isinstance(running, tuple) else None
+            return
+        fresh = set(ids)
+        by_id = self.by_id
+        if names != self.names or self.conflict or len(by_id) > 2 * len(fresh) + 64:
             self.names, self.by_id, self.host_jobs, self.conflict = names, {}, 0, False
             self.until = [{} for _ in names]
+            self.derived = [None] * len(names)
             self.events = []
-            old = {}
-        gone = old.keys() - fresh.keys()
-        came = fresh.keys() - old.keys()
+            by_id = self.by_id
+        # by_id is kept up to date job by job rather than rebuilt: the two differences are in C, and the jobs
+        # that came are found from the end of the snapshot's order (where a start appends them), usually
+        # after a step or two.
+        gone = by_id.keys() - fresh
+        came = fresh - by_id.keys()
         for key in gone:
-            self._drop(old[key], index_of)
-        for key in came:
-            self._add(fresh[key], index_of)
-        self.by_id = fresh
+            self._drop(by_id.pop(key), index_of)
+        if came:
+            for job in reversed(running):
+                key = id(job)
+                if key in came and key not in by_id:
+                    by_id[key] = job
+                    self._add(job, index_of)
+                    if len(came) == 1:
+                        break
+                    came.discard(key)
+        self.ids = ids
         self.running = running if isinstance(running, tuple) else None
 
     @staticmethod
@@ -182,6 +206,7 @@ class _RunningHolds:
         end = self._end_of(job)
         host = False
         for index, node_alloc in self._on_indexed_nodes(job, index_of):
+            self.derived[index] = None
             held = self.until[index]
             for gpu in node_alloc.gpus:
                 if gpu in held:
@@ -195,6 +220,7 @@ class _RunningHolds:
         end = self._end_of(job)
         host = False
         for index, node_alloc in self._on_indexed_nodes(job, index_of):
+            self.derived[index] = None
             held = self.until[index]
             for gpu in node_alloc.gpus:
                 held.pop(gpu, None)
@@ -209,19 +235,17 @@ class _RunningHolds:
 _HOLDS = _RunningHolds()
 
 
-def _usable_count(candidate: Candidate) -> int:
-    return len(candidate.usable)
-
-
 class Timeline:
     def __init__(self, capacity: Capacity, running: Sequence[RunningJob], now: float) -> None:
         self.capacity = capacity
         self.now = now
         self.free_at: list[dict[int, float]] = []  # node index -> busy GPU -> when it comes free (INFINITY: unknown)
         self.events: list[tuple[float, int, tuple[int, ...]]] = []
-        # Nodes whose free_at dict is the running holds' own (_RunningHolds.until), shared instead of copied:
-        # most nodes are never held nor started on in a cycle. Copied before the first change (_own).
-        self._shared: set[int] = set()
+        # Nodes whose free_at dict is the timeline's own; the others' are shared with the running holds
+        # (_RunningHolds.until and .derived, kept across cycles) instead of copied: most nodes are never held
+        # nor started on in a cycle. Copied before the first change (_own). The full build owns every one.
+        self._owned: set[int] = set()
+        self._owns_all = False
         self._all_cpus: dict[int, frozenset[int]] = {}
         self._partition_members: dict[str, tuple[list[int], set[int]]] = {}
         # node index -> its CPUs and host memory over time, made on first use: a node none of whose jobs
@@ -261,22 +285,26 @@ class Timeline:
         if holds.conflict or holds.host_jobs:
             return False
         free_at: list[dict[int, float]] = []
-        gpu_counts, until = capacity.gpu_counts, holds.until
+        gpu_counts, until, derived = capacity.gpu_counts, holds.until, holds.derived
         for index, free in enumerate(capacity.free):
             gpu_count = gpu_counts[index]
+            known = derived[index]
+            if known is not None and known[0] is free and known[1] == gpu_count:
+                free_at.append(known[2])
+                continue
             held = until[index]
             if len(free) >= gpu_count:
                 if held:
                     return False  # a running job holds a GPU the node calls free
-                free_at.append({})
-                continue
-            if not free.isdisjoint(held):
+                busy: dict[int, float] = {}
+            elif not free.isdisjoint(held):
                 return False
-            if len(held) + len(free) == gpu_count:
-                free_at.append(held)  # every busy GPU is a running job's: shared until changed (_own)
-                self._shared.add(index)
+            elif len(held) + len(free) == gpu_count:
+                busy = held  # every busy GPU is a running job's
             else:
-                free_at.append({g: held.get(g, INFINITY) for g in range(gpu_count) if g not in free})
+                busy = {g: held.get(g, INFINITY) for g in range(gpu_count) if g not in free}
+            derived[index] = (free, gpu_count, busy)
+            free_at.append(busy)
         self.free_at = free_at
         self.events = list(holds.events)
         return True
@@ -284,7 +312,7 @@ class Timeline:
     def _build(self, running: Sequence[RunningJob]) -> None:
         """The timeline from every running job of the snapshot."""
         capacity, now = self.capacity, self.now
-        self._shared.clear()  # _from_holds may have shared some before it gave up
+        self._owns_all = True  # _from_holds may have shared some before it gave up: none is shared now
         free_at: list[dict[int, float]] = [{} for _ in capacity.views]
         gpu_counts = capacity.gpu_counts
         self.free_at = free_at
@@ -345,8 +373,8 @@ class Timeline:
 
     def _own(self, index: int) -> dict[int, float]:
         """The node's free_at dict, the timeline's own (a copy of the running holds' one it shared)."""
-        if index in self._shared:
-            self._shared.discard(index)
+        if not self._owns_all and index not in self._owned:
+            self._owned.add(index)
             self.free_at[index] = dict(self.free_at[index])
         return self.free_at[index]
 
@@ -367,32 +395,51 @@ class Timeline:
             for n in allocation.nodes if n.mem_mb
         }
 
-    def _candidates_at(self, request: Request, when: float, counts: list[int]) -> Iterator[Candidate]:
+    def _best_fit_at(self, request: Request, when: float, counts: list[int]) -> BestFit:
+        """The candidates of the partition's ready nodes at ``when``, best fit first (fewest usable GPUs,
+        ties in index order), each made when a search first reaches it."""
         capacity = self.capacity
         per_node = request.shape.min_gpus_per_node
-        wants_cpus = request.cpus_per_gpu or request.cpus_per_node
-        wants_memory = request.mem_mb or request.mem_per_gpu_mb or request.mem_whole_node
         gpu_counts, free_at, now = capacity.gpu_counts, self.free_at, self.now
+        matches = capacity.matching_all(request.gpu_type, request.gpu_mem_mib)
+        entries = []
         # The partition's ready nodes, in index order: the nodes a walk of every view would keep.
         for index in self._members(request.partition)[0]:
             if counts[index] < per_node:
                 continue
-            view = capacity.views[index]
-            match = capacity.matching(index, request.gpu_type, request.gpu_mem_mib)
+            match = matches[index]  # None: every GPU of the node
             busy = free_at[index]
             gpu_count = gpu_counts[index]
+            # ascending: the matching GPUs not busy past ``when``
+            if match is None:
+                if busy or when < now:
+                    usable = [g for g in range(gpu_count) if busy.get(g, now) <= when]
+                else:
+                    usable = list(range(gpu_count))
+                entries.append((len(usable), index, usable, gpu_count))
+                continue
             if busy or when < now:
                 usable = [g for g in range(gpu_count) if busy.get(g, now) <= when and g in match]
             else:
-                usable = list(range(gpu_count)) if len(match) == gpu_count else sorted(match)
-            yield Candidate(
+                usable = sorted(match)
+            entries.append((len(usable), index, usable, len(match)))
+        entries.sort()  # by count, then index (unique): the order a stable sort by count of index order gives
+        wants_cpus = request.cpus_per_gpu or request.cpus_per_node
+        wants_memory = request.mem_mb or request.mem_per_gpu_mb or request.mem_whole_node
+        views = capacity.views
+
+        def make(index: int, usable: list[int], capable: int) -> Candidate:
+            view = views[index]
+            return Candidate(
                 index=index,
                 view=view,
-                usable=usable,  # ascending: the matching GPUs not busy past ``when``
-                capable=len(match),
+                usable=usable,
+                capable=capable,
                 free_cpus=self.cpus_at(index, when) if wants_cpus else self._every_cpu(index),
                 free_memory_mb=self.memory_at(index, when) if wants_memory else view.memory_mb,
             )
+
+        return BestFit(entries, make)
 
     def _every_cpu(self, index: int) -> frozenset[int]:
         found = self._all_cpus.get(index)
@@ -430,7 +477,8 @@ class Timeline:
             have = sum(1 for i in members if counts[i] >= per_node)
         else:
             need = shape.total_gpus
-            have = sum(counts[i] for i in members)
+            # every node of the cluster (one partition, all ready): a sum in C
+            have = sum(counts) if len(members) == len(counts) else sum(counts[i] for i in members)
 
         horizon = self.now + window_s
         attempts = 0
@@ -438,8 +486,7 @@ class Timeline:
         def try_at(step: float) -> Allocation | None:
             nonlocal attempts
             attempts += 1
-            # Best fit first; the candidates come in index order and the sort is stable, so ties stay in it.
-            candidates = sorted(self._candidates_at(request, step, counts), key=_usable_count)
+            candidates = self._best_fit_at(request, step, counts)
             return placer.place(request, lambda _r: candidates)
 
         # Now first: GPUs of jobs being stopped count as free from now on, so the job may fit as soon as

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from garrison.controller.sched.framework import Candidate, Request
-from garrison.controller.sched.placement import matching_gpus
+from garrison.controller.sched.placement import Graded, matching_gpus
 from garrison.controller.sched.snapshot import NodeView
 from garrison.model.domain import Allocation
 
@@ -55,6 +55,9 @@ class _NodeIndex:
                     self.bucket(part)[len(view.free_gpus)].add(i)
         # (index, GPU type, GPU memory) -> the node's matching GPUs: static facts of the node
         self.matching: dict[tuple[int, str | None, int], frozenset[int]] = {}
+        # (GPU type, GPU memory) -> every node's matching GPUs, by index, or None for a node all of whose
+        # GPUs match (most requests name no type): what the backfill sweep reads per node and attempt
+        self.matching_all: dict[tuple[str | None, int], list[frozenset[int] | None]] = {}
 
     def bucket(self, partition: str) -> list[set[int]]:
         found = self.buckets.get(partition)
@@ -133,6 +136,7 @@ class Capacity:
             part: [set(members) for members in bucket] for part, bucket in index.buckets.items()
         }
         self._matching = index.matching
+        self._matching_all = index.matching_all
         # partition -> (free GPUs on its ready nodes, nodes with at least k free GPUs for each k), for the
         # capacity version it was counted at: might_fit asks it for every job of a deep queue, and the
         # buckets only change when something starts.
@@ -153,6 +157,18 @@ class Capacity:
         if found is None:
             found = matching_gpus(self.views[index], gpu_type, gpu_mem_mib)
             self._matching[key] = found
+        return found
+
+    def matching_all(self, gpu_type: str | None, gpu_mem_mib: int) -> list[frozenset[int] | None]:
+        """``matching`` of every node, by index, with None for a node all of whose GPUs match."""
+        key = (gpu_type, gpu_mem_mib)
+        found = self._matching_all.get(key)
+        if found is None:
+            found = []
+            for index, gpu_count in enumerate(self.gpu_counts):
+                match = self.matching(index, gpu_type, gpu_mem_mib)
+                found.append(None if len(match) == gpu_count else match)
+            self._matching_all[key] = found
         return found
 
     # -- questions ------------------------------------------------------------------------------------
@@ -192,10 +208,13 @@ class Capacity:
 
     def candidate(self, request: Request, index: int, end_time: float) -> Candidate:
         """What node ``index`` offers a job that would run until ``end_time`` if it started now."""
+        return self._candidate(request, index, end_time, self.matching_all(request.gpu_type, request.gpu_mem_mib)[index])
+
+    def _candidate(self, request: Request, index: int, end_time: float, match: frozenset[int] | None) -> Candidate:
+        """``candidate``, given the node's entry of ``matching_all``."""
         view = self.views[index]
-        match = self.matching(index, request.gpu_type, request.gpu_mem_mib)
         free = self.free[index]
-        usable: frozenset[int] | set[int] = free if len(match) == self.gpu_counts[index] else free & match
+        usable: frozenset[int] | set[int] = free if match is None else free & match
         reserved = self.reserved.get(index)
         if reserved:
             usable = {g for g in usable if g not in reserved or reserved[g][0] >= end_time}
@@ -211,7 +230,7 @@ class Capacity:
             index=index,
             view=view,
             usable=sorted(usable),
-            capable=len(match),
+            capable=self.gpu_counts[index] if match is None else len(match),
             free_cpus=free_cpus,
             free_memory_mb=free_memory,
             idle=self.idle[index],
@@ -230,12 +249,16 @@ class Capacity:
 
     def stream(self, request: Request, end_time: float) -> Iterator[Candidate]:
         """Ready nodes of the job's partition with enough free GPUs, fewest free first (best fit)."""
+        return _Stream(self, request, end_time)
+
+    def _stream(self, request: Request, end_time: float, least: int) -> Iterator[Candidate]:
         buckets = self.buckets.get(request.partition)
         if buckets is None:
             return
-        for k in range(request.shape.min_gpus_per_node, len(buckets)):
+        matches = self.matching_all(request.gpu_type, request.gpu_mem_mib)
+        for k in range(max(least, request.shape.min_gpus_per_node), len(buckets)):
             for index in sorted(buckets[k]):
-                yield self.candidate(request, index, end_time)
+                yield self._candidate(request, index, end_time, matches[index])
 
     # -- changes --------------------------------------------------------------------------------------
 
@@ -301,3 +324,23 @@ class Capacity:
             if node_alloc.mem_mb:
                 found.extend((start, job) for start, _, job in self.memory_room.get(index, ()))
         return min(found, default=None)
+
+
+class _Stream(Graded, Iterator[Candidate]):
+    """Capacity.stream: its candidates made as they are reached. A node of the bucket of k free GPUs has at
+    most k usable (fewer where reserved or of another type), so a search for ``least`` starts at bucket
+    ``least`` (Graded)."""
+
+    __slots__ = ("_capacity", "_request", "_end_time", "_all")
+
+    def __init__(self, capacity: Capacity, request: Request, end_time: float) -> None:
+        self._capacity, self._request, self._end_time = capacity, request, end_time
+        self._all: Iterator[Candidate] | None = None
+
+    def __next__(self) -> Candidate:
+        if self._all is None:
+            self._all = self._capacity._stream(self._request, self._end_time, 0)
+        return next(self._all)
+
+    def from_usable(self, least: int) -> Iterator[Candidate]:
+        return self._capacity._stream(self._request, self._end_time, least)

@@ -145,11 +145,19 @@ def _pipeline(scorer_weights: tuple[tuple[str, int], ...]) -> Pipeline:
     return build_pipeline(scorer_weights)
 
 
+@lru_cache(maxsize=16)
+def _placer(scorer_weights: tuple[tuple[str, int], ...], score_limit: int) -> Placer:
+    """One placer per configuration, not per cycle: it holds nothing but what it derives from the pipeline
+    (the filters and scorers spelt out, the scores' ceilings), which costs more to derive than a cycle of a
+    small queue spends placing."""
+    return Placer(_pipeline(scorer_weights), score_limit)
+
+
 def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = None) -> Plan:
     config = config or SchedulerConfig()
     accounting = snapshot.accounting
     default_qos = accounting.default_qos
-    placer = Placer(_pipeline(config.scorer_weights), config.score_limit)
+    placer = _placer(config.scorer_weights, config.score_limit)
     capacity = Capacity(snapshot.nodes)
     array_running = Counter(dict(snapshot.running_array_tasks))
     for running in snapshot.running:

@@ -87,7 +87,7 @@ def fair_share_factors(
 ) -> dict[Association, float]:
     """The fair-share factor (0..1] of each association."""
     wanted = set(associations)
-    shares = normalised_shares(accounting, wanted)
+    shares = _shares_of(accounting, frozenset(wanted))
     total_usage = sum(decayed_usage.values())
     out: dict[Association, float] = {}
     for assoc in wanted:
@@ -98,3 +98,19 @@ def fair_share_factors(
         share = shares[assoc]
         out[assoc] = 2.0 ** (-usage / share) if share > 0 else 0.0
     return out
+
+
+# The last normalised shares computed for fair_share_factors, with the accounting object and associations
+# they are of: a pure function of the two, asked once a cycle, and the pending jobs' associations are most
+# often those of the last cycle.
+_LAST_SHARES: list[tuple[Accounting, frozenset[Association], dict[Association, float]]] = []
+
+
+def _shares_of(accounting: Accounting, associations: frozenset[Association]) -> dict[Association, float]:
+    if _LAST_SHARES:
+        known, wanted, shares = _LAST_SHARES[0]
+        if known is accounting and wanted == associations:
+            return shares
+    shares = normalised_shares(accounting, associations)
+    _LAST_SHARES[:] = [(accounting, associations, shares)]
+    return shares

@@ -15,13 +15,19 @@ candidate nodes that say what they can offer at one moment. It never returns a p
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
+from itertools import product
 from typing import TYPE_CHECKING
 
 from garrison.controller.sched.filters.cpu_memory import cpus_needed, mem_needed
-from garrison.controller.sched.framework import OK, Candidate, GangShape, Request
+from garrison.controller.sched.filters.excluded import NodeNotExcluded
+from garrison.controller.sched.filters.gpu_free import GpuFree
+from garrison.controller.sched.filters.node_selection import NodeFeatures, NodeListed, restricted_to_list
+from garrison.controller.sched.framework import OK, Candidate, Filter, GangShape, Request
 from garrison.controller.sched.scorers.binpack import BinPack
 from garrison.controller.sched.scorers.gpu_topology import GpuTopology, node_affinity
 from garrison.controller.sched.scorers.numa import NumaLocality, local_cpus
@@ -152,6 +158,52 @@ def _node_allocation(
 CandidateSource = Callable[[Request], Iterable[Candidate]]
 
 
+class Graded(ABC):
+    """Candidates in best-fit order that can start at the first with a given number of usable GPUs (a
+    CandidateSource may return one): the one-node search passes over every candidate with fewer GPUs than
+    the job wants on its node, so those need not be made at all."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def from_usable(self, least: int) -> Iterator[Candidate]:
+        """Every candidate with at least ``least`` usable GPUs, in the order iterating would give, and
+        perhaps a few with fewer (a search still checks each)."""
+
+
+class BestFit(Graded):
+    """Candidates in best-fit order (fewest usable GPUs first, ties in index order), each made on first use.
+    A search that needs ``k`` usable GPUs on one node starts at the first candidate with ``k``
+    (``from_usable``): those before it, which it would pass over, are never made (the backfill sweep's
+    candidates, made for every ready node of the partition at each attempt, cost more than the search).
+    Iterated again, it gives the same objects."""
+
+    __slots__ = ("_entries", "_made", "_make")
+
+    def __init__(self, entries: list[tuple[int, int, list[int], int]],
+                 make: Callable[[int, list[int], int], Candidate]) -> None:
+        """``entries``: (usable count, node index, usable GPUs, capable GPUs) per node, sorted (so by
+        count, then index); ``make(index, usable, capable)`` the candidate of one."""
+        self._entries = entries
+        self._made: list[Candidate | None] = [None] * len(entries)
+        self._make = make
+
+    def __iter__(self) -> Iterator[Candidate]:
+        return self.from_usable(0)
+
+    def from_usable(self, least: int) -> Iterator[Candidate]:
+        """The candidates with at least ``least`` usable GPUs, in order."""
+        entries, made, make = self._entries, self._made, self._make
+        # (least,) sorts before every entry of count ``least`` (a tuple's prefix sorts first) and after
+        # those of fewer: the first entry with ``least`` usable GPUs or more, found comparing counts only.
+        for at in range(bisect_left(entries, (least,)), len(entries)):
+            candidate = made[at]
+            if candidate is None:
+                _, index, usable, capable = entries[at]
+                candidate = made[at] = make(index, usable, capable)
+            yield candidate
+
+
 class Placer:
     def __init__(self, pipeline: Pipeline, score_limit: int = DEFAULT_SCORE_LIMIT) -> None:
         self.pipeline = pipeline
@@ -162,14 +214,41 @@ class Placer:
         self._scorers = tuple((s.weight, s) for s in pipeline.scorers)
         self._weight = sum(weight for weight, _ in self._scorers)
         self._ceilings = (self._ceiling(one_gpu=False), self._ceiling(one_gpu=True))  # by count < 2
+        # GpuFree passes no node with fewer usable GPUs than the request's smallest share per node: with it
+        # among the filters, a BestFit source's candidates below that need no check.
+        self._gpu_free = any(isinstance(step, GpuFree) for step in self._filters)
+        # The last request's filters that can fail a node for it (_steps): a request is placed against
+        # several candidates, often more than once (a sweep's attempts, a spread after the one-node search).
+        # One tuple, replaced whole: a placer shared by several callers never pairs one request's filters
+        # with another request.
+        self._last_steps: tuple[Request | None, tuple[Filter, ...]] = (None, ())
+        self._steps_by_choices: dict[Choices, tuple[Filter, ...]] = {
+            (x, c, w): tuple(step for step in self._filters if not _passes_every_node(step, (x, c, w)))
+            for x, c, w in product((False, True), repeat=3)
+        }
 
     def passing(self, request: Request, source: CandidateSource) -> list[Candidate]:
-        return [c for c in source(request) if self._passes(request, c)]
+        candidates = source(request)
+        if self._gpu_free and isinstance(candidates, Graded):
+            candidates = candidates.from_usable(request.shape.min_gpus_per_node)
+        steps = self._steps_for(request)
+        return [c for c in candidates if self._passes(request, c, steps)]
 
-    def _passes(self, request: Request, candidate: Candidate) -> bool:
+    def _steps_for(self, request: Request) -> tuple[Filter, ...]:
+        """The filters that can fail a node for ``request``: those that pass every node for it whatever the
+        node (no -x, no -C, no -w that names every node it gets: most jobs) are left out, which the boolean
+        of _passes does not notice (filters only answer, and every one must pass)."""
+        last = self._last_steps
+        if last[0] is request:
+            return last[1]
+        steps = self._steps_by_choices[_choices(request)]
+        self._last_steps = (request, steps)
+        return steps
+
+    def _passes(self, request: Request, candidate: Candidate, steps: tuple[Filter, ...] | None = None) -> bool:
         """``pipeline.check(request, candidate).ok``; a filter that passes answers with the OK singleton, so
-        most statuses need no look inside."""
-        for step in self._filters:
+        most statuses need no look inside. ``steps``: ``_steps_for(request)``, when known."""
+        for step in self._steps_for(request) if steps is None else steps:
             status = step.check(request, candidate)
             if status is not OK and not status.ok:
                 return False
@@ -213,9 +292,13 @@ class Placer:
         # further on with a higher index cannot win (a tie goes to the lower index), so it is only counted
         # among the scored (which bounds the search), not scored: the answer is the same.
         ceiling = self._ceilings[count < 2]
-        for candidate in source(request):
+        candidates = source(request)
+        if isinstance(candidates, Graded):
+            candidates = candidates.from_usable(count)  # the others are passed over just below
+        steps = self._steps_for(request)
+        for candidate in candidates:
             if (len(candidate.usable) < count or (per_gpu and hostable(request, candidate) < count)
-                    or not self._passes(request, candidate)):
+                    or not self._passes(request, candidate, steps)):
                 continue
             scored += 1
             if best is None or best[0] != ceiling or candidate.index < best[1]:
@@ -309,6 +392,27 @@ class Placer:
                 chosen.sort(key=lambda item: item[0].index)
                 return Allocation(tuple(_node_allocation(request, c, n) for c, n in chosen))
         return None
+
+
+Choices = tuple[bool, bool, bool]
+
+
+def _choices(request: Request) -> Choices:
+    """Which of its own node choices a request made: -x, -C, and -w naming every node it gets."""
+    return bool(request.exclude), bool(request.constraint), restricted_to_list(request)
+
+
+def _passes_every_node(step: Filter, choices: Choices) -> bool:
+    """Whether ``step`` answers OK on any node whatever for a request that made ``choices``: a filter of
+    the job's own node choice (-x, -C, -w) when the job made none. Exact types: a subclass may check more."""
+    kind = type(step)
+    if kind is NodeNotExcluded:
+        return not choices[0]  # nothing excluded
+    if kind is NodeFeatures:
+        return not choices[1]  # satisfies(): an empty expression matches every node
+    if kind is NodeListed:
+        return not choices[2]
+    return False
 
 
 def _groups_tightest_first(

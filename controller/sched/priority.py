@@ -42,13 +42,14 @@ With every weight 0 the queue is plain arrival order (FIFO).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from operator import neg
 
 from garrison.controller.sched.attained import in_high_queue
 from garrison.controller.sched.fairshare import fair_share_factors
 from garrison.controller.sched.snapshot import FALLBACK_TIME_LIMIT_S, PendingJob, Snapshot
+from garrison.model.accounts import Accounting
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,15 +174,16 @@ class PriorityContext:
         self.weights = weights
         accounting = snapshot.accounting
         self.total_gpus = sum(n.gpu_count for n in snapshot.nodes) or 1
-        top_qos = max((q.priority for q in accounting.qos), default=0)
-        self.qos_factor = {q.name: (q.priority / top_qos if top_qos > 0 else 0.0) for q in accounting.qos}
-        top_part = max((p.priority for p in accounting.partitions), default=0)
-        self.partition_factor = {
-            p.name: (p.priority / top_part if top_part > 0 else 0.0) for p in accounting.partitions
-        }
+        # What the accounting alone decides (the QoS and partition factors, the default QoS and time limits),
+        # shared by the contexts of one accounting object: read only, never changed in place.
+        facts = _accounting_facts(accounting)
+        self.qos_factor: Mapping[str, float] = facts.qos_factor
+        self.partition_factor: Mapping[str, float] = facts.partition_factor
         self.default_qos = accounting.default_qos
         # A job without a time limit of its own gets its partition's default (as the cycle does).
-        self.default_limit = {p.name: p.default_time_s for p in accounting.partitions}
+        self.default_limit: Mapping[str, int] = facts.default_limit
+        self._facts = facts
+        self._fingerprint: tuple[object, ...] | None = None
         # When a job becomes overdue this cycle: the fixed bound, or the share of the longest wait now.
         self.overdue_after = weights.overdue_after_s
         if weights.overdue and weights.overdue_share and snapshot.pending:
@@ -254,7 +256,7 @@ class PriorityContext:
         w = self.weights
         now, max_age = self.now, w.max_age_s
         fair_share = self.fair_share
-        static = _static_parts(self._static_fingerprint())
+        static = self._static_memo()
         age_w, fair_w = w.age, w.fair_share
         overdue_w, overdue_after = w.overdue, self.overdue_after
         attained_w = w.attained_service
@@ -302,8 +304,21 @@ class PriorityContext:
         return _timeless(self.weights) and self._static_fingerprint() == other._static_fingerprint()
 
     def _static_fingerprint(self) -> tuple[object, ...]:
-        return (self.weights, self.total_gpus, self.default_qos, tuple(sorted(self.qos_factor.items())),
-                tuple(sorted(self.partition_factor.items())), tuple(sorted(self.default_limit.items())))
+        if self._fingerprint is None:
+            self._fingerprint = (self.weights, self.total_gpus, *self._facts.fingerprint)
+        return self._fingerprint
+
+    def _static_memo(self) -> StaticParts:
+        """_static_parts of this context's fingerprint. The last one is remembered with the accounting
+        object, weights and cluster size it was found for: the next cycle's context (another object, the
+        same configuration) takes it without hashing the fingerprint, a tuple of every QoS, partition and
+        weight, again."""
+        last = self._facts.last_static
+        if last is not None and last[0] is self.weights and last[1] == self.total_gpus:
+            return last[2]
+        found = _static_parts(self._static_fingerprint())
+        self._facts.last_static = (self.weights, self.total_gpus, found)
+        return found
 
     def _static_part(self, job: PendingJob) -> tuple[float, int]:
         """The weighted sum of the factors that depend on the job and the configuration only, and the
@@ -347,12 +362,13 @@ def _timeless(weights: PriorityWeights) -> bool:
 # computed for, its static part, its adjustment, its (account, user) association). A memo of a pure
 # function, so the core stays pure: a result is used only for the very view object it was computed from.
 # A few configurations at most (gsim runs several policies in one process).
-_STATIC_PARTS: dict[tuple[object, ...], dict[int, tuple[PendingJob, float, int, tuple[str, str]]]] = {}
+StaticParts = dict[int, tuple[PendingJob, float, int, tuple[str, str]]]
+_STATIC_PARTS: dict[tuple[object, ...], StaticParts] = {}
 _MAX_CONFIGURATIONS = 4
 _ASSOCIATIONS: dict[tuple[str, str], tuple[str, str]] = {}  # (account, user) pairs seen, each one object
 
 
-def _static_parts(fingerprint: tuple[object, ...]) -> dict[int, tuple[PendingJob, float, int, tuple[str, str]]]:
+def _static_parts(fingerprint: tuple[object, ...]) -> StaticParts:
     found = _STATIC_PARTS.pop(fingerprint, None)
     if found is None:
         found = {}
@@ -360,3 +376,41 @@ def _static_parts(fingerprint: tuple[object, ...]) -> dict[int, tuple[PendingJob
             del _STATIC_PARTS[next(iter(_STATIC_PARTS))]
     _STATIC_PARTS[fingerprint] = found  # most recently used last
     return found
+
+
+class _AccountingFacts:
+    """What PriorityContext reads of one accounting object alone, computed once for it (contexts of
+    successive cycles share the accounting object until it changes), and the static parts' memo the last
+    context of this accounting found (PriorityContext._static_memo)."""
+
+    __slots__ = ("qos_factor", "partition_factor", "default_limit", "fingerprint", "last_static")
+
+    def __init__(self, accounting: Accounting) -> None:
+        top_qos = max((q.priority for q in accounting.qos), default=0)
+        self.qos_factor = {q.name: (q.priority / top_qos if top_qos > 0 else 0.0) for q in accounting.qos}
+        top_part = max((p.priority for p in accounting.partitions), default=0)
+        self.partition_factor = {
+            p.name: (p.priority / top_part if top_part > 0 else 0.0) for p in accounting.partitions
+        }
+        self.default_limit = {p.name: p.default_time_s for p in accounting.partitions}
+        self.fingerprint = (accounting.default_qos, tuple(sorted(self.qos_factor.items())),
+                            tuple(sorted(self.partition_factor.items())), tuple(sorted(self.default_limit.items())))
+        self.last_static: tuple[PriorityWeights, int, StaticParts] | None = None
+
+
+# The facts of the last few accounting objects, most recently used last, each with the object itself (so
+# that its id is not reused while it is here).
+_FACTS: list[tuple[Accounting, _AccountingFacts]] = []
+
+
+def _accounting_facts(accounting: Accounting) -> _AccountingFacts:
+    for at, (known, facts) in enumerate(_FACTS):
+        if known is accounting:
+            if at != len(_FACTS) - 1:
+                _FACTS.append(_FACTS.pop(at))
+            return facts
+    facts = _AccountingFacts(accounting)
+    if len(_FACTS) >= _MAX_CONFIGURATIONS:
+        del _FACTS[0]
+    _FACTS.append((accounting, facts))
+    return facts

@@ -138,3 +138,21 @@ def test_node_affinity_follows_the_node_matrices() -> None:
     assert scorer.score(_request(1, 2, 600), pair_on_link, (0, 1)) == 100
     assert scorer.score(_request(1, 2, 600), pair_on_link, (0, 2)) == 0
     assert bests == {2: best_affinity(affinity, 2)}
+
+
+def test_kept_busy_gpus_follow_jobs_that_change_behind_the_same_free_gpus() -> None:
+    # A node's busy GPUs derived from the running holds are kept while its free GPUs are the same object;
+    # a job that ends while another starts on the same GPUs, or that is being stopped, leaves the free GPUs
+    # as they were but not the holds. GPU 7 is busy for a reason no job explains (the kept dict is then not
+    # the holds' own but a copy with INFINITY for it).
+    views = (replace(node("n0"), free_gpus=frozenset(range(6))), node("n1"))
+    first = running(1, {"n0": (6,)}, start=NOW - 100, limit=600)
+    second = running(2, {"n0": (6,)}, start=NOW, limit=7200)
+    capacity = Capacity(views)
+    for runs in ((first,), (second,), (replace(second, stopping=True),), (second,)):
+        timeline = Timeline(capacity, runs, NOW)
+        reference = FullTimeline(Capacity(views), runs, NOW)
+        assert _clamped(timeline.free_at, NOW) == _clamped(reference.free_at, NOW)
+        assert timeline.usable_now == reference.usable_now
+        request = _request(9, 8, 600)
+        assert _answers(timeline, [request]) == _answers(reference, [request])

@@ -5,6 +5,7 @@ must be the very one of scoring every passing node, whatever order the candidate
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from sched_helpers import machine, node, view_of
@@ -56,3 +57,32 @@ def test_a_scorer_without_a_bound_scores_every_node() -> None:
     assert only_binpack._ceilings == (100, 100)
     with_topology = Placer(build_pipeline((("BinPack", 3), ("GpuTopology", 2))))
     assert with_topology._ceilings == (None, 100)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_filters_left_out_for_a_request_would_pass_every_node(seed: int) -> None:
+    # The placer leaves out, per request, the filters of the job's own node choice it did not make (-x, -C,
+    # -w): it must place as when every filter checks every node.
+    rng = random.Random(seed)
+    dgx1v = machine("dgx1v")
+    fast = Placer(build_pipeline())
+    every = Placer(build_pipeline())
+    every._steps_for = lambda _request: every._filters  # type: ignore[method-assign]
+    for _ in range(80):
+        nodes = [replace(v, features=frozenset(rng.sample(("ib", "a100", "big"), rng.randrange(3))))
+                 for v in random_nodes(rng, dgx1v)]
+        names = [v.name for v in nodes]
+        choice: dict[str, object] = {}
+        if rng.random() < 0.3:
+            choice["exclude"] = tuple(rng.sample(names, rng.randrange(1, 4)))
+        if rng.random() < 0.3:
+            choice["constraint"] = rng.choice(("ib", "a100&big", "ib|big"))
+        if rng.random() < 0.2:
+            choice["nodelist"] = tuple(rng.sample(names, rng.randrange(1, 3)))
+        if rng.random() < 0.3:
+            choice["nodes"] = rng.choice((1, 2, 3))
+        spec = JobSpec(name="j", command=("x",), gpus=rng.choice((1, 2, 4, 8, 12)), **choice)  # type: ignore[arg-type]
+        request = request_for(1, spec, "main", 3600)
+        candidates = candidates_of(nodes, request)
+        assert fast.place(request, given(candidates)) == every.place(request, given(candidates))
+        assert fast.passing(request, given(candidates)) == every.passing(request, given(candidates))
