@@ -171,7 +171,7 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
             if status == UNIMPLEMENTED and not request.get("script_path") and "stdin" not in request:
                 return False  # a controller older than this command: the full path still works
             if status != OK:
-                _fail(prog, status, answer, address)
+                _fail(prog, status, answer, address, usage_exit)
             response = _loads(answer)
             if "need_script" in response:
                 request["script_path"] = response["need_script"]
@@ -224,10 +224,15 @@ def _query(prog: str, calls: Callable[[Callable[[str, dict[str, Any]], dict[str,
     return True
 
 
-def _fail(prog: str, status: int, answer: bytes, address: str) -> None:
-    from garrison.cli.client import _error_for, fail
+def _fail(prog: str, status: int, answer: bytes, address: str, usage_exit: int = EXIT_USAGE) -> None:
+    """The controller's refusal as the command's one-line error; one it exits EXIT_USAGE for (the request
+    itself is wrong) exits ``usage_exit`` instead (sbatch: 1, as every error of sbatch's)."""
+    from garrison.cli.client import CliError, _error_for, fail
 
-    fail(prog, _error_for(status, answer.decode(errors="replace"), address))
+    error = _error_for(status, answer.decode(errors="replace"), address)
+    if error.exit_code == EXIT_USAGE:
+        error = CliError(str(error), usage_exit)
+    fail(prog, error)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
         with Client() as client:
             response = client.call_plain("SubmitJob", submit_request(submission))
     except CliError as exc:
-        fail(prog, exc)
+        # The controller refused the request itself (EXIT_USAGE): as a usage error (sbatch: 1, as all its errors)
+        fail(prog, CliError(str(exc), usage_exit) if exc.exit_code == EXIT_USAGE else exc)
     if submission.test_only:
         print(f"{prog}: {estimate_line(response)} (not submitted)", file=sys.stderr)
         return

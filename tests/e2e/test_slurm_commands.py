@@ -129,6 +129,18 @@ def test_unknown_options_are_refused_and_queue_nothing(cluster: Cluster) -> None
     assert {j["job_id"] for j in cluster.jobs()} == before
 
 
+@pytest.mark.parametrize("transport", ["local", "grpc"])
+def test_a_refused_sbatch_exits_1_as_sbatch_does(cluster: Cluster, transport: str) -> None:
+    """The controller refuses the job (an unknown partition, more GPUs than any node has): sbatch says why in one
+    line and exits 1, as Slurm's sbatch does for a failed submission (gsub exits 2)."""
+    env = dict(cluster.env, GARRISON_TRANSPORT="grpc") if transport == "grpc" else cluster.env
+    for options in (["-p", "nosuch"], ["--gres=gpu:99"]):
+        for command, code in (("sbatch", 1), ("gsub", 2)):
+            proc = subprocess.run([command, *options, "--wrap", "true"], capture_output=True, text=True, env=env,
+                                  cwd=str(cluster.work), timeout=120)
+            assert proc.returncode == code and proc.stderr.count("\n") == 1, (command, options, proc.stderr)
+
+
 def test_scancel_by_id_name_and_user(cluster: Cluster) -> None:
     held = ["-H", "-o", "/dev/null", "--wrap", "sleep 600"]
     by_id = sbatch(cluster, "-J", "sc-id", *held)
