@@ -104,16 +104,25 @@ def test_a_finished_supervisor_takes_the_next_attempt_and_lets_go_of_the_last(jo
     assert json.loads((first / core.STATUS_FILE).read_bytes())["ranks"][0]["exit_code"] == 3  # not rewritten
 
 
-def test_a_signal_meant_for_an_ended_attempt_does_not_reach_the_next(jobs: Jobs, forkserver: Path) -> None:
+def second_attempt_on_a_reused_supervisor(
+    jobs: Jobs, forkserver: Path, traps: str
+) -> tuple[Path, Path, int, Path, Path]:
+    """A first attempt that has ended, and a second on the same (now reused) supervisor whose rank traps
+    ``traps`` by touching ``warned`` and waits for ``release``: (first, second, pid, warned, release)."""
     first = jobs.job_dir()
     pid = client.spawn(first, jobs.spec(jobs.rank(0, "exit 0"), job_id=1), forkserver=forkserver)
     jobs.wait_finished(first)
     wait_until(lambda: waiting_for_an_attempt(pid), DEADLINE_S, what="the supervisor to be idle")
     warned = jobs.root / "warned"
-    script, ready, release = released_rank(jobs, "second", f"trap 'touch {warned}' USR1 USR2;")
+    script, ready, release = released_rank(jobs, "second", f"trap 'touch {warned}' {traps};")
     second = jobs.job_dir()
     assert client.spawn(second, jobs.spec(jobs.rank(0, script), job_id=2), forkserver=forkserver) == pid
     wait_until(ready.exists, DEADLINE_S, what="the second attempt's rank")
+    return first, second, pid, warned, release
+
+
+def test_a_signal_meant_for_an_ended_attempt_does_not_reach_the_next(jobs: Jobs, forkserver: Path) -> None:
+    first, second, pid, warned, release = second_attempt_on_a_reused_supervisor(jobs, forkserver, "USR1 USR2")
 
     # Asked for the first attempt once it has ended: refused, nothing sent.
     assert not client.terminate(first) and not client.kill_now(first) and not client.send(first, signal.SIGUSR1)
@@ -128,15 +137,7 @@ def test_a_signal_meant_for_an_ended_attempt_does_not_reach_the_next(jobs: Jobs,
 
 
 def test_the_next_attempts_own_requests_are_served(jobs: Jobs, forkserver: Path) -> None:
-    first = jobs.job_dir()
-    pid = client.spawn(first, jobs.spec(jobs.rank(0, "exit 0"), job_id=1), forkserver=forkserver)
-    jobs.wait_finished(first)
-    wait_until(lambda: waiting_for_an_attempt(pid), DEADLINE_S, what="the supervisor to be idle")
-    warned = jobs.root / "warned"
-    script, ready, _release = released_rank(jobs, "second", f"trap 'touch {warned}' USR1;")
-    second = jobs.job_dir()
-    assert client.spawn(second, jobs.spec(jobs.rank(0, script), job_id=2), forkserver=forkserver) == pid
-    wait_until(ready.exists, DEADLINE_S, what="the second attempt's rank")
+    _first, second, _pid, warned, _release = second_attempt_on_a_reused_supervisor(jobs, forkserver, "USR1")
     assert client.send(second, signal.SIGUSR1)
     wait_until(warned.exists, DEADLINE_S, what="the warning to reach the rank")
     assert client.terminate(second)
