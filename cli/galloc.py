@@ -31,6 +31,9 @@ from garrison.cmdline.submission import HelpRequested, _given_options, parse_sub
 from garrison.model.jobspec import JobSpec, LaunchMode
 
 PROG = "galloc"
+# The exit status of an allocation the controller refuses: galloc's usage status; salloc (cli/slurm/salloc.py)
+# sets 1, Slurm's salloc's for "Job submit/allocate failed".
+REFUSED_EXIT = EXIT_USAGE
 POLL_INTERVAL_S = 1.0  # how often galloc asks while it waits, and while the command runs (at most)
 HANGUP_GRACE_S = 5.0  # after SIGHUP, before SIGTERM; then as long again before SIGKILL
 RELEASE_RETRY_S = 30.0  # how long a release is retried while the controller is unreachable
@@ -343,6 +346,8 @@ def _galloc(args: list[str]) -> None:
             try:
                 response = client.call_plain("SubmitJob", {"spec": spec_to_plain(request.spec)})
             except CliError as exc:
+                if exc.exit_code == EXIT_USAGE:  # the controller refused the request itself
+                    exc = CliError(f"Job submit/allocate failed: {exc}", REFUSED_EXIT)
                 fail(PROG, exc)
             allocation = Allocation(client, int(response.job_id))
             say(f"Pending job allocation {allocation.job_id}")

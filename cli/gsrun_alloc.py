@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 PROG = "gsrun"
+# The exit status of an allocation the controller refuses (the request itself is wrong): gsrun's usage status;
+# srun (cli/slurm/srun.py) sets 1, Slurm's srun's for "Unable to allocate resources".
+REFUSED_EXIT = EXIT_USAGE
 POLL_S = 0.2
 QUIET_WAIT_S = 1.0  # an allocation granted within this is not reported as waiting (as srun's granted at once)
 # While the controller cannot be reached (a restart), how long the wait for the allocation and its release go
@@ -105,7 +108,12 @@ def request_allocation(client: Client, args: argparse.Namespace) -> Granted:
     except UsageError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     spec = replace(submission.spec, script=None, command=(), launch=LaunchMode.ALLOCATION)
-    job_id = int(client.call_plain("SubmitJob", {"spec": spec_to_plain(spec)}).job_id)
+    try:
+        job_id = int(client.call_plain("SubmitJob", {"spec": spec_to_plain(spec)}).job_id)
+    except CliError as exc:
+        if exc.exit_code == EXIT_USAGE:
+            raise CliError(f"Unable to allocate resources: {exc}", REFUSED_EXIT) from None
+        raise
     try:
         return _wait_running(client, job_id)
     except BaseException:

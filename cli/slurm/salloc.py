@@ -10,10 +10,12 @@ from __future__ import annotations
 from garrison.cli import galloc
 
 PROG = "salloc"
+REFUSED_EXIT = 1  # salloc's status when its allocation is refused ("Job submit/allocate failed")
 
 
 def main(argv: list[str] | None = None) -> None:
     galloc.PROG = PROG  # galloc's messages and default job name use this module name; this process is salloc's
+    galloc.REFUSED_EXIT = REFUSED_EXIT
     galloc.main(argv)
 
 

@@ -130,15 +130,20 @@ def test_unknown_options_are_refused_and_queue_nothing(cluster: Cluster) -> None
 
 
 @pytest.mark.parametrize("transport", ["local", "grpc"])
-def test_a_refused_sbatch_exits_1_as_sbatch_does(cluster: Cluster, transport: str) -> None:
-    """The controller refuses the job (an unknown partition, more GPUs than any node has): sbatch says why in one
-    line and exits 1, as Slurm's sbatch does for a failed submission (gsub exits 2)."""
+def test_a_refused_submission_exits_1_under_slurms_names(cluster: Cluster, transport: str) -> None:
+    """The controller refuses the job (an unknown partition, more GPUs than any node has): sbatch, srun and
+    salloc say why in one line and exit 1, as Slurm's do for a failed submission or allocation (srun: "Unable
+    to allocate resources", salloc: "Job submit/allocate failed"); Garrison's own names exit 2."""
     env = dict(cluster.env, GARRISON_TRANSPORT="grpc") if transport == "grpc" else cluster.env
+    before = {j["job_id"] for j in cluster.jobs()}
     for options in (["-p", "nosuch"], ["--gres=gpu:99"]):
-        for command, code in (("sbatch", 1), ("gsub", 2)):
-            proc = subprocess.run([command, *options, "--wrap", "true"], capture_output=True, text=True, env=env,
-                                  cwd=str(cluster.work), timeout=120)
+        for command, code, tail in (("sbatch", 1, ["--wrap", "true"]), ("gsub", 2, ["--wrap", "true"]),
+                                    ("srun", 1, ["true"]), ("gsrun", 2, ["true"]),
+                                    ("salloc", 1, ["true"]), ("galloc", 2, ["true"])):
+            proc = subprocess.run([command, *options, *tail], capture_output=True, text=True, env=env,
+                                  cwd=str(cluster.work), timeout=120, stdin=subprocess.DEVNULL)
             assert proc.returncode == code and proc.stderr.count("\n") == 1, (command, options, proc.stderr)
+    assert {j["job_id"] for j in cluster.jobs()} == before
 
 
 def test_scancel_by_id_name_and_user(cluster: Cluster) -> None:
