@@ -68,6 +68,15 @@ class CliError(Exception):
         self.retryable = retryable  # the controller is unreachable or slow: asking again later may work
 
 
+def as_refusal(error: CliError, exit_code: int, words: str = "") -> CliError:
+    """A refusal of the request itself (the controller's INVALID_ARGUMENT, EXIT_USAGE here) with the command's own
+    exit status and, before the reason, its own words (srun's "Unable to allocate resources: "); any other
+    error as it is."""
+    if error.exit_code != EXIT_USAGE:
+        return error
+    return CliError(f"{words}{error}", exit_code)
+
+
 class _LocalUnusable(Exception):
     """The local socket is missing, refused or closed on us: use gRPC instead."""
 

@@ -227,12 +227,9 @@ def _query(prog: str, calls: Callable[[Callable[[str, dict[str, Any]], dict[str,
 def _fail(prog: str, status: int, answer: bytes, address: str, usage_exit: int = EXIT_USAGE) -> None:
     """The controller's refusal as the command's one-line error; one it exits EXIT_USAGE for (the request
     itself is wrong) exits ``usage_exit`` instead (sbatch: 1, as every error of sbatch's)."""
-    from garrison.cli.client import CliError, _error_for, fail
+    from garrison.cli.client import _error_for, as_refusal, fail
 
-    error = _error_for(status, answer.decode(errors="replace"), address)
-    if error.exit_code == EXIT_USAGE:
-        error = CliError(str(error), usage_exit)
-    fail(prog, error)
+    fail(prog, as_refusal(_error_for(status, answer.decode(errors="replace"), address), usage_exit))
 
 
 # ---------------------------------------------------------------------------------------------------------------

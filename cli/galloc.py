@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.client import EXIT_USAGE, Client, CliError, as_refusal, fail, run_command
 from garrison.cmdline.parsing import UsageError
 from garrison.cmdline.submission import HelpRequested, _given_options, parse_submission
 from garrison.model.jobspec import JobSpec, LaunchMode
@@ -346,9 +346,7 @@ def _galloc(args: list[str]) -> None:
             try:
                 response = client.call_plain("SubmitJob", {"spec": spec_to_plain(request.spec)})
             except CliError as exc:
-                if exc.exit_code == EXIT_USAGE:  # the controller refused the request itself
-                    exc = CliError(f"Job submit/allocate failed: {exc}", REFUSED_EXIT)
-                fail(PROG, exc)
+                fail(PROG, as_refusal(exc, REFUSED_EXIT, "Job submit/allocate failed: "))
             allocation = Allocation(client, int(response.job_id))
             say(f"Pending job allocation {allocation.job_id}")
             say(f"job {allocation.job_id} queued and waiting for resources")

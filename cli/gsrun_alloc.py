@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from garrison.cli.client import EXIT_USAGE, Client, CliError
+from garrison.cli.client import EXIT_USAGE, Client, CliError, as_refusal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ PROG = "gsrun"
 # srun (cli/slurm/srun.py) sets 1, Slurm's srun's for "Unable to allocate resources".
 REFUSED_EXIT = EXIT_USAGE
 POLL_S = 0.2
+POLL_RENEW_S = 10.0  # at most this long between the allocation's lease renewals, whatever the lease
 QUIET_WAIT_S = 1.0  # an allocation granted within this is not reported as waiting (as srun's granted at once)
 # While the controller cannot be reached (a restart), how long the wait for the allocation and its release go
 # on asking: the wait as long as gsrun takes a step up again after one (cli/gsrun.py), the release less, since
@@ -91,9 +92,6 @@ class Granted:
             self._renewing.join(timeout=5)
 
 
-POLL_RENEW_S = 10.0  # at most this long between renewals, whatever the lease
-
-
 def request_allocation(client: Client, args: argparse.Namespace) -> Granted:
     """Submit the allocation and wait until it runs."""
     from dataclasses import replace
@@ -111,9 +109,7 @@ def request_allocation(client: Client, args: argparse.Namespace) -> Granted:
     try:
         job_id = int(client.call_plain("SubmitJob", {"spec": spec_to_plain(spec)}).job_id)
     except CliError as exc:
-        if exc.exit_code == EXIT_USAGE:
-            raise CliError(f"Unable to allocate resources: {exc}", REFUSED_EXIT) from None
-        raise
+        raise as_refusal(exc, REFUSED_EXIT, "Unable to allocate resources: ") from None
     try:
         return _wait_running(client, job_id)
     except BaseException:

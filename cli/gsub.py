@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.client import EXIT_USAGE, Client, CliError, as_refusal, fail, run_command
 from garrison.cmdline.parsing import UsageError
 from garrison.cmdline.submission import HelpRequested, parse_submission, submit_request, with_default_output
 
@@ -46,7 +46,7 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
             response = client.call_plain("SubmitJob", submit_request(submission))
     except CliError as exc:
         # The controller refused the request itself (EXIT_USAGE): as a usage error (sbatch: 1, as all its errors)
-        fail(prog, CliError(str(exc), usage_exit) if exc.exit_code == EXIT_USAGE else exc)
+        fail(prog, as_refusal(exc, usage_exit))
     if submission.test_only:
         print(f"{prog}: {estimate_line(response)} (not submitted)", file=sys.stderr)
         return

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 # What a user asks for lives in its own module, so the CLI can import it without the rest of these types.
 from garrison.model.jobspec import JobSpec as JobSpec
 from garrison.model.jobspec import LaunchMode as LaunchMode
+from garrison.model.partitions import SEPARATOR as PARTITION_SEPARATOR
 
 
 class JobState(enum.StrEnum):
@@ -231,7 +232,7 @@ class Job:
         check_transition(self.state, new)
         if new == JobState.PENDING and self.state != JobState.PENDING and "partition" not in changes:
             spec_partition = self.spec.partition
-            if spec_partition is not None and "," in spec_partition:
+            if spec_partition is not None and PARTITION_SEPARATOR in spec_partition:
                 # -p a,b, requeued: it waits in every partition it named again (its spec keeps the list the
                 # controller resolved), as Slurm's requeued job does, not only in the one it ran in.
                 changes["partition"] = spec_partition
