@@ -7,6 +7,7 @@ or poll a condition (a file appearing, a process going away) under a deadline.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import pwd
@@ -544,20 +545,38 @@ def test_kill_orphans_leaves_a_reused_process_group_alone(jobs: Jobs) -> None:
         stranger.wait()
 
 
+def _open_for_writing(fifo: Path) -> int | None:
+    """A descriptor writing to ``fifo`` once a reader has it open; None before (ENXIO)."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno == errno.ENXIO:
+            return None
+        raise
+
+
 def test_fork_server_supervisors_outlive_it_and_are_reaped(jobs: Jobs) -> None:
     socket_path = jobs.root / "forkserver.sock"
     server = start_forkserver(socket_path)
     try:
         assert socket_path.stat().st_mode & 0o777 == 0o600
         ready = jobs.root / "ready"
+        # The first attempt ends only once the second has been spawned (a line through a FIFO), so its
+        # supervisor is busy then and the second gets a supervisor of its own, however slow the machine.
+        release = jobs.root / "release"
+        os.mkfifo(release)
         first = jobs.job_dir()
-        client.spawn(first, jobs.spec(jobs.rank(0, "exit 7"), job_id=1), forkserver=socket_path)
+        client.spawn(first, jobs.spec(jobs.rank(0, f"read line < {release}; exit 7"), job_id=1),
+                     forkserver=socket_path)
         second = jobs.job_dir()
         second_pid = client.spawn(
             second,
             jobs.spec(jobs.rank(0, f"touch {ready}; exec sleep 100"), job_id=2),
             forkserver=socket_path,
         )
+        writer = wait_until(lambda: _open_for_writing(release), DEADLINE_S, what="the first rank to read")
+        os.write(writer, b"go\n")
+        os.close(writer)
         assert jobs.wait_finished(first).ranks[0].exit_code == 7
         first_pid = int((first / core.PID_FILE).read_text())
         assert first_pid != second_pid  # the first was busy when the second was asked for
