@@ -88,6 +88,7 @@ class Request:
     exclude: frozenset[str] = frozenset()  # nodes the job must not run on (gsub -x)
     # Node selection: -C as alternatives of feature sets (garrison.model.features), -w, --exclusive
     constraint: tuple[frozenset[str], ...] = ()  # () : any node
+    constraint_matching: bool = False  # -C [a|b]: every node of the job has the same alternative
     nodelist: frozenset[str] = frozenset()  # nodes the job must include
     exclusive: bool = False  # whole idle nodes only, and the job takes all of each
 

@@ -34,7 +34,7 @@ from garrison.controller.sched.scorers.numa import NumaLocality, local_cpus
 from garrison.controller.sched.snapshot import NodeView
 from garrison.controller.sched.topology import gpu_affinity, pick_connected_gpus
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation
-from garrison.model.features import parse_constraint
+from garrison.model.features import is_matching_or, parse_constraint
 from garrison.model.gputype import gpu_matches
 
 if TYPE_CHECKING:
@@ -96,6 +96,7 @@ def request_for(job_id: int, spec: JobSpec, partition: str, duration_s: float) -
         duration_s=duration_s,
         exclude=frozenset(spec.exclude),
         constraint=parse_constraint(spec.constraint) if spec.constraint else (),
+        constraint_matching=bool(spec.constraint) and is_matching_or(spec.constraint or ""),
         nodelist=frozenset(spec.nodelist),
         exclusive=spec.exclusive,
     )
@@ -266,6 +267,15 @@ class Placer:
 
     def place(self, request: Request, source: CandidateSource) -> Allocation | None:
         shape = request.shape
+        if request.constraint_matching and len(request.constraint) > 1 and shape.node_count != 1:
+            # -C [a|b] on a job that may take several nodes: all of them with a, or all with b, tried in the
+            # order given (a one-node job's nodes share its alternative whatever it is: the plain OR below).
+            for alternative in request.constraint:
+                one = replace(request, constraint=(alternative,), constraint_matching=False)
+                found = self.place(one, source)
+                if found is not None:
+                    return found
+            return None
         if shape.node_count == 1 or (shape.node_count is None and shape.total_gpus > 0):
             count = shape.gpus_per_node if shape.gpus_per_node is not None else shape.total_gpus
             single = self._one_node(request, source, count)

@@ -2,8 +2,13 @@
 
 Pure. A node's features come from its agent's configuration (``features = ["a100", "ib"]``); a job's
 constraint is a Slurm feature expression: names joined by ``&`` (and) and ``|`` (or), ``&`` binding tighter,
-as in Slurm (``a|b&c`` is ``a`` or (``b`` and ``c``)). Matching is case-sensitive, as Slurm's is. Slurm's
-rarer forms (brackets, ``*count``, ``,`` for and) are refused with a one-line error rather than misread.
+as in Slurm (``a|b&c`` is ``a`` or (``b`` and ``c``)). Matching is case-sensitive, as Slurm's is.
+
+Slurm's matching OR, the whole expression in brackets (``[a5000|a6000|a100]``, common in real scripts), asks
+that every node of the job have the same one of the alternatives: for a one-node job it is the plain OR, and
+placement tries a job of several nodes on one alternative at a time (``is_matching_or``). Slurm's rarer forms
+(brackets around part of an expression, ``*count``, ``,`` for and) are refused with a one-line error rather
+than misread.
 """
 
 from __future__ import annotations
@@ -28,8 +33,12 @@ def parse_constraint(text: str) -> tuple[frozenset[str], ...]:
     ``"a100&ib|h100"`` -> ``(frozenset({"a100", "ib"}), frozenset({"h100"}))``."""
     if len(text) > MAX_CONSTRAINT_LEN:
         raise ConstraintError(f"--constraint is longer than {MAX_CONSTRAINT_LEN} characters")
+    inside = text[1:-1] if is_matching_or(text) else text
+    if "[" in inside or "]" in inside:
+        raise ConstraintError(f"invalid --constraint {_shown(text)}: brackets only around the whole expression "
+                              "([a|b]: every node has the same one of a and b)")
     terms = []
-    for alternative in text.split("|"):
+    for alternative in inside.split("|"):
         names = [name.strip() for name in alternative.split("&")]
         for name in names:
             if not _NAME.fullmatch(name):
@@ -39,6 +48,11 @@ def parse_constraint(text: str) -> tuple[frozenset[str], ...]:
                 )
         terms.append(frozenset(names))
     return tuple(terms)
+
+
+def is_matching_or(text: str) -> bool:
+    """Whether a constraint is Slurm's matching OR, ``[a|b]``: all the job's nodes share one alternative."""
+    return len(text) >= 2 and text[0] == "[" and text[-1] == "]"
 
 
 def constraint_features(terms: Iterable[frozenset[str]]) -> set[str]:

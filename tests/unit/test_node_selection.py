@@ -15,7 +15,13 @@ from garrison.controller.sched.presets import preset
 from garrison.controller.sched.snapshot import Snapshot
 from garrison.controller.validate import ValidationError, validate_submission
 from garrison.model.domain import JobSpec, Node, Principal
-from garrison.model.features import ConstraintError, check_feature_names, parse_constraint, satisfies
+from garrison.model.features import (
+    ConstraintError,
+    check_feature_names,
+    is_matching_or,
+    parse_constraint,
+    satisfies,
+)
 from garrison.plainmsg import from_plain
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.wire.convert import inventory_from_pb, inventory_to_pb, spec_from_pb
@@ -58,7 +64,16 @@ def test_no_expression_matches_every_node() -> None:
     assert satisfies(frozenset(), ())
 
 
-@pytest.mark.parametrize("bad", ["", "a100&", "|h100", "a100||h100", "[a100|h100]", "a100*2", "a,b", "a b", "é"])
+def test_matching_or_in_brackets_reads_as_its_alternatives() -> None:
+    # -C "[a5000|a6000|a100]", as real scripts write it: Slurm's matching OR (is_matching_or tells it apart).
+    assert parse_constraint("[a5000|a6000|a100]") == (frozenset({"a5000"}), frozenset({"a6000"}),
+                                                      frozenset({"a100"}))
+    assert parse_constraint("[type_e]") == (frozenset({"type_e"}),)
+    assert is_matching_or("[a|b]") and not is_matching_or("a|b")
+
+
+@pytest.mark.parametrize("bad", ["", "a100&", "|h100", "a100||h100", "a100*2", "a,b", "a b", "é", "[]", "[a|b",
+                                 "ib&[a100|h100]", "[a|b]&ib", "[[a|b]]", "[a*2|b]"])
 def test_malformed_expressions_are_one_line_errors(bad: str) -> None:
     with pytest.raises(ConstraintError) as caught:
         parse_constraint(bad)
@@ -114,6 +129,27 @@ def test_constraint_picks_the_nodes_with_the_features() -> None:
     plan = schedule(snap(nodes, jobs), NOW, GARRISON)
     assert sorted((s.job_id, s.allocation.node_names) for s in plan.starts) == [(1, ("b",)), (2, ("a",))]
     assert plan.waiting[3] == Reason.NODES_UNAVAILABLE  # no node has it: never, whatever ends
+
+
+def test_matching_or_puts_every_node_of_a_job_on_one_alternative() -> None:
+    # Two a100 nodes (one busy), two v100 nodes: -N 2 -C "[a100|v100]" takes both v100s, never one of each,
+    # and -C "a100|v100" (plain OR) may mix them. A one-node job takes any node with one of them.
+    hold = running(50, {"a1": tuple(range(8))})
+    nodes = [busy(featured("a1", "a100"), hold), featured("a2", "a100"),  # type: ignore[arg-type]
+             featured("v1", "v100"), featured("v2", "v100")]
+    jobs = [pending(1, gpus_per_node=8, nodes=2, constraint="[a100|v100]")]
+    plan = schedule(snap(nodes, jobs, [hold]), NOW, GARRISON)
+    assert [(s.job_id, s.allocation.node_names) for s in plan.starts] == [(1, ("v1", "v2"))]
+    # Only one node of each free: the matching job waits, the plain OR starts on the two.
+    nodes[3] = busy(featured("v2", "v100"), running(51, {"v2": tuple(range(8))}))  # type: ignore[arg-type]
+    held = [hold, running(51, {"v2": tuple(range(8))})]
+    plan = schedule(snap(nodes, jobs, held), NOW, GARRISON)
+    assert not plan.starts and plan.waiting[1] == Reason.RESOURCES
+    plain = [pending(2, gpus_per_node=8, nodes=2, constraint="a100|v100")]
+    plan = schedule(snap(nodes, plain, held), NOW, GARRISON)
+    assert [(s.job_id, sorted(s.allocation.node_names)) for s in plan.starts] == [(2, ["a2", "v1"])]
+    one = [pending(3, gpus=8, constraint="[h100|v100]")]
+    assert [s.allocation.node_names for s in schedule(snap(nodes, one, held), NOW, GARRISON).starts] == [("v1",)]
 
 
 def test_a_constrained_job_waits_for_its_busy_node_rather_than_taking_another() -> None:
