@@ -170,10 +170,12 @@ def _gres_gpus_per_task(args: argparse.Namespace, environ: dict[str, str], ntask
     except UsageError as problem:
         raise UsageError(f"--gres: {problem}") from None
     inside_job = bool(args.jobid or environ.get("SLURM_JOB_ID") or environ.get("GARRISON_JOB_ID"))
-    if not inside_job or environ.get("SLURM_GPUS_ON_NODE") == str(count):
+    if not inside_job or (count and environ.get("SLURM_GPUS_ON_NODE") == str(count)):
         return None
     if args.gpus_per_task is not None:
         raise UsageError("give either --gres or --gpus-per-task, not both")
+    if count == 0:
+        return 0  # --gres=none or gpu:0: a step that holds and sees no GPUs, beside those that do
     one_per_node = per_node == 1 or ntasks == 1 or (ntasks is not None and ntasks == nodes) or (
         ntasks is None and per_node is None)
     if not one_per_node:

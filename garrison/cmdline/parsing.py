@@ -218,7 +218,12 @@ def parse_memory_mb(text: str, *, zero_allowed: bool = False) -> int:
 
 def parse_gres(text: str) -> tuple[str | None, int]:
     """sbatch's ``--gres=gpu[:TYPE][:N]`` -> (type or None, GPUs per node). Garrison schedules GPUs only:
-    any other resource name is an error naming it."""
+    any other resource name is an error naming it.
+
+    ``none`` and a count of 0 (``gpu:0``, common in real scripts that run on a GPU partition without GPUs)
+    are (None, 0): no GPUs, as Slurm reads them, for a job and for a step (srun's ``--gres=none``)."""
+    if text.strip().lower() == "none":
+        return None, 0
     items = [item.strip() for item in text.split(",")]
     if not all(items):
         raise UsageError(f"invalid --gres {text!r}: expected gpu[:TYPE]:N, such as gpu:4 or gpu:a100:4")
@@ -235,6 +240,10 @@ def parse_gres(text: str) -> tuple[str | None, int]:
     if len(parts) == 1 and not parts[0].isdigit():
         return parse_gpu_request(f"{parts[0]}:1")  # gpu:a100 is one GPU of that type, as in Slurm
     try:
+        if parts[-1].isdigit() and int(parts[-1]) == 0:
+            if len(parts) == 2:
+                parse_gpu_request(f"{parts[0]}:1")  # the type's spelling is still checked
+            return None, 0
         return parse_gpu_request(":".join(parts))
     except UsageError:
         raise UsageError(f"invalid --gres {text!r}: expected gpu[:TYPE]:N, such as gpu:4 or gpu:a100:4") from None

@@ -64,7 +64,7 @@ IGNORED_VALUE_OPTIONS = (
     ("--threads-per-core",), ("--cores-per-socket",), ("--sockets-per-node",), ("--mincpus",), ("--tmp",),
     ("--gpu-bind",), ("--gpu-freq",), ("--cpu-freq",), ("--network",), ("--mcs-label",), ("--deadline",),
     ("--delay-boot",), ("-M", "--clusters"), ("--power",),
-    ("--core-spec",), ("--thread-spec",), ("--cpu-bind",), ("--mem-bind",), ("--priority",),
+    ("-S", "--core-spec"), ("--thread-spec",), ("--cpu-bind",), ("--mem-bind",), ("--priority",),
     ("--kill-on-invalid-dep",), ("--container",), ("--uid",), ("--gid",), ("-B", "--extra-node-info"),
     # Found in real scripts (docs/slurm.md, "A corpus of real scripts"): placement hints Garrison's own placement
     # makes moot (a multi-node job starts once every node has launched, as --wait-all-nodes=1 asks), and
@@ -347,6 +347,8 @@ def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | 
             requested_type, per_node = parse_gres(gres)
         except UsageError as problem:
             raise chosen.error("gres", str(problem)) from None
+        if per_node == 0:  # --gres=none or gpu:0 asks for nothing; with --gpus as well, Slurm gives those
+            return gpu_type, counts["gpus"], counts["gpus_per_node"], counts["gpus_per_task"]
         # --gres=gpu:N is --gpus-per-node=N: the same count given both ways is accepted, as Slurm does.
         if counts["gpus_per_node"] is not None and counts["gpus_per_node"] != per_node:
             raise chosen.error("gres", f"gpu:{per_node} conflicts with --gpus-per-node {counts['gpus_per_node']}")

@@ -304,7 +304,8 @@ def place_step(allocation: Allocation, busy: Mapping[str, tuple[frozenset[int], 
                                   "of the job's free there (other steps hold the rest)")
             held_cpus = tuple(free_cpus[: cpt * count])
             own_cpus = [held_cpus[i * cpt:(i + 1) * cpt] for i in range(count)]
-        step_gpus = held_gpus if gpt else here.gpus
+        # gpus_per_task 0 (srun --gres=none or gpu:0) sees none of the job's GPUs; None sees them all, held by none
+        step_gpus = held_gpus if gpt or request.gpus_per_task == 0 else here.gpus
         placed.append(StepNode(
             node=here.node,
             tasks=tuple(range(first, first + count)),

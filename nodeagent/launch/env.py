@@ -236,6 +236,9 @@ def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | 
     step_gpus = here.held_gpus or sorted({g for gpus in here.task_gpus for g in gpus})
     if step_gpus:
         common["SLURM_STEP_GPUS"] = ",".join(str(g) for g in step_gpus)
+    else:  # a step without GPUs (srun --gres=none) is not told the job's count, as slurmstepd does not
+        for name in ("SLURM_GPUS_ON_NODE", "GARRISON_GPUS_ON_NODE"):
+            common.pop(name, None)
     plans = []
     for local, task in enumerate(here.tasks):
         env = dict(common)

@@ -234,6 +234,12 @@ def test_gsrun_outside_a_job_asks_for_an_allocation_first(cluster: Cluster) -> N
     cluster.wait_done(str(job["job_id"]))
     wait_until(lambda: "0/8" in cluster.run("ginfo").stdout.split("node2", 1)[1].split("\n", 1)[0], 30,
                what="node2's GPUs to be free")
+    # --gres=gpu:0 outside a job: an allocation without GPUs, as a CPU job on a GPU partition asks for one.
+    cpu_only = cluster.run("gsrun", "--gres=gpu:0", "-J", "cpuonly", "bash", "-c", 'echo "[$CUDA_VISIBLE_DEVICES]"',
+                           env=outside)
+    assert cpu_only.stdout == "[]\n", cpu_only
+    (cpu_job,) = [j for j in cluster.jobs() if j["name"] == "cpuonly"]
+    assert cluster.wait_done(str(cpu_job["job_id"]))["state"] == "COMPLETED"
     failing = cluster.run("gsrun", "--gpus-per-task", "99", "true", env=outside, check=False)
     assert failing.returncode == 2 and len(failing.stderr.strip().splitlines()) == 1, failing.stderr
 
@@ -455,6 +461,11 @@ def test_a_step_wanting_gpus_other_steps_hold_is_refused_at_once(cluster: Cluste
     assert len(busy.stderr.strip().splitlines()) == 1
     shared = cluster.run("gsrun", "--jobid", job_id, "bash", "-c", "echo $CUDA_VISIBLE_DEVICES")
     assert shared.stdout == "0\n"  # a step without --gpus-per-task holds none, so it runs beside
+    # srun --gres=none (or gpu:0), as real scripts run a CPU-only step in a GPU job: it sees no GPU at all.
+    for gres in ("none", "gpu:0"):
+        blind = cluster.run("gsrun", "--jobid", job_id, f"--gres={gres}", "bash", "-c",
+                            'echo "[$CUDA_VISIBLE_DEVICES] ${SLURM_GPUS_ON_NODE-unset} ${SLURM_STEP_GPUS-unset}"')
+        assert blind.stdout == "[] unset unset\n", blind
     cluster.run("gcancel", f"{job_id}.0")
     holder.communicate(timeout=60)
     cluster.run("gcancel", job_id)

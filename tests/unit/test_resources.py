@@ -124,9 +124,20 @@ def test_sbatch_directives_give_slurm_resources(tmp_path: Path) -> None:
     assert (spec.mem_per_gpu_mb, spec.ntasks_per_gpu, spec.mem_whole_node) == (65536, 1, False)
 
 
+def test_gres_none_and_a_zero_count_ask_for_no_gpus(tmp_path: Path) -> None:
+    # Real scripts write --gres=gpu:0 for a CPU job on a GPU partition; Slurm 22.05 takes it, and --gres=none,
+    # as no GPUs, and a --gpus given beside them still counts.
+    for gres in ("gpu:0", "none", "gpu:a100:0", "gpu:00"):
+        spec = _submit(tmp_path, f"#SBATCH --gres={gres}\n#SBATCH -c 4\n")
+        assert (spec.gpus, spec.gpus_per_node, spec.gpus_per_task, spec.gpu_type) == (None, None, None, None)
+    spec = _submit(tmp_path, "#SBATCH --gres=gpu:0\n#SBATCH --gpus=1\n")
+    assert (spec.gpus, spec.gpus_per_node) == (1, None)
+
+
 @pytest.mark.parametrize(
     ("directive", "message"),
     [
+        ("--gres=gpu:x@y:0", "job.sh line 2: --gres: invalid --gres 'gpu:x@y:0'"),
         ("--gres=nvme:1", "job.sh line 2: --gres: unknown generic resource 'nvme'"),
         ("--gres=gpu:x:y", "job.sh line 2: --gres: invalid --gres 'gpu:x:y'"),
         ("--gres=gpu:2 --gpus-per-node=4", "--gres: gpu:2 conflicts with --gpus-per-node 4"),

@@ -292,3 +292,22 @@ def test_gsrun_gpus_per_task_takes_srun_s_type_prefix() -> None:
     for bad in ("0", "a100:", "x:y"):
         with pytest.raises(UsageError, match="--gpus-per-task"):
             gsrun_spec(f"--gpus-per-task={bad}", "true")
+
+
+def test_a_step_with_gres_none_or_gpu_0_holds_and_sees_no_gpus() -> None:
+    # srun --gres=none (or --gres=gpu:0) inside a GPU job, as Slurm 22.05 runs it: CUDA_VISIBLE_DEVICES,
+    # SLURM_STEP_GPUS and SLURM_GPUS_ON_NODE unset there; Garrison gives an empty CUDA_VISIBLE_DEVICES, which
+    # hides every GPU from CUDA, since its steps share the job's device cgroup.
+    in_job = {"SLURM_JOB_ID": "12", "SLURM_GPUS_ON_NODE": "4", "SLURM_NTASKS": "4"}
+    for gres in ("none", "gpu:0", "NONE", "gpu:a100:0"):
+        assert gsrun_spec(f"--gres={gres}", "-n", "2", "true", environ=in_job)["gpus_per_task"] == 0
+    # Outside a job the allocation is asked for no GPUs (its --gres), the step no fewer than it has.
+    assert gsrun_spec("--gres=none", "true").get("gpus_per_task") is None
+    layout = place(ntasks=2, nodes=1, gpus_per_task=0)
+    assert layout.nodes[0].task_gpus == ((), ()) and layout.nodes[0].held_gpus == ()
+    # It holds nothing, so a step holding every GPU of the node runs beside it.
+    assert place(ntasks=4, nodes=1, gpus_per_task=1).nodes[0].held_gpus == (0, 1, 2, 3)
+    step = replace(launch(0), layout=layout, env={**launch(0).env, "SLURM_GPUS_ON_NODE": "4"})
+    for plan in plan_step_tasks(step, "/io"):
+        assert plan.env["CUDA_VISIBLE_DEVICES"] == ""
+        assert "SLURM_STEP_GPUS" not in plan.env and "SLURM_GPUS_ON_NODE" not in plan.env
