@@ -109,6 +109,11 @@ def _parser() -> Parser:
     add("-G", "--gpus", default="", help="Outside a job: GPUs for the allocation in all.")
     add("--gpus-per-node", default="", help="Outside a job: GPUs on each node of the allocation.")
     add("--mem", default="", help="Outside a job: memory on each node of the allocation.")
+    add("--mem-per-cpu", default="", help="Outside a job: memory per CPU of the allocation.")
+    add("--mem-per-gpu", default="", help="Outside a job: memory per GPU of the allocation.")
+    add("--cpus-per-gpu", default="", help="Outside a job: CPUs per GPU of the allocation.")
+    add("-i", "--input", default="", help="none: the tasks read /dev/null, as they do anyway (the only form "
+        "taken; srun's default, its stdin to task 0, is not forwarded but under --pty).")
     add("--gres", default="", help="gpu[:TYPE]:N, GPUs on each node: outside a job the allocation's; inside one, "
         "the job's GPUs on the node (nothing to do) or, for one task per node, --gpus-per-task N.")
     add("command", nargs="...", help="The program and its arguments.")
@@ -249,6 +254,8 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
     """The StepSpec's fields from the options, with srun's defaults from the job's environment."""
     if not args.command:
         raise UsageError("no command to run (gsrun [options] COMMAND [ARGS...])")
+    if args.input not in ("", "none", os.devnull):
+        raise UsageError(f"--input {args.input[:60]!r}: only --input=none is taken (the tasks read {os.devnull})")
     ntasks = _positive(args.ntasks, "-n")
     nodes = _positive(args.nodes, "-N")
     per_node = _positive(args.ntasks_per_node, "--ntasks-per-node")

@@ -2,8 +2,8 @@
 
 The allocation is an allocation job, galloc's kind (controller/allocations.py): it holds its resources and
 runs nothing of its own. gsrun submits it with the step's options as sbatch's (-N, -n, --ntasks-per-node,
---gpus-per-task, -c, -w, -J, and -t, -p, -A, -q, -G, --gpus-per-node, --mem), waits for it to start ("queued and
-waiting for resources"), runs the step in it with its output streamed here and the allocation's job
+--gpus-per-task, -c, -w, -J, and -t, -p, -A, -q, -G, --gpus-per-node, --mem, --mem-per-cpu, --mem-per-gpu,
+--cpus-per-gpu), waits for it to start ("queued and waiting for resources"), runs the step in it with its output streamed here and the allocation's job
 variables in its tasks' environment (SLURM_JOB_NODELIST, SLURM_NODELIST, SLURM_NNODES, SLURM_JOB_PARTITION,
 SLURM_SUBMIT_DIR, ...: what srun's tasks get from the allocation it made), and releases it with the step's
 exit code when the step ends, so the job ends COMPLETED, or FAILED with that code, as srun's job does in
@@ -49,7 +49,9 @@ def allocation_options(args: argparse.Namespace) -> list[str]:
     for flag, value in (("-N", args.nodes), ("-n", args.ntasks), ("--ntasks-per-node", args.ntasks_per_node),
                         ("--gpus-per-task", args.gpus_per_task), ("-c", args.cpus_per_task), ("-t", args.time),
                         ("-p", args.partition), ("-A", args.account), ("-q", args.qos), ("-G", args.gpus),
-                        ("--gpus-per-node", args.gpus_per_node), ("--mem", args.mem), ("--gres", args.gres)):
+                        ("--gpus-per-node", args.gpus_per_node), ("--mem", args.mem), ("--gres", args.gres),
+                        ("--mem-per-cpu", args.mem_per_cpu), ("--mem-per-gpu", args.mem_per_gpu),
+                        ("--cpus-per-gpu", args.cpus_per_gpu)):
         if value not in (None, ""):
             options += [flag, str(value)]
     if args.nodelist:

@@ -206,6 +206,26 @@ def test_srun_gres_outside_a_job_shapes_the_allocation() -> None:
     assert submission.spec.gpus_per_node == 2
 
 
+def test_srun_memory_and_cpus_per_gpu_outside_a_job_shape_the_allocation() -> None:
+    # srun --mem-per-cpu (often in real srun lines), --mem-per-gpu and --cpus-per-gpu: the allocation's, as
+    # sbatch's; inside a job they ask nothing of the step (it runs in the job's memory and CPUs).
+    from garrison.cli.gsrun_alloc import allocation_options
+
+    args = gsrun._parser().parse_args(["-n", "2", "-c", "2", "--mem-per-cpu=4G", "python", "x.py"])
+    assert parse_submission(allocation_options(args), ENVIRON, "/tmp").spec.mem_per_cpu_mb == 4096
+    args = gsrun._parser().parse_args(["-G", "2", "--mem-per-gpu=8G", "--cpus-per-gpu=3", "python", "x.py"])
+    spec = parse_submission(allocation_options(args), ENVIRON, "/tmp").spec
+    assert (spec.mem_per_gpu_mb, spec.cpus_per_gpu, spec.gpus) == (8192, 3, 2)
+    assert gsrun.build_spec(args, dict(IN_A_JOB))["argv"] == ["python", "x.py"]
+
+
+def test_srun_input_none_is_taken_and_other_inputs_refused() -> None:
+    for words in (["--input=none"], ["-i", "none"], ["--input", "/dev/null"]):
+        assert gsrun.build_spec(gsrun._parser().parse_args([*words, "true"]), dict(IN_A_JOB))["argv"] == ["true"]
+    with pytest.raises(UsageError, match="only --input=none"):
+        gsrun.build_spec(gsrun._parser().parse_args(["--input=data.txt", "true"]), dict(IN_A_JOB))
+
+
 @pytest.mark.parametrize(("words", "problem"), [
     (["--gres=gpu:1", "--ntasks-per-node=4", "python", "x.py"], "several tasks on a node"),
     (["--gres=gpu:1", "--gpus-per-task=1", "-n", "1", "python", "x.py"], "not both"),
