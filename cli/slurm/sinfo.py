@@ -12,7 +12,7 @@ from typing import Any
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
 from garrison.cli.render import format_duration as duration
-from garrison.cli.slurm.fields import PercentFormat, split_list
+from garrison.cli.slurm.fields import PercentFormat, parse_long_format, split_list
 from garrison.cmdline.argparser import Parser, UsageError
 
 PROG = "sinfo"
@@ -28,6 +28,16 @@ HEADERS = {
     "n": "HOSTNAMES", "N": "NODELIST", "o": "NODE_ADDR", "P": "PARTITION", "r": "ROOT", "R": "PARTITION",
     "s": "JOB_SIZE", "t": "STATE", "T": "STATE", "z": "S:C:T",
 }
+# sinfo -O names -> keys: the letters of -o, and two fields -O alone has (GRES_USED, ALLOCMEM).
+GRES_USED, ALLOC_MEM = "GresUsed", "AllocMem"
+HEADERS.update({GRES_USED: "GRES_USED", ALLOC_MEM: "ALLOCMEM"})
+LONG_NAMES = {
+    "allocmem": ALLOC_MEM, "available": "a", "cpus": "c", "cpusstate": "C", "defaulttime": "L", "features": "f",
+    "featuresact": "b", "freemem": "e", "gres": "G", "gresused": GRES_USED, "groups": "g", "memory": "m",
+    "nodeaddr": "o", "nodeai": "A", "nodeaiot": "F", "nodehost": "n", "nodelist": "N", "nodes": "D",
+    "oversubscribe": "h", "partition": "P", "partitionname": "R", "reason": "E", "root": "r", "size": "s",
+    "socketcorethread": "z", "statecompact": "t", "statelong": "T", "time": "l",
+}
 # Fields whose value sums or folds the nodes of a line; the others decide which nodes share one.
 AGGREGATE_KEYS = {"A", "C", "D", "F", "N", "n", "o", "e"}
 COMPACT = {"idle": "idle", "mixed": "mix", "allocated": "alloc", "drained": "drain", "draining": "drng",
@@ -42,6 +52,7 @@ def parser() -> Parser:
     p.add_argument("-l", "--long", action="store_true")
     p.add_argument("-s", "--summarize", action="store_true")
     p.add_argument("-o", "--format", dest="format", default=None)
+    p.add_argument("-O", "--Format", dest="long_format", default=None)
     p.add_argument("-h", "--noheader", action="store_true")
     p.add_argument("-p", "--partition", dest="partitions", action="append", default=[])
     p.add_argument("-n", "--nodes", dest="nodes", action="append", default=[])
@@ -83,6 +94,33 @@ def gres(node: Any) -> str:
     return ",".join(f"gpu:{kind}:{count}" for kind, count in counts.items()) or "(null)"
 
 
+def gres_used(node: Any) -> str:
+    """sinfo -O GresUsed: ``gpu:a100:2(IDX:0-1)``, the GPUs jobs hold and their indices (``IDX:N/A``: none),
+    one entry per GPU type as ``gres`` names them."""
+    from garrison.model.gputype import slurm_gpu_type
+
+    held = set(node.allocated_gpus)
+    by_kind: dict[str, list[int]] = {}
+    for gpu in node.inventory.gpus:
+        by_kind.setdefault(slurm_gpu_type(gpu.name) or "gpu", [])
+        if gpu.index in held:
+            by_kind[slurm_gpu_type(gpu.name) or "gpu"].append(gpu.index)
+    entries = [f"gpu:{kind}:{len(indices)}(IDX:{_index_ranges(sorted(indices)) or 'N/A'})"
+               for kind, indices in by_kind.items()]
+    return ",".join(entries) or "(null)"
+
+
+def _index_ranges(indices: Sequence[int]) -> str:
+    """0,1,2,5 -> ``0-2,5``, as Slurm writes GPU indices."""
+    parts: list[str] = []
+    for index in indices:
+        if parts and index == int(parts[-1].rsplit("-", 1)[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{index}"
+        else:
+            parts.append(str(index))
+    return ",".join(parts)
+
+
 def _limit(partition: Any) -> str:
     return duration(partition.max_time_s) if partition.max_time_s else "infinite"
 
@@ -99,6 +137,7 @@ def _node_value(node: Any, partition: Any, key: str) -> str:
         "m": lambda: str(node.inventory.memory_mb), "P": lambda: partition.name + ("*" if partition.default else ""),
         "r": lambda: "no", "R": lambda: partition.name, "s": lambda: "1-infinite",
         "t": lambda: COMPACT.get(state, state), "T": lambda: state, "z": lambda: f"1:{node.inventory.cpus}:1",
+        GRES_USED: lambda: gres_used(node), ALLOC_MEM: lambda: str(node.allocated_memory_mb),
     }
     return values[key]()
 
@@ -173,7 +212,7 @@ def sinfo_lines(response: Any, layout: PercentFormat, by_node: bool = False, hea
 
 
 PARTITION_KEYS = {"a", "g", "h", "l", "L", "P", "r", "R", "s"}
-EMPTY_VALUES = {"t": "n/a", "T": "n/a", "G": "(null)", "c": "0", "m": "0", "E": "none", "b": "(null)",
+EMPTY_VALUES = {"t": "n/a", "T": "n/a", "G": "(null)", GRES_USED: "(null)", ALLOC_MEM: "0", "c": "0", "m": "0", "E": "none", "b": "(null)",
                 "f": "(null)", "z": "0:0:0"}
 
 
@@ -189,6 +228,8 @@ def _row(nodes: Sequence[Any], partition: Any) -> Callable[[str], str]:
 
 
 def _layout(args: Any) -> PercentFormat:
+    if args.long_format is not None:
+        return parse_long_format(args.long_format, {name: (key, HEADERS[key]) for name, key in LONG_NAMES.items()})
     if args.format is not None:
         return PercentFormat(args.format, HEADERS)
     if args.reasons:

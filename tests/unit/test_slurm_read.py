@@ -209,6 +209,21 @@ def test_sinfo_gres_node_lines_summary_and_filters() -> None:
         "main* 1 gpu:a100:8 node1", "main* 2 gpu:v100:8 node[4-5]"]
 
 
+def test_sinfo_long_format_names_fields_as_sinfo_o_does() -> None:
+    # sinfo -O "NodeHost,Gres,GresUsed": what scripts read to find free GPUs; 20 wide unless sized.
+    args = sinfo.parser().parse_args(["-N", "-O", "NodeHost:8,GresUsed:.24,AllocMem,StateCompact:6"])
+    lines = sinfo.sinfo_lines(cluster(), sinfo._layout(args), by_node=True, nodes={"node1", "node3"})
+    assert lines == [
+        "HOSTNAME               GRES_USEDALLOCMEM            STATE ",
+        "node1        gpu:a100:0(IDX:N/A)0                   idle  ",
+        "node3        gpu:a100:3(IDX:0-2)0                   mix   ",
+    ]
+    assert sinfo.gres_used(node("n", "Tesla V100-SXM2-16GB", 0)) == "gpu:v100:0(IDX:N/A)"
+    assert sinfo._index_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    with pytest.raises(UsageError, match="unknown field 'bogus'"):
+        sinfo._layout(sinfo.parser().parse_args(["-O", "bogus"]))
+
+
 # --- sacct -------------------------------------------------------------------------------------------------
 
 
