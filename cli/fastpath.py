@@ -150,6 +150,8 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
            default_array_output: str = "", honour_quiet: bool = False) -> bool:
     """Submit ``prog args`` as cli/gsub.py's ``submit`` would, with the same arguments, output and exit
     status; False, having submitted nothing, where only the full path can (see the module's docstring)."""
+    if prog == SBATCH and args in (["-V"], ["--version"]):
+        return False  # Slurm's version line, which sbatch's full path prints (cli/slurm/__init__.py)
     local = _local_connection()
     if local is None:
         return False

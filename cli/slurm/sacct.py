@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import (
     FieldList,
     clock,
@@ -420,6 +421,7 @@ def _fetch(job_ids: list[str], users: list[str], accounts: list[str], start: flo
 
 
 def main(argv: list[str] | None = None) -> None:
+    answer_version(argv)
     run_command(sacct, argv)
 
 

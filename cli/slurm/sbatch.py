@@ -14,6 +14,7 @@ from garrison.cli.fastpath import SBATCH_DEFAULT_ARRAY_OUTPUT as DEFAULT_ARRAY_O
 from garrison.cli.fastpath import SBATCH_DEFAULT_OUTPUT as DEFAULT_OUTPUT
 from garrison.cli.fastpath import SBATCH_USAGE_EXIT
 from garrison.cli.gsub import submit
+from garrison.cli.slurm import answer_version
 
 
 def _sbatch(args: list[str]) -> None:
@@ -22,6 +23,7 @@ def _sbatch(args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    answer_version(argv)
     run_command(_sbatch, argv)
 
 

@@ -13,6 +13,7 @@ import sys
 
 from garrison.cli.client import EXIT_FAILURE, CliError, fail
 from garrison.cli.gcancel import cancel_jobs
+from garrison.cli.slurm import answer_version
 from garrison.cmdline.argparser import Parser, UsageError
 
 PROG = "scancel"
@@ -46,6 +47,7 @@ def parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    answer_version(argv)
     try:
         args = parser().parse_args(sys.argv[1:] if argv is None else argv)
         if args.interactive:

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import clock, memory_mb, sacct_duration
 from garrison.model.hostlist import HostListError, compress_hostlist, expand_hostlist
 
@@ -435,6 +436,7 @@ def run(argv: Sequence[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    answer_version(argv)
     try:
         run(sys.argv[1:] if argv is None else argv)
     except BrokenPipeError:

@@ -12,6 +12,7 @@ from typing import Any
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
 from garrison.cli.render import format_duration as duration
+from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import PercentFormat, parse_long_format, split_list
 from garrison.cmdline.argparser import Parser, UsageError
 
@@ -278,6 +279,7 @@ def sinfo(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    answer_version(argv)
     run_command(sinfo, argv)
 
 

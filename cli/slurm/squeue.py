@@ -13,6 +13,7 @@ from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
 from garrison.cli.queue_format import time_left_text, time_limit_text
 from garrison.cli.render import elapsed
 from garrison.cli.render import format_duration as duration
+from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import (
     PercentFormat,
     clock,
@@ -357,6 +358,7 @@ def _steps(client: Client, jobs: list[Any], layout: PercentFormat, step_ids: lis
 
 
 def main(argv: list[str] | None = None) -> None:
+    answer_version(argv)
     run_command(squeue, argv)
 
 

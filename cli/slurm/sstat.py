@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import FieldList, split_list
 from garrison.cmdline.argparser import Parser, UsageError
 
@@ -127,6 +128,7 @@ def sstat(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    answer_version(argv)
     run_command(sstat, argv)
 
 

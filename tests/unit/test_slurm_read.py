@@ -1,9 +1,12 @@
 """squeue, sinfo, sacct and sstat under Slurm's names: format parsing, widths and justification, state names,
-exit codes and parsable output, over real protobuf messages with fixed values."""
+exit codes and parsable output, over real protobuf messages with fixed values; and their --version."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers.submitit_like import read_info_like_submitit
@@ -341,3 +344,28 @@ def test_sacct_time_forms() -> None:
                                                 "1205-08:00", "2026-12-01T10:00", "now-1days")] == [
         "2026-12-06T14:05", "2026-12-06T09:05:30", "2026-12-01", "2025-12-01", "2025-12-01", "2026-12-01",
         "2026-12-05T08:00", "2026-12-01T10:00", "now-1days"]
+
+
+# --- --version ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["sacct", "salloc", "sbatch", "scancel", "scontrol", "sinfo", "squeue", "srun",
+                                     "sstat"])
+@pytest.mark.parametrize("flag", ["-V", "--version"])
+def test_every_slurm_name_answers_version_as_slurm_does(command: str, flag: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # Tools ask `sinfo --version` which Slurm they talk to; Slurm prints "slurm 22.05.8" and exits 0.
+    module = __import__(f"garrison.cli.slurm.{command}", fromlist=["main"])
+    with pytest.raises(SystemExit) as caught:
+        module.main([flag])
+    assert caught.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("slurm 22.05.8 (garrison ") and out.count("\n") == 1
+
+
+def test_sbatch_version_is_answered_by_its_launcher_without_a_controller() -> None:
+    # bin/garrison-sbatch tries the fast path (a submission over the local socket) first: --version is not one.
+    launcher = Path(sys.executable).parent / "garrison-sbatch"
+    env = {"PATH": "/usr/bin:/bin", "GARRISON_CONTROLLER": "127.0.0.1:1"}
+    result = subprocess.run([str(launcher), "--version"], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("slurm 22.05.8 (garrison "), result
