@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import clock, memory_mb, sacct_duration
@@ -58,7 +59,9 @@ def hostnames_text(nodelist: str) -> str:
 def format_record(lines: Sequence[Sequence[tuple[str, str]]], oneliner: bool) -> str:
     """A Slurm record: each line's ``Key=Value`` pairs, the lines after the first indented by three spaces
     (``-o``: all on one line)."""
-    rendered = [" ".join(f"{key}={value}" for key, value in line) for line in lines if line]
+    # A key's leading spaces indent its line further (-d's per-node lines), except on one line (-o).
+    rendered = [" ".join(f"{key.lstrip() if oneliner else key}={value}" for key, value in line)
+                for line in lines if line]
     if oneliner:
         return " ".join(rendered)
     return "\n".join(rendered[:1] + [f"   {text}" for text in rendered[1:]])
@@ -78,8 +81,10 @@ def _last_allocation(job: Any) -> list[Any]:
     return list(job.attempts[-1].allocation) if job.attempts else []
 
 
-def job_record(job: Any, oneliner: bool = False) -> str:
-    """``scontrol show job``: the Key=Value lines Slurm prints, as far as Garrison keeps the same facts."""
+def job_record(job: Any, oneliner: bool = False, details: bool = False) -> str:
+    """``scontrol show job``: the Key=Value lines Slurm prints, as far as Garrison keeps the same facts.
+    ``details`` (``-d``): also DerivedExitCode, and JOB_GRES with a line per node of what the job holds there
+    (``Nodes=node1 CPU_IDs=0-3 Mem=16384 GRES=gpu:2(IDX:0-1)``), which scripts read for their GPUs' indices."""
     from garrison.model.outputpath import resolve_output_path
 
     spec = job.spec
@@ -138,7 +143,31 @@ def job_record(job: Any, oneliner: bool = False) -> str:
     ]
     if array_job is not None:
         lines[0] += [("ArrayJobId", str(array_job)), ("ArrayTaskId", str(array_task))]
+    if details:
+        lines.insert(5, [("DerivedExitCode", _exit_code(job))])
+        at = next(i for i, line in enumerate(lines) if line and line[0][0] == "TRES") + 1
+        gres = f"gpu:{spec.gpu_type + ':' if spec.gpu_type else ''}"
+        lines.insert(at, [("JOB_GRES", f"{gres}{job.gpus}" if job.gpus else "(null)")])
+        # Nodes holding alike share a line, their names folded, as scontrol prints them.
+        alike: dict[tuple[str, str, str], list[str]] = {}
+        for held in allocation if running else []:
+            used = f"{gres}{len(held.gpus)}(IDX:{_ranges(sorted(held.gpus))})" if held.gpus else ""
+            alike.setdefault((_ranges(sorted(held.cpus)) or "(null)", str(held.mem_mb), used), []).append(held.node)
+        for offset, ((cpu_ids, mem, used), names) in enumerate(alike.items(), start=1):
+            lines.insert(at + offset, [("  Nodes", compress_hostlist(names)), ("CPU_IDs", cpu_ids), ("Mem", mem),
+                                       ("GRES", used)])
     return format_record(lines, oneliner)
+
+
+def _ranges(numbers: Sequence[int]) -> str:
+    """0,1,2,5 -> ``0-2,5``: CPU and GPU indices as scontrol writes them."""
+    parts: list[list[int]] = []
+    for number in numbers:
+        if parts and number == parts[-1][-1] + 1:
+            parts[-1].append(number)
+        else:
+            parts.append([number])
+    return ",".join(str(p[0]) if len(p) == 1 else f"{p[0]}-{p[-1]}" for p in parts)
 
 
 def node_record(node: Any, oneliner: bool = False) -> str:
@@ -336,7 +365,7 @@ def _job(job_id: str) -> Any:
         return client.call("GetJob", pb.GetJobRequest(job_id=job_id))
 
 
-def _show(words: Sequence[str], oneliner: bool) -> None:
+def _show(words: Sequence[str], oneliner: bool, details: bool = False) -> None:
     if not words:
         raise ScontrolError("show: what? (job, node, partition, hostnames, hostlist)")
     entity, rest = words[0].lower(), list(words[1:])
@@ -353,7 +382,7 @@ def _show(words: Sequence[str], oneliner: bool) -> None:
         _write(compress_hostlist(names) + "\n")
         return
     if entity in ("job", "jobs", "jobid"):
-        _write(_jobs_text(rest, oneliner))
+        _write(_jobs_text(rest, oneliner, details))
         return
     if entity in ("node", "nodes", "nodename", "partition", "partitions", "partitionname"):
         from garrison.protos.v1 import garrison_pb2 as pb
@@ -375,7 +404,7 @@ def _show(words: Sequence[str], oneliner: bool) -> None:
     raise ScontrolError(f"show: unknown entity {words[0]!r} (job, node, partition, hostnames, hostlist)")
 
 
-def _jobs_text(rest: Sequence[str], oneliner: bool) -> str:
+def _jobs_text(rest: Sequence[str], oneliner: bool, details: bool = False) -> str:
     from garrison.protos.v1 import garrison_pb2 as pb
 
     if rest:
@@ -385,16 +414,40 @@ def _jobs_text(rest: Sequence[str], oneliner: bool) -> str:
             jobs = list(client.call("ListJobs", pb.ListJobsRequest()).jobs)
         if not jobs:
             return "No jobs in the system\n"
-    return "".join(f"{job_record(job, oneliner)}\n" + ("" if oneliner else "\n") for job in jobs)
+    return "".join(f"{job_record(job, oneliner, details)}\n" + ("" if oneliner else "\n") for job in jobs)
 
 
-COMMANDS: dict[str, Callable[[list[str], bool, bool], None]] = {
-    "show": lambda rest, oneliner, quiet: _show(rest, oneliner),
-    "hold": lambda rest, oneliner, quiet: _control("hold", _ids(rest), quiet),
-    "uhold": lambda rest, oneliner, quiet: _control("hold", _ids(rest), quiet),
-    "release": lambda rest, oneliner, quiet: _control("release", _ids(rest), quiet),
-    "requeue": lambda rest, oneliner, quiet: _requeue(_ids(rest), quiet),
-    "update": lambda rest, oneliner, quiet: _update(rest, quiet),
+def _write_batch_script(words: Sequence[str]) -> None:
+    """``write batch_script JOBID [FILE]``: the job's script into FILE (default ``slurm-JOBID.sh``), or to
+    standard output with ``-``, as Slurm's scontrol writes it; its owner's and admins' only."""
+    if not words or words[0].lower() != "batch_script" or len(words) not in (2, 3):
+        raise ScontrolError("write: give batch_script JOBID [FILE|-]")
+    job_id = words[1]
+    job = _job(job_id)
+    if not job.spec.HasField("script"):
+        raise ScontrolError(f"job {job_id} has no batch script to write (an allocation, a command, or not yours)")
+    target = words[2] if len(words) == 3 else f"slurm-{job_id}.sh"
+    if target == "-":
+        _write(job.spec.script)
+        return
+    try:
+        with open(target, "x", encoding="utf-8") as out:
+            out.write(job.spec.script)
+    except FileExistsError:
+        raise ScontrolError(f"file {target} exists, remove it or give another name") from None
+    except OSError as exc:
+        raise ScontrolError(f"cannot write {target}: {exc.strerror}") from None
+    _write(f"batch script for job {job_id} written to {target}\n")
+
+
+COMMANDS: dict[str, Callable[[list[str], Flags], None]] = {
+    "show": lambda rest, flags: _show(rest, flags.oneliner, flags.details),
+    "hold": lambda rest, flags: _control("hold", _ids(rest), flags.quiet),
+    "uhold": lambda rest, flags: _control("hold", _ids(rest), flags.quiet),
+    "release": lambda rest, flags: _control("release", _ids(rest), flags.quiet),
+    "requeue": lambda rest, flags: _requeue(_ids(rest), flags.quiet),
+    "update": lambda rest, flags: _update(rest, flags.quiet),
+    "write": lambda rest, flags: _write_batch_script(rest),
 }
 
 USAGE = """usage: scontrol [-o|--oneliner] [-Q|--quiet] COMMAND ...
@@ -408,31 +461,61 @@ USAGE = """usage: scontrol [-o|--oneliner] [-Q|--quiet] COMMAND ...
   release ID[,ID]            let held jobs start
   requeue ID[,ID]            stop running jobs and queue them again (also from inside the job)
   update JobId=ID[,ID] TimeLimit=T|+T|-T Priority=N QOS=NAME Nice=N
+  write batch_script ID [FILE|-]   the job's script (default slurm-ID.sh; - for standard output)
+
+  -d (-dd) with show job: also each node's CPUs, memory and GPU indices (GRES=gpu:2(IDX:0-1))
 """
 
 
+@dataclass
+class Flags:
+    oneliner: bool = False  # -o
+    quiet: bool = False  # -Q
+    details: bool = False  # -d (-dd: the same here)
+    help: bool = False  # -h
+
+
+LONG_FLAGS = {"--oneliner": "o", "--quiet": "Q", "--details": "d", "--verbose": "v", "--all": "a", "--help": "h"}
+
+
 def run(argv: Sequence[str]) -> None:
-    oneliner = quiet = False
-    words = list(argv)
-    while words and words[0].startswith("-"):
-        flag = words.pop(0)
-        if flag in ("-o", "--oneliner"):
-            oneliner = True
-        elif flag in ("-Q", "--quiet"):
-            quiet = True
-        elif flag in ("-d", "--details", "-v", "--verbose", "-a", "--all"):
-            continue
-        elif flag in ("-h", "--help"):
-            _write(USAGE)
-            return
-        else:
-            raise ScontrolError(f"unrecognized option {flag!r}")
+    words, flags = parse_command_line(argv)
+    if flags.help:
+        _write(USAGE)
+        return
     if not words:
         raise ScontrolError("no command given (scontrol --help lists them)")
     command = COMMANDS.get(words[0].lower())
     if command is None:
         raise ScontrolError(f"invalid command {words[0]!r} (scontrol --help lists them)")
-    command(words[1:], oneliner, quiet)
+    command(words[1:], flags)
+
+
+def parse_command_line(argv: Sequence[str]) -> tuple[list[str], Flags]:
+    """The words and the flags of a command line. Options go anywhere on the line, as getopt permutes them for
+    scontrol (``scontrol show jobid -dd 12``), and bundle (``-dd``, ``-od``); a lone ``-`` is a word
+    (``write batch_script 12 -``)."""
+    flags = Flags()
+    words: list[str] = []
+    for word in argv:
+        if not word.startswith("-") or word == "-":
+            words.append(word)
+            continue
+        letters = LONG_FLAGS.get(word) if word.startswith("--") else word[1:]
+        if letters is None:
+            raise ScontrolError(f"unrecognized option {word!r}")
+        for letter in letters:
+            if letter == "o":
+                flags.oneliner = True
+            elif letter == "Q":
+                flags.quiet = True
+            elif letter == "d":
+                flags.details = True
+            elif letter == "h":
+                flags.help = True
+            elif letter not in ("v", "a"):
+                raise ScontrolError(f"unrecognized option {word!r}")
+    return words, flags
 
 
 def main(argv: list[str] | None = None) -> None:

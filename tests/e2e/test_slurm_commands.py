@@ -191,6 +191,25 @@ def test_scontrol_hold_release_update_and_show_job(cluster: Cluster) -> None:
     assert "JobState=CANCELLED" in slurm(cluster, "scontrol", "show", "job", job_id).stdout
 
 
+def test_scontrol_details_and_write_batch_script_from_inside_the_job(cluster: Cluster) -> None:
+    # The idioms: `scontrol show jobid -dd $SLURM_JOB_ID | grep GRES` for the job's GPU indices, and `scontrol
+    # write batch_script $SLURM_JOB_ID -` to keep the script beside the run's output.
+    script = write(cluster.work / "details.sh", (
+        "#!/bin/bash\n"
+        "#SBATCH --gres=gpu:2 -c 2 -t 5:00\n"
+        "scontrol show jobid -dd $SLURM_JOB_ID | grep -o 'GRES=gpu:2(IDX:[0-9,-]*)'\n"
+        "scontrol write batch_script $SLURM_JOB_ID - | head -n 2 | tail -n 1\n"
+        "scontrol write batch_script $SLURM_JOB_ID saved.sh && cmp saved.sh $0 && echo same\n"
+    ))
+    job_id = sbatch(cluster, "-o", "details-%j.out", str(script))
+    job = cluster.wait_done(job_id)
+    out = (cluster.work / f"details-{job_id}.out").read_text()
+    assert job["state"] == "COMPLETED", (job, out)
+    lines = out.splitlines()
+    assert lines[0].startswith("GRES=gpu:2(IDX:") and lines[1:] == [
+        "#SBATCH --gres=gpu:2 -c 2 -t 5:00", f"batch script for job {job_id} written to saved.sh", "same"], out
+
+
 SELF_REQUEUE = """#!{python}
 #SBATCH -J self-requeue
 #SBATCH -t 1:00

@@ -122,6 +122,40 @@ def test_show_job_record_in_slurm_form() -> None:
     assert "\n" not in oneline and oneline.startswith("JobId=42 JobName=train UserId=ann(1000) ")
 
 
+def test_show_job_details_give_each_nodes_cpus_memory_and_gpu_indices() -> None:
+    # scontrol show job -d, which scripts grep for GRES=...(IDX:...): nodes holding alike share a line.
+    job = _job()
+    record = scontrol.job_record(job, details=True).splitlines()
+    assert "   DerivedExitCode=0:0" in record
+    at = record.index("   JOB_GRES=gpu:8")
+    assert record[at - 1].startswith("   TRES=")
+    assert record[at + 1] == "     Nodes=node[1-2] CPU_IDs=0-3 Mem=8192 GRES=gpu:4(IDX:0-3)"
+    del job.attempts[0].allocation[1]
+    job.attempts[0].allocation.add(node="node2", gpus=[4, 6], cpus=[8, 9, 10, 12], mem_mb=8192)
+    job.spec.gpu_type = "a100"
+    record = scontrol.job_record(job, details=True).splitlines()
+    assert record[record.index("   JOB_GRES=gpu:a100:8") + 2] == \
+        "     Nodes=node2 CPU_IDs=8-10,12 Mem=8192 GRES=gpu:a100:2(IDX:4,6)"
+    oneline = scontrol.job_record(job, oneliner=True, details=True)
+    assert " JOB_GRES=gpu:a100:8 Nodes=node1 CPU_IDs=0-3 " in oneline
+    assert "JOB_GRES" not in scontrol.job_record(job)
+
+
+@pytest.mark.parametrize(("argv", "words", "oneliner", "details"), [
+    (["show", "jobid", "-dd", "12"], ["show", "jobid", "12"], False, True),
+    (["-d", "show", "job", "12"], ["show", "job", "12"], False, True),
+    (["show", "job", "-od", "12"], ["show", "job", "12"], True, True),
+    (["--details", "--oneliner", "show", "job"], ["show", "job"], True, True),
+    (["write", "batch_script", "12", "-"], ["write", "batch_script", "12", "-"], False, False),
+])
+def test_options_go_anywhere_and_bundle_as_getopt_reads_them(argv: list[str], words: list[str], oneliner: bool,
+                                                             details: bool) -> None:
+    got, flags = scontrol.parse_command_line(argv)
+    assert (got, flags.oneliner, flags.details) == (words, oneliner, details)
+    with pytest.raises(scontrol.ScontrolError, match="unrecognized option '-x'"):
+        scontrol.parse_command_line(["show", "job", "-x"])
+
+
 def test_show_job_exit_code_as_code_and_signal() -> None:
     job = _job()
     job.state, job.exit_code = "FAILED", 3
