@@ -373,18 +373,28 @@ ENVIRONMENT_OPTIONS = {
     "OUTPUT": "output", "ERROR": "error", "GPUS": "gpus", "GPUS_PER_NODE": "gpus_per_node",
     "CPUS_PER_GPU": "cpus_per_gpu", "MEM_PER_NODE": "mem", "EXPORT": "export", "SIGNAL": "signal",
     "MEM_PER_GPU": "mem_per_gpu", "MEM_PER_CPU": "mem_per_cpu", "GPUS_PER_TASK": "gpus_per_task", "GRES": "gres",
-    "OPEN_MODE": "open_mode",
+    "OPEN_MODE": "open_mode", "CONSTRAINT": "constraint", "ARRAY_INX": "array", "EXCLUSIVE": "exclusive",
 }
+# The flags among them: set to anything, they give the option (SBATCH_NO_REQUEUE=1 is --no-requeue).
+ENVIRONMENT_FLAGS = {"REQUEUE": ("requeue", True), "NO_REQUEUE": ("requeue", False), "WAIT": ("wait", True)}
 
 
-def _environment_options(environ: Mapping[str, str]) -> list[tuple[str, dict[str, str]]]:
+def _environment_options(environ: Mapping[str, str]) -> list[tuple[str, dict[str, object]]]:
     """(the variable, the option it sets) for each input variable set to something."""
-    found = []
+    found: list[tuple[str, dict[str, object]]] = []
     for suffix, option in ENVIRONMENT_OPTIONS.items():
         for variable in (f"GSUB_{suffix}", f"SBATCH_{suffix}"):
             value = environ.get(variable, "")
             if value:
+                # SBATCH_EXCLUSIVE=1 (or anything but a kind) is --exclusive alone
+                if option == "exclusive" and value not in ("user", "mcs", "topo"):
+                    value = "node"
                 found.append((variable, {option: value}))
+                break
+    for suffix, (name, flag) in ENVIRONMENT_FLAGS.items():
+        for variable in (f"GSUB_{suffix}", f"SBATCH_{suffix}"):
+            if environ.get(variable, ""):
+                found.append((variable, {name: flag}))
                 break
     return found
 

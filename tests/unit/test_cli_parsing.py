@@ -454,6 +454,23 @@ def test_input_environment_variables_sit_between_directives_and_the_command_line
     assert str(caught.value).startswith("$GSUB_TIMELIMIT: --time: ")
 
 
+def test_sbatchs_other_input_variables_constraint_array_exclusive_requeue_and_wait(workdir: Path) -> None:
+    # SBATCH_CONSTRAINT, SBATCH_ARRAY_INX, SBATCH_EXCLUSIVE, SBATCH_REQUEUE/NO_REQUEUE and SBATCH_WAIT, as
+    # sbatch's man page lists them (a site's wrapper sets them), under the command line as the others are.
+    (workdir / "env.sh").write_text("#!/bin/sh\n#SBATCH -C v100\ntrue\n")
+    environ = {"SBATCH_CONSTRAINT": "a100&ib", "SBATCH_ARRAY_INX": "1-3%2", "SBATCH_EXCLUSIVE": "1",
+               "SBATCH_NO_REQUEUE": "1", "SBATCH_WAIT": "1"}
+    submission = parse_submission(["env.sh"], environ, str(workdir))
+    spec = submission.spec
+    assert (spec.constraint, spec.exclusive, spec.requeue, submission.wait) == ("a100&ib", True, False, True)
+    assert submission.array is not None and submission.array.indices == (1, 2, 3) and spec.array_max_running == 2
+    assert parse_submission(["-C", "h100", "env.sh"], environ, str(workdir)).spec.constraint == "h100"
+    assert parse_submission(["--requeue", "env.sh"], environ, str(workdir)).spec.requeue is True
+    assert parse_submission(["env.sh"], {"SBATCH_EXCLUSIVE": "user"}, str(workdir)).spec.exclusive
+    plain = parse_submission(["env.sh"], {"SBATCH_WAIT": ""}, str(workdir))
+    assert not plain.wait and not plain.spec.exclusive and plain.spec.constraint == "v100"
+
+
 def test_wrap_submission(workdir: Path) -> None:
     submission = parse_submission(["--wrap", "nvidia-smi -L && hostname"], {"A": "1"}, str(workdir))
     assert submission.spec.name == "wrap"
