@@ -285,10 +285,19 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
         "unbuffered": args.unbuffered, "name": args.job_name,
     }
     gres_per_task = _gres_gpus_per_task(args, environ, ntasks, nodes, per_node)
+    # Since Slurm 22.05 srun takes -c from SRUN_CPUS_PER_TASK, not from the job's SLURM_CPUS_PER_TASK.
+    cpus_per_task = _positive(args.cpus_per_task, "-c")
+    if cpus_per_task is None and environ.get("SRUN_CPUS_PER_TASK"):
+        cpus_per_task = _env_int(environ, "SRUN_CPUS_PER_TASK")
+        if cpus_per_task is None:
+            raise UsageError(f"SRUN_CPUS_PER_TASK: expected a whole number of at least 1, got "
+                             f"{environ['SRUN_CPUS_PER_TASK'][:40]!r}")
+    if cpus_per_task is not None:
+        spec["env"]["SLURM_CPUS_PER_TASK"] = str(cpus_per_task)  # the step's, as slurmstepd sets it
     for name, value in (("ntasks", ntasks), ("nodes", nodes), ("ntasks_per_node", per_node),
                         ("gpus_per_task", gres_per_task if gres_per_task is not None
                          else _gpus_per_task(args.gpus_per_task)),
-                        ("cpus_per_task", _positive(args.cpus_per_task, "-c"))):
+                        ("cpus_per_task", cpus_per_task)):
         if value is not None:
             spec[name] = value
     umask = os.umask(0)

@@ -311,3 +311,18 @@ def test_a_step_with_gres_none_or_gpu_0_holds_and_sees_no_gpus() -> None:
     for plan in plan_step_tasks(step, "/io"):
         assert plan.env["CUDA_VISIBLE_DEVICES"] == ""
         assert "SLURM_STEP_GPUS" not in plan.env and "SLURM_GPUS_ON_NODE" not in plan.env
+
+
+def test_a_steps_cpus_per_task_come_from_c_or_srun_cpus_per_task_and_its_tasks_see_them() -> None:
+    # Slurm 22.05: srun takes -c from SRUN_CPUS_PER_TASK, never from the job's SLURM_CPUS_PER_TASK, and the
+    # tasks' SLURM_CPUS_PER_TASK is the step's (checked on the anchor: `srun -c 3` in a -c 4 job prints 3).
+    in_job = {"SLURM_JOB_ID": "12", "SLURM_CPUS_PER_TASK": "4", "SLURM_NTASKS": "1"}
+    spec = gsrun_spec("-c", "3", "true", environ=in_job)
+    assert spec["cpus_per_task"] == 3 and spec["env"]["SLURM_CPUS_PER_TASK"] == "3"
+    spec = gsrun_spec("true", environ={**in_job, "SRUN_CPUS_PER_TASK": "2"})
+    assert spec["cpus_per_task"] == 2 and spec["env"]["SLURM_CPUS_PER_TASK"] == "2"
+    assert gsrun_spec("-c", "1", "true", environ={**in_job, "SRUN_CPUS_PER_TASK": "2"})["cpus_per_task"] == 1
+    plain = gsrun_spec("true", environ=in_job)
+    assert "cpus_per_task" not in plain and plain["env"]["SLURM_CPUS_PER_TASK"] == "4"
+    with pytest.raises(UsageError, match="SRUN_CPUS_PER_TASK"):
+        gsrun_spec("true", environ={**in_job, "SRUN_CPUS_PER_TASK": "many"})
