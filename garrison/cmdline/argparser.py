@@ -28,7 +28,7 @@ import sys
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
 
 class UsageError(Exception):
@@ -65,6 +65,13 @@ class Parser(argparse.ArgumentParser):
         words = list(sys.argv[1:] if args is None else args)
         self.ignored = []
         return super().parse_args(self._values_attached(words), namespace)
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # argparse drops a "--" among an option's values as its end-of-options marker, so `--time=--` or
+        # `-o --` left the option an empty list; getopt, as Slurm's commands read it, takes "--" as the value.
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            return self._get_value(action, "--")
+        return super()._get_values(action, arg_strings)
 
     def _ignore(self, word: str, index: int, words: list[str]) -> int:
         """How many words an ignored option at ``words[index]`` spans (0: ``word`` is not one)."""
