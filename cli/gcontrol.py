@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail
-from garrison.cmdline.parsing import UsageError, parse_nice, parse_time_limit
+from garrison.cmdline.parsing import UsageError, parse_nice, parse_time_limit, slurm_dependency
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
@@ -75,9 +75,13 @@ def requeue(job_ids: tuple[str, ...]) -> None:
 @click.option("-q", "--qos", default=None, help="New QoS, among those the job's account and partition allow.")
 @click.option("--nice", "nice_text", default=None, metavar="N",
               help="New nice value, subtracted from the priority (negative: admins only).")
+@click.option("-J", "--name", default=None, help="New job name.")
+@click.option("--comment", default=None, help="New comment (empty: none).")
+@click.option("-d", "--dependency", default=None, metavar="LIST",
+              help="New dependency list of a pending job, as gsub -d takes it (empty: none).")
 def update(job_ids: tuple[str, ...], time_limit: str | None, priority: int | None, qos: str | None,
-           nice_text: str | None) -> None:
-    """Change a job's time limit, priority, QoS or nice value."""
+           nice_text: str | None, name: str | None, comment: str | None, dependency: str | None) -> None:
+    """Change a job's time limit, priority, QoS, nice value, name, comment or dependency."""
     seconds = nice = None
     if nice_text is not None:
         try:
@@ -89,9 +93,16 @@ def update(job_ids: tuple[str, ...], time_limit: str | None, priority: int | Non
             seconds = parse_time_limit(time_limit)
         except UsageError as exc:
             fail("gcontrol", CliError(f"--time-limit: {exc}", EXIT_USAGE))
-    if seconds is None and priority is None and qos is None and nice is None:
-        fail("gcontrol", CliError("nothing to update: give --time-limit, --priority, --qos or --nice", EXIT_USAGE))
-    _control("update", job_ids, time_limit_s=seconds, priority=priority, qos=qos, nice=nice)
+    if dependency:
+        try:
+            dependency = slurm_dependency(dependency)
+        except UsageError as exc:
+            fail("gcontrol", CliError(f"--dependency: {exc}", EXIT_USAGE))
+    if all(value is None for value in (seconds, priority, qos, nice, name, comment, dependency)):
+        fail("gcontrol", CliError("nothing to update: give --time-limit, --priority, --qos, --nice, --name, "
+                                  "--comment or --dependency", EXIT_USAGE))
+    _control("update", job_ids, time_limit_s=seconds, priority=priority, qos=qos, nice=nice, name=name,
+             comment=comment, dependency=dependency)
 
 
 def main() -> None:

@@ -20,12 +20,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from garrison.controller.dependency import parse_dependency
 from garrison.controller.engine import Engine, NotFound, PermissionDenied
 from garrison.controller.sched.explain import explain_wait
 from garrison.controller.sched.fairshare import fair_share_factors, normalised_shares
 from garrison.controller.sched.priority import PriorityContext, PriorityFactors
 from garrison.controller.sched.snapshot import PendingJob
-from garrison.controller.validate import MAX_NICE, ValidationError
+from garrison.controller.validate import (
+    MAX_COMMENT_LEN,
+    MAX_JOB_NAME_CHARS,
+    MAX_NICE,
+    ValidationError,
+    valid_job_name,
+)
 from garrison.model.accounts import (
     UNSET,
     Account,
@@ -40,6 +47,7 @@ from garrison.model.domain import Job, JobState, Node, Principal
 from garrison.model.partitions import in_partition, partition_names
 
 log = logging.getLogger("garrison.controller.admin")
+MAX_DEPENDENCY_CHARS = 4096  # scontrol update Dependency=: a hundred jobs written out, with room
 
 T = TypeVar("T")
 MAX_EXPLAINED = 20  # jobs one QueueDetails call explains (gqueue --explain JOBID asks for one)
@@ -317,11 +325,26 @@ class AdminOps:
         return requeued
 
     def update(self, principal: Principal, refs: Sequence[str], time_limit_s: int | None = None,
-               priority: int | None = None, qos: str | None = None, nice: int | None = None) -> list[int]:
-        if time_limit_s is None and priority is None and qos is None and nice is None:
-            raise ValidationError("nothing to update: give --time-limit, --priority, --qos or --nice")
+               priority: int | None = None, qos: str | None = None, nice: int | None = None,
+               name: str | None = None, comment: str | None = None, dependency: str | None = None) -> list[int]:
+        """scontrol update's fields; ``comment`` and ``dependency`` "" clear them. Every job or none."""
+        if all(value is None for value in (time_limit_s, priority, qos, nice, name, comment, dependency)):
+            raise ValidationError("nothing to update: give --time-limit, --priority, --qos, --nice, --name, "
+                                  "--comment or --dependency")
         if nice is not None and abs(nice) > MAX_NICE:
             raise ValidationError(f"--nice must be between -{MAX_NICE} and {MAX_NICE}")
+        if name is not None and not valid_job_name(name):
+            raise ValidationError(f"job name must be 1-{MAX_JOB_NAME_CHARS} printable characters, not only spaces")
+        if comment is not None and (len(comment) > MAX_COMMENT_LEN or not comment.isprintable()):
+            raise ValidationError(f"--comment must be at most {MAX_COMMENT_LEN} printable characters")
+        if dependency is not None and len(dependency) > MAX_DEPENDENCY_CHARS:
+            raise ValidationError(f"--dependency is longer than {MAX_DEPENDENCY_CHARS} characters")
+        if dependency:
+            try:
+                parse_dependency(dependency)
+            except ValueError as exc:
+                raise ValidationError(str(exc)) from None
+            dependency = self.engine.known_dependency(dependency)  # every job it names exists, written one way
         jobs = self._controlled(principal, refs, "update")
         accounting = self.policy.accounting
         changed: list[Job] = []
@@ -358,6 +381,16 @@ class AdminOps:
                     raise ValidationError(f"job {job.display_id} is not pending; its QoS can no longer change")
                 self._check_qos(job, qos, updated.time_limit_s)
                 updated = replace(updated, spec=replace(updated.spec, qos=qos))
+            if name is not None:
+                updated = replace(updated, spec=replace(updated.spec, name=name))
+            if comment is not None:
+                updated = replace(updated, spec=replace(updated.spec, comment=comment or None))
+            if dependency is not None:
+                if job.state != JobState.PENDING:
+                    raise ValidationError(f"job {job.display_id} is not pending; its dependency no longer matters")
+                if dependency and str(job.job_id) in self._dependency_job_ids(dependency):
+                    raise ValidationError(f"job {job.display_id} cannot depend on itself")
+                updated = replace(updated, spec=replace(updated.spec, dependency=dependency or None))
             changed.append(updated)
         with self.state.atomically():  # every job or none
             for job in changed:
@@ -365,6 +398,11 @@ class AdminOps:
         log.info("%s updated job(s) %s", principal.user, ", ".join(str(j.job_id) for j in changed))
         self.engine.request_schedule()
         return [j.job_id for j in changed]
+
+    def _dependency_job_ids(self, dependency: str) -> set[str]:
+        """The ids of the jobs a dependency list stands for (an array's id: every task of it)."""
+        found = self.engine._resolve_refs(parse_dependency(dependency).job_refs())
+        return {str(job.job_id) for job in found}
 
     def _check_qos(self, job: Job, qos: str, time_limit_s: int) -> None:
         accounting = self.policy.accounting

@@ -472,7 +472,7 @@ class Engine:
         if spec.nice < 0 and not self.is_admin(principal):
             raise PermissionDenied("only admins may give a negative --nice (it raises the job's priority)")
         if resolved.spec.dependency is not None:
-            resolved = replace(resolved, spec=replace(resolved.spec, dependency=self._known_dependency(resolved.spec.dependency)))
+            resolved = replace(resolved, spec=replace(resolved.spec, dependency=self.known_dependency(resolved.spec.dependency)))
         begin = resolved.spec.begin_time
         if begin is not None and not (math.isfinite(begin) and begin <= self.clock.now() + MAX_BEGIN_AHEAD_S):
             raise ValidationError("--begin: at most a year ahead")
@@ -601,7 +601,7 @@ class Engine:
             nodes=tuple(node.node for node in allocation.nodes) if allocation is not None else (),
         )
 
-    def _known_dependency(self, text: str) -> str:
+    def known_dependency(self, text: str) -> str:
         """The dependency list, written the one way, once every job it names is known here (as sbatch
         refuses a dependency on a job that does not exist)."""
         dependencies = parse_dependency(text)  # validate_submission has checked the syntax

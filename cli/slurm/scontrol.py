@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 PROG = "scontrol"
 EXIT_FAILURE = 1  # every error, as Slurm's scontrol (client.py's, not imported: show hostnames needs no socket)
-UPDATE_KEYS = ("timelimit", "priority", "qos", "nice")
+UPDATE_KEYS = ("timelimit", "priority", "qos", "nice", "name", "jobname", "comment", "dependency")
 
 
 class ScontrolError(Exception):
@@ -227,11 +227,12 @@ def parse_update(words: Sequence[str]) -> tuple[list[str], dict[str, str]]:
             fields[lowered] = value
         else:
             raise ScontrolError(f"update: {key} cannot be changed here (Garrison updates TimeLimit, Priority, "
-                                "QOS and Nice)")
+                                "QOS, Nice, JobName, Comment and Dependency)")
     if not ids:
         raise ScontrolError("update: give JobId=N")
     if not fields:
-        raise ScontrolError("update: nothing to change: give TimeLimit=, Priority=, QOS= or Nice=")
+        raise ScontrolError("update: nothing to change: give TimeLimit=, Priority=, QOS=, Nice=, JobName=, "
+                            "Comment= or Dependency=")
     return ids, fields
 
 
@@ -331,7 +332,7 @@ def _requeue_own_job(ids: list[str], quiet: bool) -> None:
 
 
 def _update(words: Sequence[str], quiet: bool) -> None:
-    from garrison.cmdline.parsing import UsageError, parse_nice, parse_time_limit
+    from garrison.cmdline.parsing import UsageError, parse_nice, parse_time_limit, slurm_dependency
 
     ids, fields = parse_update(words)
     values: dict[str, Any] = {}
@@ -349,6 +350,13 @@ def _update(words: Sequence[str], quiet: bool) -> None:
             values["priority"] = int(fields["priority"])
         if "qos" in fields:
             values["qos"] = fields["qos"]
+        for key in ("name", "jobname"):
+            if key in fields:
+                values["name"] = fields[key]
+        if "comment" in fields:
+            values["comment"] = fields["comment"]
+        if "dependency" in fields:  # "" clears it; a bare id is afterany:ID, as slurmctld reads it
+            values["dependency"] = slurm_dependency(fields["dependency"]) if fields["dependency"] else ""
     except (UsageError, ValueError) as exc:
         raise ScontrolError(f"update: {exc}") from None
     if not relative:
@@ -460,7 +468,8 @@ USAGE = """usage: scontrol [-o|--oneliner] [-Q|--quiet] COMMAND ...
   hold ID[,ID]  uhold ID     keep pending jobs from starting
   release ID[,ID]            let held jobs start
   requeue ID[,ID]            stop running jobs and queue them again (also from inside the job)
-  update JobId=ID[,ID] TimeLimit=T|+T|-T Priority=N QOS=NAME Nice=N
+  update JobId=ID[,ID] TimeLimit=T|+T|-T Priority=N QOS=NAME Nice=N JobName=NAME Comment=TEXT
+                     Dependency=LIST (pending jobs; Comment= and Dependency= empty clear them)
   write batch_script ID [FILE|-]   the job's script (default slurm-ID.sh; - for standard output)
 
   -d (-dd) with show job: also each node's CPUs, memory and GPU indices (GRES=gpu:2(IDX:0-1))

@@ -141,6 +141,9 @@ class AdminService(admin_grpc.AdminServicer):
                 priority=request.priority if request.HasField("priority") else None,
                 qos=request.qos if request.HasField("qos") else None,
                 nice=request.nice if request.HasField("nice") else None,
+                name=request.name if request.HasField("name") else None,
+                comment=request.comment if request.HasField("comment") else None,
+                dependency=request.dependency if request.HasField("dependency") else None,
             )
         else:
             raise ValidationError("action must be hold, release, requeue or update")

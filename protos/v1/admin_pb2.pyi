@@ -778,6 +778,9 @@ class JobControlRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     QOS_FIELD_NUMBER: _builtins.int
     NICE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    COMMENT_FIELD_NUMBER: _builtins.int
+    DEPENDENCY_FIELD_NUMBER: _builtins.int
     action: _builtins.str
     """hold | release | requeue | update"""
     time_limit_s: _builtins.int
@@ -788,6 +791,12 @@ class JobControlRequest(_message.Message):
     """update"""
     nice: _builtins.int
     """update (negative: admins)"""
+    name: _builtins.str
+    """update"""
+    comment: _builtins.str
+    """update ("" clears it)"""
+    dependency: _builtins.str
+    """update, pending jobs ("" clears it)"""
     @_builtins.property
     def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -799,11 +808,20 @@ class JobControlRequest(_message.Message):
         priority: _builtins.int | None = ...,
         qos: _builtins.str | None = ...,
         nice: _builtins.int | None = ...,
+        name: _builtins.str | None = ...,
+        comment: _builtins.str | None = ...,
+        dependency: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_nice", b"_nice", "_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "nice", b"nice", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_comment", b"_comment", "_dependency", b"_dependency", "_name", b"_name", "_nice", b"_nice", "_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "comment", b"comment", "dependency", b"dependency", "name", b"name", "nice", b"nice", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_nice", b"_nice", "_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "action", b"action", "job_ids", b"job_ids", "nice", b"nice", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_comment", b"_comment", "_dependency", b"_dependency", "_name", b"_name", "_nice", b"_nice", "_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "action", b"action", "comment", b"comment", "dependency", b"dependency", "job_ids", b"job_ids", "name", b"name", "nice", b"nice", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__comment: _TypeAlias = _typing.Literal["comment"]  # noqa: Y015
+    _WhichOneofArgType__comment: _TypeAlias = _typing.Literal["_comment", b"_comment"]  # noqa: Y015
+    _WhichOneofReturnType__dependency: _TypeAlias = _typing.Literal["dependency"]  # noqa: Y015
+    _WhichOneofArgType__dependency: _TypeAlias = _typing.Literal["_dependency", b"_dependency"]  # noqa: Y015
+    _WhichOneofReturnType__name: _TypeAlias = _typing.Literal["name"]  # noqa: Y015
+    _WhichOneofArgType__name: _TypeAlias = _typing.Literal["_name", b"_name"]  # noqa: Y015
     _WhichOneofReturnType__nice: _TypeAlias = _typing.Literal["nice"]  # noqa: Y015
     _WhichOneofArgType__nice: _TypeAlias = _typing.Literal["_nice", b"_nice"]  # noqa: Y015
     _WhichOneofReturnType__priority: _TypeAlias = _typing.Literal["priority"]  # noqa: Y015
@@ -812,6 +830,12 @@ class JobControlRequest(_message.Message):
     _WhichOneofArgType__qos: _TypeAlias = _typing.Literal["_qos", b"_qos"]  # noqa: Y015
     _WhichOneofReturnType__time_limit_s: _TypeAlias = _typing.Literal["time_limit_s"]  # noqa: Y015
     _WhichOneofArgType__time_limit_s: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__comment) -> _WhichOneofReturnType__comment | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__dependency) -> _WhichOneofReturnType__dependency | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__name) -> _WhichOneofReturnType__name | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__nice) -> _WhichOneofReturnType__nice | None: ...
     @_typing.overload

@@ -191,6 +191,24 @@ def test_scontrol_hold_release_update_and_show_job(cluster: Cluster) -> None:
     assert "JobState=CANCELLED" in slurm(cluster, "scontrol", "show", "job", job_id).stdout
 
 
+def test_scontrol_update_dependency_name_and_comment_of_a_pending_job(cluster: Cluster) -> None:
+    # A pipeline chaining a job after the fact: `scontrol update JobId=B Dependency=afterok:A`.
+    first = sbatch(cluster, "-H", "-t", "5:00", "-o", "/dev/null", "--wrap", "true")
+    second = sbatch(cluster, "-H", "-t", "5:00", "-o", "/dev/null", "--wrap", "true")
+    slurm(cluster, "scontrol", "update", f"JobId={second}", f"Dependency=afterok:{first}", "JobName=chained",
+          "Comment=after the first")
+    slurm(cluster, "scontrol", "release", second)
+    wait_until(lambda: cluster.job(second)["reason"] == "Dependency", 30, what="the second to wait on the first")
+    record = slurm(cluster, "scontrol", "show", "job", second).stdout
+    assert f"Dependency=afterok:{first}" in record and "JobName=chained" in record, record
+    assert "Comment=after the first" in record, record
+    bad = slurm(cluster, "scontrol", "update", f"JobId={second}", "Dependency=afterok:99999999", check=False)
+    assert bad.returncode == 1 and "no such job" in bad.stderr, bad.stderr
+    slurm(cluster, "scontrol", "release", first)
+    assert cluster.wait_done(first)["state"] == "COMPLETED"
+    assert cluster.wait_done(second)["state"] == "COMPLETED"
+
+
 def test_scontrol_details_and_write_batch_script_from_inside_the_job(cluster: Cluster) -> None:
     # The idioms: `scontrol show jobid -dd $SLURM_JOB_ID | grep GRES` for the job's GPU indices, and `scontrol
     # write batch_script $SLURM_JOB_ID -` to keep the script beside the run's output.

@@ -238,6 +238,41 @@ def test_only_admins_may_raise_a_priority_with_a_negative_nice(call: Caller) -> 
     )
 
 
+def test_update_name_comment_and_dependency_as_scontrol_update_does(call: Caller) -> None:
+    # scontrol update JobId=N JobName=... Comment=... Dependency=...: the owner's, checked as a submission is.
+    def submit_held() -> int:
+        request = pb.SubmitJobRequest(spec=pb.JobSpec(name="t", command=["true"], workdir="/"), hold=True)
+        return int(call(MALLORY, "SubmitJob", request, service="client").job_id)
+
+    first, second = submit_held(), submit_held()
+
+    def update(who: Principal, job: int, **fields: Any) -> list[int]:
+        return list(call(who, "ControlJobs", adminpb.JobControlRequest(action="update", job_ids=[str(job)],
+                                                                       **fields)).job_ids)
+
+    def job(job_id: int) -> Any:
+        return call(MALLORY, "GetJob", pb.GetJobRequest(job_id=str(job_id)), service="client")
+
+    assert update(MALLORY, second, name="renamed", comment="lr 3e-4", dependency=f"afterok:{first}") == [second]
+    spec = job(second).spec
+    assert (spec.name, spec.comment, spec.dependency) == ("renamed", "lr 3e-4", f"afterok:{first}")
+    assert update(MALLORY, second, comment="", dependency="") == [second]  # empty clears them
+    spec = job(second).spec
+    assert (spec.comment, spec.dependency, spec.name) == ("", "", "renamed")
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    assert "no such job" in call.refused(MALLORY, "ControlJobs", adminpb.JobControlRequest(
+        action="update", job_ids=[str(second)], dependency="afterok:999999"), code=invalid)
+    assert "cannot depend on itself" in call.refused(MALLORY, "ControlJobs", adminpb.JobControlRequest(
+        action="update", job_ids=[str(second)], dependency=f"afterany:{second}"), code=invalid)
+    assert "job name must be" in call.refused(MALLORY, "ControlJobs", adminpb.JobControlRequest(
+        action="update", job_ids=[str(second)], name="a\nb"), code=invalid)
+    assert "--comment must be" in call.refused(MALLORY, "ControlJobs", adminpb.JobControlRequest(
+        action="update", job_ids=[str(second)], comment="x" * 5000), code=invalid)
+    call.refused(EVE, "ControlJobs", adminpb.JobControlRequest(action="update", job_ids=[str(second)], name="mine"))
+    assert job(second).spec.name == "renamed"  # nothing of the refused updates landed
+    call(MALLORY, "CancelJobs", pb.CancelJobsRequest(job_ids=[str(first), str(second)]), service="client")
+
+
 def test_accounting_and_holds_survive_a_restart(controller: ControllerProcess, tmp_path: Path) -> None:
     with controller.client_channel() as channel:
         call = Caller(controller, channel)
