@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 # Slurm's user commands Garrison answers to, each a module of garrison.cli.slurm and a garrison-<name> script.
-SLURM_COMMANDS = ("sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "sacct", "scontrol", "sstat")
+SLURM_COMMANDS = ("sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "sacct", "scontrol", "sstat", "sprio")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 

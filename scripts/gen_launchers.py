@@ -50,6 +50,7 @@ LEAN_COMMANDS: dict[str, str] = {
     "garrison-sinfo": "garrison.cli.slurm.sinfo",
     "garrison-sacct": "garrison.cli.slurm.sacct",
     "garrison-sstat": "garrison.cli.slurm.sstat",
+    "garrison-sprio": "garrison.cli.slurm.sprio",
 }
 LAUNCHERS.update({name: (module, "main", module) for name, module in LEAN_COMMANDS.items()})
 

@@ -346,3 +346,14 @@ def test_srun_outside_a_job_gets_an_allocation_runs_and_gives_it_back(cluster: C
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["0: hi", "1: hi"], proc.stdout
     assert all(line.startswith("srun: ") for line in proc.stderr.splitlines()), proc.stderr
+
+
+def test_sprio_by_its_name_prices_the_pending_jobs(cluster: Cluster) -> None:
+    job_id = sbatch(cluster, "-H", "-t", "5:00", "-o", "/dev/null", "--wrap", "true")
+    wait_until(lambda: slurm(cluster, "sprio", "-h", "-j", job_id, "-o", "%i %Y").stdout.split()[1:] != ["N/A"],
+               30, what="a cycle to price the held job")
+    row = slurm(cluster, "sprio", "-h", "-j", job_id, "-o", "%i %u %Y").stdout.split()
+    assert row[0] == job_id and row[1] == getpass.getuser() and int(row[2]) >= 0, row
+    weights = slurm(cluster, "sprio", "-w").stdout.splitlines()
+    assert weights[0].split()[:3] == ["JOBID", "PARTITION", "PRIORITY"] and weights[1].split()[0] == "Weights"
+    slurm(cluster, "scancel", job_id)

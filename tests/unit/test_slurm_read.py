@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers.submitit_like import read_info_like_submitit
 
-from garrison.cli.slurm import sacct, sinfo, squeue, sstat
+from garrison.cli.slurm import sacct, sinfo, sprio, squeue, sstat
 from garrison.cli.slurm.fields import (
     FieldList,
     PercentFormat,
@@ -26,6 +26,7 @@ from garrison.cli.slurm.fields import (
 from garrison.cmdline.argparser import UsageError
 from garrison.model.gputype import gpu_matches, slurm_gpu_type
 from garrison.protos.v1 import accounting_pb2 as apb
+from garrison.protos.v1 import admin_pb2 as adminpb
 from garrison.protos.v1 import garrison_pb2 as pb
 
 NOW = 1_700_000_000.0
@@ -349,8 +350,8 @@ def test_sacct_time_forms() -> None:
 # --- --version ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["sacct", "salloc", "sbatch", "scancel", "scontrol", "sinfo", "squeue", "srun",
-                                     "sstat"])
+@pytest.mark.parametrize("command", ["sacct", "salloc", "sbatch", "scancel", "scontrol", "sinfo", "sprio", "squeue",
+                                     "srun", "sstat"])
 @pytest.mark.parametrize("flag", ["-V", "--version"])
 def test_every_slurm_name_answers_version_as_slurm_does(command: str, flag: str,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
@@ -369,3 +370,36 @@ def test_sbatch_version_is_answered_by_its_launcher_without_a_controller() -> No
     env = {"PATH": "/usr/bin:/bin", "GARRISON_CONTROLLER": "127.0.0.1:1"}
     result = subprocess.run([str(launcher), "--version"], capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0 and result.stdout.startswith("slurm 22.05.8 (garrison "), result
+
+
+# --- sprio -------------------------------------------------------------------------------------------------
+
+
+def queue_details() -> adminpb.QueueDetailsResponse:
+    weights = adminpb.PriorityWeights(age=1000, fair_share=10000, qos=0, job_size=1000, partition=0, time_limit=2000)
+    response = adminpb.QueueDetailsResponse(weights=weights, now=NOW)
+    for job_id, user, priority, age in ((7, "ana", 6200, 0.5), (9, "bo", 8100, 1.0)):
+        detail = response.jobs.add(position=1, priority=priority)
+        detail.job.job_id, detail.job.display_id, detail.job.user, detail.job.partition = job_id, str(job_id), user, "gpu"
+        detail.factors.age, detail.factors.fair_share, detail.factors.job_size = age, 0.5, 0.125
+        detail.factors.time_limit, detail.factors.admin, detail.factors.nice = 0.25, 10, 5
+    return response
+
+
+def test_sprio_shows_weighted_factors_in_slurms_layout() -> None:
+    def lines(*argv: str) -> list[str]:
+        return sprio.sprio_lines(queue_details(), sprio.parser().parse_args(list(argv)))
+
+    assert lines() == [
+        "          JOBID PARTITION   PRIORITY       SITE        AGE  FAIRSHARE    JOBSIZE  TIMELIMIT   NICE",
+        "              7 gpu             6200         10        500       5000        125        500      5",
+        "              9 gpu             8100         10       1000       5000        125        500      5",
+    ]  # no QOS and PARTITION columns: their weights are 0, as sprio leaves them out
+    assert lines("-w")[1].split() == ["Weights", "1000", "10000", "1000", "2000"]
+    assert lines("-n", "-h")[0].split()[4:8] == ["0.5000000", "0.5000000", "0.1250000", "0.2500000"]
+    assert lines("-o", "%i %u %Y", "-S", "-y", "-h") == ["9 bo 8100", "7 ana 6200"]
+    assert lines("-l")[0].split()[:4] == ["JOBID", "PARTITION", "USER", "PRIORITY"]
+    with pytest.raises(UsageError, match="unknown field %z"):
+        lines("-o", "%z")
+    with pytest.raises(UsageError, match="cannot sort by 'q'"):
+        lines("-S", "q")
