@@ -79,8 +79,11 @@ def requeue(job_ids: tuple[str, ...]) -> None:
 @click.option("--comment", default=None, help="New comment (empty: none).")
 @click.option("-d", "--dependency", default=None, metavar="LIST",
               help="New dependency list of a pending job, as gsub -d takes it (empty: none).")
+@click.option("--array-task-throttle", type=click.IntRange(min=0), default=None, metavar="N",
+              help="An array's tasks running at once (its %%N); 0: no limit.")
 def update(job_ids: tuple[str, ...], time_limit: str | None, priority: int | None, qos: str | None,
-           nice_text: str | None, name: str | None, comment: str | None, dependency: str | None) -> None:
+           nice_text: str | None, name: str | None, comment: str | None, dependency: str | None,
+           array_task_throttle: int | None) -> None:
     """Change a job's time limit, priority, QoS, nice value, name, comment or dependency."""
     seconds = nice = None
     if nice_text is not None:
@@ -98,11 +101,11 @@ def update(job_ids: tuple[str, ...], time_limit: str | None, priority: int | Non
             dependency = slurm_dependency(dependency)
         except UsageError as exc:
             fail("gcontrol", CliError(f"--dependency: {exc}", EXIT_USAGE))
-    if all(value is None for value in (seconds, priority, qos, nice, name, comment, dependency)):
+    if all(value is None for value in (seconds, priority, qos, nice, name, comment, dependency, array_task_throttle)):
         fail("gcontrol", CliError("nothing to update: give --time-limit, --priority, --qos, --nice, --name, "
-                                  "--comment or --dependency", EXIT_USAGE))
+                                  "--comment, --dependency or --array-task-throttle", EXIT_USAGE))
     _control("update", job_ids, time_limit_s=seconds, priority=priority, qos=qos, nice=nice, name=name,
-             comment=comment, dependency=dependency)
+             comment=comment, dependency=dependency, array_task_throttle=array_task_throttle)
 
 
 def main() -> None:

@@ -47,6 +47,7 @@ from garrison.model.domain import Job, JobState, Node, Principal
 from garrison.model.partitions import in_partition, partition_names
 
 log = logging.getLogger("garrison.controller.admin")
+MAX_ARRAY_TASK_THROTTLE = 1_000_000  # scontrol update ArrayTaskThrottle=: above any array's size
 MAX_DEPENDENCY_CHARS = 4096  # scontrol update Dependency=: a hundred jobs written out, with room
 
 T = TypeVar("T")
@@ -326,11 +327,17 @@ class AdminOps:
 
     def update(self, principal: Principal, refs: Sequence[str], time_limit_s: int | None = None,
                priority: int | None = None, qos: str | None = None, nice: int | None = None,
-               name: str | None = None, comment: str | None = None, dependency: str | None = None) -> list[int]:
-        """scontrol update's fields; ``comment`` and ``dependency`` "" clear them. Every job or none."""
-        if all(value is None for value in (time_limit_s, priority, qos, nice, name, comment, dependency)):
+               name: str | None = None, comment: str | None = None, dependency: str | None = None,
+               array_task_throttle: int | None = None) -> list[int]:
+        """scontrol update's fields; ``comment`` and ``dependency`` "" clear them, ``array_task_throttle`` 0 lifts
+        an array's %limit (its tasks that have ended are left as they were). Every job or none."""
+        fields = (time_limit_s, priority, qos, nice, name, comment, dependency, array_task_throttle)
+        if all(value is None for value in fields):
             raise ValidationError("nothing to update: give --time-limit, --priority, --qos, --nice, --name, "
-                                  "--comment or --dependency")
+                                  "--comment, --dependency or --array-task-throttle")
+        throttle_only = all(value is None for value in fields[:-1])
+        if array_task_throttle is not None and not 0 <= array_task_throttle <= MAX_ARRAY_TASK_THROTTLE:
+            raise ValidationError(f"--array-task-throttle must be between 0 and {MAX_ARRAY_TASK_THROTTLE}")
         if nice is not None and abs(nice) > MAX_NICE:
             raise ValidationError(f"--nice must be between -{MAX_NICE} and {MAX_NICE}")
         if name is not None and not valid_job_name(name):
@@ -350,6 +357,8 @@ class AdminOps:
         changed: list[Job] = []
         for job, role in jobs:
             if job.state.is_terminal:
+                if throttle_only and job.array_job_id is not None:
+                    continue  # an array's ended tasks keep the limit they ran under
                 raise ValidationError(f"job {job.display_id} has finished")
             updated = job
             if priority is not None:
@@ -391,6 +400,10 @@ class AdminOps:
                 if dependency and str(job.job_id) in self._dependency_job_ids(dependency):
                     raise ValidationError(f"job {job.display_id} cannot depend on itself")
                 updated = replace(updated, spec=replace(updated.spec, dependency=dependency or None))
+            if array_task_throttle is not None:
+                if job.array_job_id is None:
+                    raise ValidationError(f"job {job.display_id} is not a job array's task: it has no task limit")
+                updated = replace(updated, spec=replace(updated.spec, array_max_running=array_task_throttle or None))
             changed.append(updated)
         with self.state.atomically():  # every job or none
             for job in changed:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 PROG = "scontrol"
 EXIT_FAILURE = 1  # every error, as Slurm's scontrol (client.py's, not imported: show hostnames needs no socket)
-UPDATE_KEYS = ("timelimit", "priority", "qos", "nice", "name", "jobname", "comment", "dependency")
+UPDATE_KEYS = ("timelimit", "priority", "qos", "nice", "name", "jobname", "comment", "dependency", "arraytaskthrottle")
 
 
 class ScontrolError(Exception):
@@ -227,12 +227,12 @@ def parse_update(words: Sequence[str]) -> tuple[list[str], dict[str, str]]:
             fields[lowered] = value
         else:
             raise ScontrolError(f"update: {key} cannot be changed here (Garrison updates TimeLimit, Priority, "
-                                "QOS, Nice, JobName, Comment and Dependency)")
+                                "QOS, Nice, JobName, Comment, Dependency and ArrayTaskThrottle)")
     if not ids:
         raise ScontrolError("update: give JobId=N")
     if not fields:
         raise ScontrolError("update: nothing to change: give TimeLimit=, Priority=, QOS=, Nice=, JobName=, "
-                            "Comment= or Dependency=")
+                            "Comment=, Dependency= or ArrayTaskThrottle=")
     return ids, fields
 
 
@@ -355,6 +355,10 @@ def _update(words: Sequence[str], quiet: bool) -> None:
                 values["name"] = fields[key]
         if "comment" in fields:
             values["comment"] = fields["comment"]
+        if "arraytaskthrottle" in fields:  # 0: no limit
+            values["array_task_throttle"] = int(fields["arraytaskthrottle"])
+            if values["array_task_throttle"] < 0:
+                raise ValueError("ArrayTaskThrottle must be 0 (no limit) or more")
         if "dependency" in fields:  # "" clears it; a bare id is afterany:ID, as slurmctld reads it
             values["dependency"] = slurm_dependency(fields["dependency"]) if fields["dependency"] else ""
     except (UsageError, ValueError) as exc:
@@ -470,6 +474,7 @@ USAGE = """usage: scontrol [-o|--oneliner] [-Q|--quiet] COMMAND ...
   requeue ID[,ID]            stop running jobs and queue them again (also from inside the job)
   update JobId=ID[,ID] TimeLimit=T|+T|-T Priority=N QOS=NAME Nice=N JobName=NAME Comment=TEXT
                      Dependency=LIST (pending jobs; Comment= and Dependency= empty clear them)
+                     ArrayTaskThrottle=N (an array's tasks running at once; 0: no limit)
   write batch_script ID [FILE|-]   the job's script (default slurm-ID.sh; - for standard output)
 
   -d (-dd) with show job: also each node's CPUs, memory and GPU indices (GRES=gpu:2(IDX:0-1))

@@ -144,6 +144,8 @@ class AdminService(admin_grpc.AdminServicer):
                 name=request.name if request.HasField("name") else None,
                 comment=request.comment if request.HasField("comment") else None,
                 dependency=request.dependency if request.HasField("dependency") else None,
+                array_task_throttle=(request.array_task_throttle if request.HasField("array_task_throttle")
+                                     else None),
             )
         else:
             raise ValidationError("action must be hold, release, requeue or update")

@@ -781,6 +781,7 @@ class JobControlRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     COMMENT_FIELD_NUMBER: _builtins.int
     DEPENDENCY_FIELD_NUMBER: _builtins.int
+    ARRAY_TASK_THROTTLE_FIELD_NUMBER: _builtins.int
     action: _builtins.str
     """hold | release | requeue | update"""
     time_limit_s: _builtins.int
@@ -797,6 +798,8 @@ class JobControlRequest(_message.Message):
     """update ("" clears it)"""
     dependency: _builtins.str
     """update, pending jobs ("" clears it)"""
+    array_task_throttle: _builtins.int
+    """update, an array's tasks: at most this many run at once (0: no limit)"""
     @_builtins.property
     def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -811,11 +814,14 @@ class JobControlRequest(_message.Message):
         name: _builtins.str | None = ...,
         comment: _builtins.str | None = ...,
         dependency: _builtins.str | None = ...,
+        array_task_throttle: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_comment", b"_comment", "_dependency", b"_dependency", "_name", b"_name", "_nice", b"_nice", "_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "comment", b"comment", "dependency", b"dependency", "name", b"name", "nice", b"nice", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_array_task_throttle", b"_array_task_throttle", "_comment", b"_comment", "_dependency", b"_dependency", "_name", b"_name", "_nice", b"_nice", "_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "array_task_throttle", b"array_task_throttle", "comment", b"comment", "dependency", b"dependency", "name", b"name", "nice", b"nice", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_comment", b"_comment", "_dependency", b"_dependency", "_name", b"_name", "_nice", b"_nice", "_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "action", b"action", "comment", b"comment", "dependency", b"dependency", "job_ids", b"job_ids", "name", b"name", "nice", b"nice", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_task_throttle", b"_array_task_throttle", "_comment", b"_comment", "_dependency", b"_dependency", "_name", b"_name", "_nice", b"_nice", "_priority", b"_priority", "_qos", b"_qos", "_time_limit_s", b"_time_limit_s", "action", b"action", "array_task_throttle", b"array_task_throttle", "comment", b"comment", "dependency", b"dependency", "job_ids", b"job_ids", "name", b"name", "nice", b"nice", "priority", b"priority", "qos", b"qos", "time_limit_s", b"time_limit_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__array_task_throttle: _TypeAlias = _typing.Literal["array_task_throttle"]  # noqa: Y015
+    _WhichOneofArgType__array_task_throttle: _TypeAlias = _typing.Literal["_array_task_throttle", b"_array_task_throttle"]  # noqa: Y015
     _WhichOneofReturnType__comment: _TypeAlias = _typing.Literal["comment"]  # noqa: Y015
     _WhichOneofArgType__comment: _TypeAlias = _typing.Literal["_comment", b"_comment"]  # noqa: Y015
     _WhichOneofReturnType__dependency: _TypeAlias = _typing.Literal["dependency"]  # noqa: Y015
@@ -830,6 +836,8 @@ class JobControlRequest(_message.Message):
     _WhichOneofArgType__qos: _TypeAlias = _typing.Literal["_qos", b"_qos"]  # noqa: Y015
     _WhichOneofReturnType__time_limit_s: _TypeAlias = _typing.Literal["time_limit_s"]  # noqa: Y015
     _WhichOneofArgType__time_limit_s: _TypeAlias = _typing.Literal["_time_limit_s", b"_time_limit_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__array_task_throttle) -> _WhichOneofReturnType__array_task_throttle | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__comment) -> _WhichOneofReturnType__comment | None: ...
     @_typing.overload

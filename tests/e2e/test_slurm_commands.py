@@ -357,3 +357,17 @@ def test_sprio_by_its_name_prices_the_pending_jobs(cluster: Cluster) -> None:
     weights = slurm(cluster, "sprio", "-w").stdout.splitlines()
     assert weights[0].split()[:3] == ["JOBID", "PARTITION", "PRIORITY"] and weights[1].split()[0] == "Weights"
     slurm(cluster, "scancel", job_id)
+
+
+def test_scontrol_update_array_task_throttle_lets_more_tasks_run(cluster: Cluster) -> None:
+    array = sbatch(cluster, "--array=0-3%1", "-t", "5:00", "-o", "/dev/null", "--wrap", "sleep 300")
+
+    def running() -> int:
+        return sum(1 for job in cluster.jobs() if str(job.get("array_job_id")) == array and job["state"] == "RUNNING")
+
+    wait_until(lambda: running() == 1, 30, what="one task of the %1 array to run")
+    slurm(cluster, "scontrol", "update", f"JobId={array}", "ArrayTaskThrottle=3")
+    wait_until(lambda: running() == 3, 30, what="three tasks to run under the new limit")
+    slurm(cluster, "scontrol", "update", f"JobId={array}", "ArrayTaskThrottle=0")
+    wait_until(lambda: running() == 4, 30, what="every task to run without a limit")
+    slurm(cluster, "scancel", array)

@@ -269,6 +269,8 @@ def test_update_name_comment_and_dependency_as_scontrol_update_does(call: Caller
     assert "--comment must be" in call.refused(MALLORY, "ControlJobs", adminpb.JobControlRequest(
         action="update", job_ids=[str(second)], comment="x" * 5000), code=invalid)
     call.refused(EVE, "ControlJobs", adminpb.JobControlRequest(action="update", job_ids=[str(second)], name="mine"))
+    assert "not a job array's task" in call.refused(MALLORY, "ControlJobs", adminpb.JobControlRequest(
+        action="update", job_ids=[str(second)], array_task_throttle=2), code=invalid)
     assert job(second).spec.name == "renamed"  # nothing of the refused updates landed
     call(MALLORY, "CancelJobs", pb.CancelJobsRequest(job_ids=[str(first), str(second)]), service="client")
 
