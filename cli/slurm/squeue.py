@@ -235,20 +235,21 @@ def _layout(args: Any) -> PercentFormat:
     return PercentFormat(LONG_FORMAT if args.long else DEFAULT_FORMAT, headers)
 
 
-def _states(args: Any, job_ids: list[str]) -> list[str]:
+def _states(args: Any) -> list[str]:
+    """The states to list: -t's, or pending and running ones, also with -j: Slurm 22.05's `squeue -j ID` of a
+    job that has ended prints the header alone (exit 0), which is how scripts wait for a job to leave the
+    queue (`while squeue -h -j $ID | grep -q .`); `-t all` shows it. (gqueue -j shows it in any state.)"""
     states = state_names(split_list(args.states))
     if "ALL" in states:
         return []
-    if states or job_ids:
-        return states
-    return list(ACTIVE_STATES)
+    return states or list(ACTIVE_STATES)
 
 
 def squeue(argv: list[str]) -> None:
     try:
         args = parser().parse_args(argv)
         layout = _layout(args)
-        states = _states(args, split_list(args.jobs))
+        states = _states(args)
         if args.sort is not None:
             sort_jobs([], args.sort)  # reject a bad --sort before asking the controller
         interval = None

@@ -80,6 +80,9 @@ def test_squeue_default_columns_and_states(cluster: Cluster, jobs: Jobs) -> None
     assert by_id[jobs.held][4] == "PD" and by_id[jobs.held][7].startswith("(")
     assert by_id[f"{jobs.array}_[0-3]"][4] == "PD"  # the array's pending tasks on one line
     assert jobs.completed not in by_id  # squeue shows pending and running jobs by default
+    # Also with -j, as Slurm 22.05's: a script waits for a job to leave the queue with `squeue -h -j ID`.
+    assert run(cluster, "squeue", "-h", "-j", jobs.completed).stdout == ""
+    assert run(cluster, "squeue", "-h", "-j", jobs.completed, "-t", "all", "-o", "%t").stdout == "CD\n"
     date, header, *_ = run(cluster, "squeue", "-l").stdout.splitlines()
     assert re.fullmatch(r"\w{3} \w{3} \d\d \d\d:\d\d:\d\d \d{4}", date)
     assert header.split() == ["JOBID", "PARTITION", "NAME", "USER", "STATE", "TIME", "TIME_LIMI", "NODES",
