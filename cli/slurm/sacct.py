@@ -72,6 +72,8 @@ def parser() -> Parser:
     p.add_argument("-L", "--allclusters", action="store_true")  # one cluster: nothing to widen
     p.add_argument("-D", "--duplicates", action="store_true")
     p.add_argument("--array", dest="expand_arrays", action="store_true")
+    p.add_argument("--units", default=None)
+    p.add_argument("--noconvert", action="store_true")
     return p
 
 
@@ -313,6 +315,34 @@ def _field_list(args: Any) -> FieldList:
     return FieldList(spec, KNOWN_FIELDS)
 
 
+MEMORY_FIELDS = ("MaxRSS", "ReqMem")
+UNITS = "KMGTP"
+
+
+def _unit(args: Any) -> str | None:
+    """--units=[KMGTP] (a memory figure in that unit), or --noconvert (in bytes, as Slurm: ``''``)."""
+    if args.units is not None:
+        unit = args.units.strip().upper()
+        if len(unit) != 1 or unit not in UNITS:
+            raise UsageError(f"--units: expected one of K, M, G, T, P, got {args.units[:20]!r}")
+        return unit
+    return "" if args.noconvert else None
+
+
+def in_unit(text: str, unit: str) -> str:
+    """A memory figure as sacct prints it (``300.25M``, ``4G``, ``512K``) in ``unit`` (``""``: bytes): two
+    decimals unless whole (``--units=G``: ``0.29G``, ``4G``). Text that is no figure is left as it is."""
+    number, suffix = text[:-1], text[-1:].upper()
+    if suffix not in UNITS:
+        number, suffix = text, ""
+    try:
+        value = float(number) * 1024 ** (UNITS.index(suffix) + 1 if suffix else 0)
+    except ValueError:
+        return text
+    scaled = value / 1024 ** (UNITS.index(unit) + 1) if unit else value
+    return (f"{scaled:.0f}" if scaled == int(scaled) else f"{scaled:.2f}") + unit
+
+
 def sacct(argv: list[str]) -> None:
     from garrison.cli.accounting import TimeSpecError, parse_time
 
@@ -324,6 +354,7 @@ def sacct(argv: list[str]) -> None:
                 print(" ".join(f"{name:<19}" for name in names[first:first + 4]).rstrip())
             return
         fields = _field_list(args)
+        unit = _unit(args)
         states = {s for s in state_names(split_list(args.states)) if s != "ALL"}
         if "RUNNING" in states:
             states |= {"CONFIGURING", "COMPLETING"}  # RUNNING to sacct (fields.sacct_state)
@@ -369,6 +400,11 @@ def sacct(argv: list[str]) -> None:
         if step_refs and record.display_id not in whole:
             record_lines = [line for line in record_lines if wanted_line(line, step_refs)]
         lines += record_lines
+    if unit is not None:
+        for line in lines:
+            for key in MEMORY_FIELDS:
+                if line.get(key):
+                    line[key] = in_unit(line[key], unit)
     out = render(lines, fields, args)
     if out:
         sys.stdout.write("\n".join(out) + "\n")

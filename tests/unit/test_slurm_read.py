@@ -403,3 +403,17 @@ def test_sprio_shows_weighted_factors_in_slurms_layout() -> None:
         lines("-o", "%z")
     with pytest.raises(UsageError, match="cannot sort by 'q'"):
         lines("-S", "q")
+
+
+def test_sacct_units_convert_memory_figures_as_sacct_units_does() -> None:
+    # sacct --units=G -o MaxRSS, as seff-like scripts read it: two decimals unless whole; --noconvert: bytes.
+    assert [sacct.in_unit(text, "G") for text in ("300.25M", "4G", "512K", "0", "")] == [
+        "0.29G", "4G", "0.00G", "0G", ""]
+    assert sacct.in_unit("4G", "M") == "4096M" and sacct.in_unit("1.50G", "K") == "1572864K"
+    assert sacct.in_unit("2M", "") == "2097152"
+    args = sacct.parser().parse_args(["--units=g"])
+    assert sacct._unit(args) == "G" and sacct._unit(sacct.parser().parse_args(["--noconvert"])) == ""
+    with pytest.raises(UsageError, match="--units"):
+        sacct._unit(sacct.parser().parse_args(["--units=Q"]))
+    lines = sacct.job_lines(finished(), [], NOW)
+    assert lines[1]["MaxRSS"] == "300.00M" and sacct.in_unit(lines[1]["MaxRSS"], "G") == "0.29G"
