@@ -16,7 +16,8 @@ from garrison.model.launch import LaunchDescription
 
 # Variables that describe the node a process runs on: galloc's command runs on the submitting host, not on
 # an allocated node, so it gets none of them (salloc's neither).
-NODE_LOCAL_VARIABLES = frozenset({"SLURMD_NODENAME", "SLURM_TOPOLOGY_ADDR", "SLURM_CPUS_ON_NODE"})
+NODE_LOCAL_VARIABLES = frozenset({"SLURMD_NODENAME", "SLURM_TOPOLOGY_ADDR", "SLURM_TOPOLOGY_ADDR_PATTERN",
+                                  "SLURM_CPUS_ON_NODE"})
 
 
 def tasks_per_node_text(counts: Sequence[int]) -> str:
@@ -74,6 +75,7 @@ def slurm_environment(launch: LaunchDescription, counts: Sequence[int], cpus_on_
         "SLURM_JOB_GPUS": ",".join(str(g) for g in sorted(here.gpus)),
         "SLURMD_NODENAME": here.node,
         "SLURM_TOPOLOGY_ADDR": here.node,
+        "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
         "SLURM_SUBMIT_DIR": spec.workdir,
         "SLURM_RESTART_COUNT": str(launch.restart_count),
         "SLURM_JOB_PARTITION": launch.partition,

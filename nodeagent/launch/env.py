@@ -133,6 +133,10 @@ def plan_ranks(
     )
     if paths.checkpoint_dir:
         common["GARRISON_CHECKPOINT_DIR"] = paths.checkpoint_dir
+    if gpus:  # ROCm's and OpenCL's name for the same list, as Slurm sets it beside CUDA_VISIBLE_DEVICES
+        common["GPU_DEVICE_ORDINAL"] = common["CUDA_VISIBLE_DEVICES"]
+    else:
+        common.pop("GPU_DEVICE_ORDINAL", None)  # a submitting job's, exported: this one has no GPUs
     if paths.checkpoint_mark:
         common["GARRISON_CHECKPOINT_MARK"] = paths.checkpoint_mark
     if launch.array_job_id is not None and launch.array_task_id is not None:
@@ -211,6 +215,9 @@ def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | 
         "SLURM_STEP_TASKS_PER_NODE": tasks_per_node_text(counts),
         "SLURM_NTASKS": str(layout.ntasks),
         "SLURM_NPROCS": str(layout.ntasks),
+        # The step's own, as slurmstepd sets them (SLURM_JOB_NUM_NODES and SLURM_JOB_NODELIST stay the job's).
+        "SLURM_NNODES": str(len(layout.nodes)),
+        "SLURM_TASKS_PER_NODE": tasks_per_node_text(counts),
         "SLURM_NODEID": str(step.node_index),
         "SLURMD_NODENAME": here.node,
         "SLURM_TOPOLOGY_ADDR": here.node,
@@ -247,6 +254,10 @@ def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | 
             "GARRISON_PROCID": str(task), "GARRISON_LOCALID": str(local),
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in here.task_gpus[local]),
         })
+        if here.task_gpus[local]:
+            env["GPU_DEVICE_ORDINAL"] = env["CUDA_VISIBLE_DEVICES"]
+        else:
+            env.pop("GPU_DEVICE_ORDINAL", None)  # the job's, inherited: this task has none
         plans.append(RankPlan(rank=task, argv=tuple(step.argv), env=env, cwd=step.cwd,
                               stdout=os.path.join(io_dir, f"out-{task}"), stderr=os.path.join(io_dir, f"err-{task}")))
     return plans

@@ -122,6 +122,9 @@ def test_batch_script_gets_slurms_job_variables() -> None:
     assert "SLURM_NTASKS" not in env and "SLURM_NTASKS_PER_NODE" not in env  # none asked for
     assert (env["SLURM_GPUS_ON_NODE"], env["SLURM_JOB_GPUS"], env["SLURM_CPUS_ON_NODE"]) == ("2", "4,5", "4")
     assert env["SLURM_MEM_PER_NODE"] == "90000"
+    # GPU_DEVICE_ORDINAL (ROCm's, OpenCL's) is CUDA_VISIBLE_DEVICES's list, as Slurm 22.05 sets both
+    assert env["GPU_DEVICE_ORDINAL"] == env["CUDA_VISIBLE_DEVICES"] == "4,5"
+    assert env["SLURM_TOPOLOGY_ADDR_PATTERN"] == "node"
     assert (env["SLURM_SUBMIT_DIR"], env["SLURM_SUBMIT_HOST"]) == ("/home/u/run", "login1")
     assert (env["SLURM_JOB_PARTITION"], env["SLURM_JOB_ACCOUNT"], env["SLURM_JOB_QOS"]) == ("gpu", "physics", "normal")
     assert (env["SLURM_RESTART_COUNT"], env["SLURM_CLUSTER_NAME"]) == ("1", "tiny")

@@ -151,6 +151,15 @@ def test_task_environment_has_srun_and_torchrun_variables() -> None:
     first = plan_step_tasks(launch(0), "/io")
     assert [(p.env["RANK"], p.env["LOCAL_RANK"], p.env["CUDA_VISIBLE_DEVICES"]) for p in first] == [
         ("0", "0", "0"), ("1", "1", "1")]
+    assert [p.env["GPU_DEVICE_ORDINAL"] for p in first] == ["0", "1"]
+    # The step's node and task counts, as slurmstepd sets them (checked on Slurm 22.05: a one-node step of a
+    # two-node job has SLURM_NNODES=1); the job's own stay in SLURM_JOB_NUM_NODES and SLURM_JOB_NODELIST.
+    assert (env["SLURM_NNODES"], env["SLURM_TASKS_PER_NODE"]) == ("2", "2,1")
+    one_node = replace(launch(0), layout=place(ntasks=1), env={**launch(0).env, "SLURM_NNODES": "2",
+                                                                "SLURM_JOB_NUM_NODES": "2"})
+    (task,) = plan_step_tasks(one_node, "/io")
+    assert (task.env["SLURM_NNODES"], task.env["SLURM_TASKS_PER_NODE"], task.env["SLURM_JOB_NUM_NODES"]) == (
+        "1", "1", "2")
 
 
 def test_slurm_step_gpus_names_the_steps_gpus_on_each_node() -> None:
@@ -309,7 +318,7 @@ def test_a_step_with_gres_none_or_gpu_0_holds_and_sees_no_gpus() -> None:
     assert place(ntasks=4, nodes=1, gpus_per_task=1).nodes[0].held_gpus == (0, 1, 2, 3)
     step = replace(launch(0), layout=layout, env={**launch(0).env, "SLURM_GPUS_ON_NODE": "4"})
     for plan in plan_step_tasks(step, "/io"):
-        assert plan.env["CUDA_VISIBLE_DEVICES"] == ""
+        assert plan.env["CUDA_VISIBLE_DEVICES"] == "" and "GPU_DEVICE_ORDINAL" not in plan.env
         assert "SLURM_STEP_GPUS" not in plan.env and "SLURM_GPUS_ON_NODE" not in plan.env
 
 
