@@ -28,6 +28,7 @@ from garrison.cmdline.slurm_names import SRUN_OPTION_NAMES
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Sequence
     from typing import Any
 
     from garrison.cli.gsrun_alloc import Granted
@@ -304,6 +305,43 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
     os.umask(umask)
     spec["umask"] = umask
     return spec
+
+
+def task_failures(nodes: Sequence[str], ntasks: int, per_node: int | None, codes: Sequence[int]) -> list[str]:
+    """srun's lines for the tasks that failed, once the step has ended: per node, the tasks alike on one line,
+    ``node1: task 0: Exited with exit code 2``, ``node2: tasks 2-3: Killed`` (a task that died of signal N,
+    recorded as 128+N, is named by the signal as strsignal names it)."""
+    from garrison.model.taskblocks import block_counts
+
+    if not nodes or len(codes) != ntasks:
+        return []
+    counts = block_counts(ntasks, len(nodes), per_node)
+    lines: list[str] = []
+    first = 0
+    for node, count in zip(nodes, counts, strict=False):
+        alike: dict[str, list[int]] = {}
+        for task in range(first, first + count):
+            code = codes[task]
+            if code == 0:
+                continue
+            name = signal.strsignal(code - 128) if 128 < code < 128 + 65 else None
+            alike.setdefault(name or f"Exited with exit code {code}", []).append(task)
+        for outcome, tasks in alike.items():
+            label = f"task {tasks[0]}" if len(tasks) == 1 else f"tasks {_task_ranges(tasks)}"
+            lines.append(f"{node}: {label}: {outcome}")
+        first += count
+    return lines
+
+
+def _task_ranges(tasks: Sequence[int]) -> str:
+    """0,1,2,5 -> ``0-2,5``."""
+    parts: list[list[int]] = []
+    for task in tasks:
+        if parts and task == parts[-1][-1] + 1:
+            parts[-1].append(task)
+        else:
+            parts.append([task])
+    return ",".join(str(p[0]) if len(p) == 1 else f"{p[0]}-{p[-1]}" for p in parts)
 
 
 class OutputWriter:
@@ -583,6 +621,7 @@ class StepSession:
                     continue
                 self.step_name = f"{started.job_id}.{started.step_id}"
                 self.step_key = (started.job_id, started.step_id)
+                self.step_shape = (list(started.nodes), started.ntasks)
                 writer.begin(started.job_id, started.step_id, list(started.nodes), started.ntasks,
                              self.start.start.ntasks_per_node or None)
                 if pty_mode:
@@ -603,6 +642,11 @@ class StepSession:
                 if ended.state == "CANCELLED" or ended.reason:
                     self._say(f"step {self.step_name} {ended.state.lower()}"
                               + (f": {ended.reason}" if ended.reason else ""))
+                elif self.step_shape is not None:
+                    nodes, ntasks = self.step_shape
+                    for line in task_failures(nodes, ntasks, self.start.start.ntasks_per_node or None,
+                                              list(ended.task_exit_codes)):
+                        self._say(f"error: {line}")
                 return int(ended.exit_code)
 
     def _say(self, text: str) -> None:
@@ -610,6 +654,7 @@ class StepSession:
         sys.stderr.flush()
 
     raw = False
+    step_shape: tuple[list[str], int] | None = None  # the step's nodes and task count, once it has started
 
     # -- signals --------------------------------------------------------------------------------------
 

@@ -95,6 +95,9 @@ def test_srun_multi_prog_runs_each_tasks_own_program(cluster: Cluster) -> None:
     out = (cluster.work / f"slurm-{job_id}.out").read_text()
     nodes = job["nodes"]
     assert out.splitlines() == [
+        # srun's own lines for the failed tasks, on its stderr before it exits (so before sort prints)
+        f"srun: error: {nodes[1]}: task 2: Exited with exit code 1",
+        f"srun: error: {nodes[1]}: task 3: Exited with exit code 2",
         "0: coordinator 0",
         f"1: worker 1 offset 0 on {nodes[0]}",
         f"2: worker 2 offset 1 on {nodes[1]}",

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from garrison.cli.gsrun import OutputWriter, _parser, build_spec, exported_environment
+from garrison.cli.gsrun import OutputWriter, _parser, build_spec, exported_environment, task_failures
 from garrison.cmdline.argparser import UsageError
 from garrison.controller.steps import check_request, step_master_port
 from garrison.model.domain import Allocation, NodeAllocation
@@ -335,3 +335,14 @@ def test_a_steps_cpus_per_task_come_from_c_or_srun_cpus_per_task_and_its_tasks_s
     assert "cpus_per_task" not in plain and plain["env"]["SLURM_CPUS_PER_TASK"] == "4"
     with pytest.raises(UsageError, match="SRUN_CPUS_PER_TASK"):
         gsrun_spec("true", environ={**in_job, "SRUN_CPUS_PER_TASK": "many"})
+
+
+def test_failed_tasks_are_named_per_node_as_srun_names_them() -> None:
+    # Slurm 22.05's srun, checked on the anchor: "srun: error: gn1: task 0: Exited with exit code 2", then
+    # "srun: error: gn1: tasks 0-1: Killed" for tasks that died of SIGKILL.
+    assert task_failures(["n1"], 2, None, [2, 3]) == ["n1: task 0: Exited with exit code 2",
+                                                      "n1: task 1: Exited with exit code 3"]
+    assert task_failures(["n1", "n2"], 4, None, [137, 137, 0, 139]) == [
+        "n1: tasks 0-1: Killed", "n2: task 3: Segmentation fault"]
+    assert task_failures(["n1", "n2"], 3, None, [0, 0, 0]) == []
+    assert task_failures([], 0, None, []) == [] and task_failures(["n1"], 2, None, [1]) == []
