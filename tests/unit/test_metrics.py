@@ -106,7 +106,7 @@ class Counts:
 
     def now(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         return {
-            self.key(name, labels): metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+            self.key(name, labels): metrics.registry().get_sample_value(name, labels) or 0.0
             for name, labels in self.names
         }
 
@@ -149,7 +149,7 @@ def test_controller_endpoint(state: ClusterState) -> None:
     async def scrape_from_another_thread() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         loop = asyncio.get_running_loop()
         unregister = metrics.install_cluster_collector(state, clock, loop)
-        endpoint = serve_metrics("127.0.0.1:0", metrics.REGISTRY)
+        endpoint = serve_metrics("127.0.0.1:0", metrics.registry())
         try:
             # The scrape runs in another thread; the cluster sample is taken here, on the loop.
             return await loop.run_in_executor(None, scrape, endpoint.port)
