@@ -10,32 +10,32 @@ Two kinds:
   from the HTTP server's thread, so ``ClusterCollector`` takes its sample on the loop (one short pass over
   the jobs and nodes) and formats it in the scrape thread.
 
-Every metric is in ``REGISTRY`` (this process's, with the process and Python collectors), which
-``serve_metrics`` exposes on ``[controller] metrics_address``.
+Every metric is in ``registry()`` (this process's, with the process and Python collectors), which
+``serve_metrics`` exposes on ``[controller] metrics_address``. The events are counted without prometheus-client,
+which is imported only for the registry (see below).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
+import functools
 import logging
+import math
 import threading
+import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.gc_collector import GCCollector
-from prometheus_client.metrics_core import Metric
-from prometheus_client.platform_collector import PlatformCollector
-from prometheus_client.process_collector import ProcessCollector
-from prometheus_client.registry import Collector, CollectorRegistry
 
 from garrison.model.domain import Job, JobState, NodeState
 
 if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import CollectorRegistry
+
     from garrison.controller.clock import Clock
     from garrison.controller.state import ClusterState
 
@@ -44,67 +44,146 @@ log = logging.getLogger("garrison.controller.metrics")
 # How long a scrape waits for the event loop to take the cluster sample before it answers without it.
 SAMPLE_TIMEOUT_S = 5.0
 
-REGISTRY = CollectorRegistry(auto_describe=True)
-ProcessCollector(registry=REGISTRY)
-PlatformCollector(registry=REGISTRY)
-GCCollector(registry=REGISTRY)
+# The events are counted here in plain Python, and prometheus-client is imported only to expose them
+# (``registry()``, when the endpoint starts): with the HTTP server it brings, importing it cost a restarted
+# controller ~0.03 s of CPU before it could serve (issue 23). The samples are those its own Counter and
+# Histogram give (``_total``, ``_bucket``/``_count``/``_sum``, and ``_created``).
+_LOCK = threading.Lock()  # counts are bumped on the event loop and the plan's thread, read by scrapes
 
-SCHEDULING_CYCLE_SECONDS = Histogram(
+
+class _Counter:
+    """A counter by label values, exposed as prometheus-client's Counter exposes one."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        # label values -> [count, creation time]; an unlabelled counter exists (at 0) from the start.
+        self._values: dict[tuple[str, ...], list[float]] = {} if labelnames else {(): [0.0, time.time()]}
+
+    def inc(self, *labels: str, amount: float = 1.0) -> None:
+        if len(labels) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {labels}")
+        with _LOCK:
+            value = self._values.get(labels)
+            if value is None:
+                value = self._values[labels] = [0.0, time.time()]
+            value[0] += amount
+
+    def family(self) -> Metric:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        with _LOCK:
+            values = [(labels, count, created) for labels, (count, created) in self._values.items()]
+        for labels, count, created in values:
+            family.add_metric(list(labels), count, created=created)
+        return family
+
+
+class _Histogram:
+    """An unlabelled histogram, exposed as prometheus-client's Histogram exposes one."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        self.name, self.documentation = name, documentation
+        self.bounds = (*sorted(buckets), math.inf)
+        self._counts = [0] * len(self.bounds)  # per bucket, not cumulative
+        self._sum = 0.0
+        self._created = time.time()
+
+    def observe(self, amount: float) -> None:
+        with _LOCK:
+            self._counts[bisect.bisect_left(self.bounds, amount)] += 1  # the first bound >= amount
+            self._sum += amount
+
+    def family(self) -> Metric:
+        from prometheus_client.metrics_core import Metric
+        from prometheus_client.utils import floatToGoString
+
+        with _LOCK:
+            counts, total = list(self._counts), self._sum
+        family = Metric(self.name, self.documentation, "histogram")
+        cumulative = 0
+        for bound, count in zip(self.bounds, counts, strict=True):
+            cumulative += count
+            family.add_sample(f"{self.name}_bucket", {"le": floatToGoString(bound)}, cumulative)
+        family.add_sample(f"{self.name}_count", {}, cumulative)
+        family.add_sample(f"{self.name}_sum", {}, total)
+        family.add_sample(f"{self.name}_created", {}, self._created)
+        return family
+
+
+_CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+SCHEDULING_CYCLE_SECONDS = _Histogram(
     "garrison_scheduling_cycle_seconds",
     "Time of one scheduling cycle: computing the plan on a snapshot and applying it.",
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
-    registry=REGISTRY,
+    _CYCLE_BUCKETS,
 )
-SCHEDULING_CYCLE_CPU_SECONDS = Histogram(
+SCHEDULING_CYCLE_CPU_SECONDS = _Histogram(
     "garrison_scheduling_cycle_cpu_seconds",
     "CPU time of one scheduling cycle (the plan's thread and applying it): unlike its wall time, not "
     "stretched by other processes or by requests sharing the interpreter.",
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
-    registry=REGISTRY,
+    _CYCLE_BUCKETS,
 )
-JOB_STARTS = Counter(
-    "garrison_job_starts", "Job attempts started (a requeued job starts again).", ["partition"],
-    registry=REGISTRY,
-)
-JOB_ENDS = Counter(
-    "garrison_job_ends", "Jobs that reached a final state, by that state.", ["partition", "state"],
-    registry=REGISTRY,
-)
-JOB_REQUEUES = Counter(
+JOB_STARTS = _Counter("garrison_job_starts", "Job attempts started (a requeued job starts again).", ["partition"])
+JOB_ENDS = _Counter("garrison_job_ends", "Jobs that reached a final state, by that state.", ["partition", "state"])
+JOB_REQUEUES = _Counter(
     "garrison_job_requeues", "Jobs sent back to the queue after an attempt (node failure, preemption, restart).",
-    ["partition"], registry=REGISTRY,
+    ["partition"],
 )
-JOB_SUBMISSIONS = Counter(
-    "garrison_job_submissions", "Jobs submitted (each task of an array counts).", ["partition"], registry=REGISTRY
-)
-PREEMPTIONS = Counter(
-    "garrison_preemptions", "Job attempts preempted to make room for other jobs.", registry=REGISTRY
-)
-PLAN_REJECTIONS = Counter(
+JOB_SUBMISSIONS = _Counter("garrison_job_submissions", "Jobs submitted (each task of an array counts).", ["partition"])
+PREEMPTIONS = _Counter("garrison_preemptions", "Job attempts preempted to make room for other jobs.")
+PLAN_REJECTIONS = _Counter(
     "garrison_plan_rejections",
     "Starts and preemptions of a scheduling plan that no longer held when it was applied, by reason.",
-    ["kind", "reason"], registry=REGISTRY,
+    ["kind", "reason"],
 )
-
-REPORT_GROUPS = Counter(
+REPORT_GROUPS = _Counter(
     "garrison_agent_report_groups",
     "Group commits: store transactions that made two or more agents' reports durable at once.",
-    registry=REGISTRY,
 )
-REPORTS_GROUPED = Counter(
-    "garrison_agent_reports_grouped", "Agents' reports written in a group commit of two or more.", registry=REGISTRY
+REPORTS_GROUPED = _Counter("garrison_agent_reports_grouped", "Agents' reports written in a group commit of two or more.")
+_EVENTS: tuple[_Counter | _Histogram, ...] = (
+    SCHEDULING_CYCLE_SECONDS, SCHEDULING_CYCLE_CPU_SECONDS, JOB_STARTS, JOB_ENDS, JOB_REQUEUES, JOB_SUBMISSIONS,
+    PREEMPTIONS, PLAN_REJECTIONS, REPORT_GROUPS, REPORTS_GROUPED,
 )
+
+
+class _EventCollector:
+    """The counted events, for the registry."""
+
+    def collect(self) -> Iterator[Metric]:
+        for event in _EVENTS:
+            yield event.family()
+
+    def describe(self) -> Iterator[Metric]:
+        return self.collect()
+
+
+@functools.cache
+def registry() -> CollectorRegistry:
+    """This process's registry: the events, the process and Python collectors (and the cluster's, once
+    installed). Imports prometheus-client, on first call."""
+    from prometheus_client.gc_collector import GCCollector
+    from prometheus_client.platform_collector import PlatformCollector
+    from prometheus_client.process_collector import ProcessCollector
+    from prometheus_client.registry import CollectorRegistry
+
+    made = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=made)
+    PlatformCollector(registry=made)
+    GCCollector(registry=made)
+    made.register(_EventCollector())
+    return made
 
 
 def record_report_group(size: int) -> None:
     """A group commit of ``size`` agents' reports (engine.flush_reports)."""
     REPORT_GROUPS.inc()
-    REPORTS_GROUPED.inc(size)
+    REPORTS_GROUPED.inc(amount=size)
 
 
 def record_plan_rejection(kind: str, reason: str) -> None:
     """``kind``: start or preemption; ``reason``: the ledger's Rejected name (GPUS_TAKEN, MEMORY_SHORT...)."""
-    PLAN_REJECTIONS.labels(kind=kind, reason=reason).inc()
+    PLAN_REJECTIONS.inc(kind, reason)
 
 
 def observe_scheduling_cycle(seconds: float, cpu_seconds: float | None = None) -> None:
@@ -115,7 +194,7 @@ def observe_scheduling_cycle(seconds: float, cpu_seconds: float | None = None) -
 
 def record_preemption(count: int = 1) -> None:
     """Count ``count`` preempted job attempts (called by the preemption code when it stops victims)."""
-    PREEMPTIONS.inc(count)
+    PREEMPTIONS.inc(amount=count)
 
 
 def job_changed(old: Job | None, new: Job) -> None:
@@ -123,13 +202,13 @@ def job_changed(old: Job | None, new: Job) -> None:
     if old is not None and old.state == new.state:
         return
     if old is None and new.state == JobState.PENDING:
-        JOB_SUBMISSIONS.labels(new.partition).inc()
+        JOB_SUBMISSIONS.inc(new.partition)
     elif new.state == JobState.CONFIGURING:
-        JOB_STARTS.labels(new.partition).inc()
+        JOB_STARTS.inc(new.partition)
     elif new.state.is_terminal and (old is None or not old.state.is_terminal):
-        JOB_ENDS.labels(new.partition, new.state.value).inc()
+        JOB_ENDS.inc(new.partition, new.state.value)
     elif new.state == JobState.PENDING and old is not None and old.state != JobState.PENDING:
-        JOB_REQUEUES.labels(new.partition).inc()
+        JOB_REQUEUES.inc(new.partition)
 
 
 # -- the cluster's state, sampled at scrape time ----------------------------------------------------------
@@ -181,6 +260,8 @@ def sample_cluster(state: ClusterState, now: float) -> ClusterSample:
 
 
 def cluster_metrics(sample: ClusterSample) -> list[Metric]:
+    from prometheus_client.core import GaugeMetricFamily
+
     jobs = GaugeMetricFamily(
         "garrison_jobs", "Jobs in the controller's memory by state; pending ones also by why they wait.",
         labels=["state", "reason"],
@@ -216,7 +297,7 @@ def cluster_metrics(sample: ClusterSample) -> list[Metric]:
     return [jobs, gpus, allocated, node_state, heartbeat, total, total_allocated, agents]
 
 
-class ClusterCollector(Collector):
+class ClusterCollector:
     """Gauges of the cluster's state; create it on the event loop thread that owns the state."""
 
     def __init__(self, state: ClusterState, clock: Clock, loop: asyncio.AbstractEventLoop) -> None:
@@ -241,6 +322,8 @@ class ClusterCollector(Collector):
         return result.result(timeout=SAMPLE_TIMEOUT_S)
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
         try:
             sample = self._sample_on_loop()
         except (concurrent.futures.TimeoutError, RuntimeError) as exc:
@@ -262,5 +345,5 @@ class ClusterCollector(Collector):
 def install_cluster_collector(state: ClusterState, clock: Clock, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
     """Register a ClusterCollector for ``state``; returns the function that unregisters it."""
     collector = ClusterCollector(state, clock, loop)
-    REGISTRY.register(collector)
-    return lambda: REGISTRY.unregister(collector)
+    registry().register(collector)  # type: ignore[arg-type]  # prometheus-client's Collector, by its methods
+    return lambda: registry().unregister(collector)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ def test_a_job_built_without_init_equals_one_built_with_it_positionally_and_by_k
     new_job = constructor_without_init(Job)
     made = new_job(*values)
     assert type(made) is Job and made == Job(*values)
+    assert isinstance(made, Job) and repr(made) == repr(Job(*values))
     with pytest.raises(AttributeError):
         made.state = JobState.PENDING  # type: ignore[misc]  # still frozen
     # Defaults as __init__'s: a pending job given only what has none.
@@ -58,7 +59,17 @@ class _NoSlots:
     value: int
 
 
-@pytest.mark.parametrize("cls", [_Checked, _Factory, _NoSlots])
+@dataclass(frozen=True, slots=True)
+class _Base:
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Derived(_Base):
+    more: int = 0
+
+
+@pytest.mark.parametrize("cls", [_Checked, _Factory, _NoSlots, _Derived])
 def test_classes_whose_init_does_more_are_refused(cls: type) -> None:
     with pytest.raises(TypeError):
         constructor_without_init(cls)
@@ -71,6 +82,7 @@ def test_a_replacer_copies_every_other_field_as_replace_does() -> None:
     with_reason = replacer(Job, "reason")
     changed = with_reason(job, "Priority")
     assert changed == replace(job, reason="Priority") and changed is not job and job.reason == ""
+    assert type(changed) is Job
     assert changed.spec is spec  # shared, not copied
     with pytest.raises(TypeError):
         replacer(Job, "no_such_field")

@@ -55,7 +55,7 @@ def submit(engine: Engine, **spec: object) -> int:
 
 
 def rejections(reason: str) -> float:
-    return metrics.REGISTRY.get_sample_value("garrison_plan_rejections_total",
+    return metrics.registry().get_sample_value("garrison_plan_rejections_total",
                                              {"kind": "start", "reason": reason}) or 0.0
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import subprocess
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -106,7 +109,7 @@ class Counts:
 
     def now(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         return {
-            self.key(name, labels): metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+            self.key(name, labels): metrics.registry().get_sample_value(name, labels) or 0.0
             for name, labels in self.names
         }
 
@@ -149,7 +152,7 @@ def test_controller_endpoint(state: ClusterState) -> None:
     async def scrape_from_another_thread() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         loop = asyncio.get_running_loop()
         unregister = metrics.install_cluster_collector(state, clock, loop)
-        endpoint = serve_metrics("127.0.0.1:0", metrics.REGISTRY)
+        endpoint = serve_metrics("127.0.0.1:0", metrics.registry())
         try:
             # The scrape runs in another thread; the cluster sample is taken here, on the loop.
             return await loop.run_in_executor(None, scrape, endpoint.port)
@@ -181,6 +184,35 @@ def test_controller_endpoint(state: ClusterState) -> None:
     assert counts.delta(samples, "garrison_scheduling_cycle_seconds_count") == 1
     assert value(samples, "garrison_scheduling_cycle_seconds_bucket", le="0.005") is not None
     assert value(samples, "process_resident_memory_bytes") is not None
+
+
+def test_a_controller_whose_metrics_address_is_taken_exits_with_the_config_error(tmp_path: Path) -> None:
+    """The endpoint starts after the controller serves (its imports off the event loop), yet an address it
+    cannot listen on still stops the controller with the configuration's error, as before it served."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    os.chmod(tmp_path, 0o700)
+    (tmp_path / "state").mkdir(mode=0o700)
+    config = tmp_path / "garrison.toml"
+    config.write_text(f"""[controller]
+address = "127.0.0.1:0"
+database = "sqlite:///{tmp_path}/controller.db"
+state_dir = "{tmp_path}/state"
+credential_socket = "{tmp_path}/auth.sock"
+local_socket = "{tmp_path}/controller.sock"
+key_file = "{tmp_path}/state/credential.key"
+agent_uids = [0]
+metrics_address = "127.0.0.1:{port}"
+""")
+    try:
+        controller = subprocess.run([sys.executable, "-m", "garrison.controller.main", "--config", str(config)],
+                                    capture_output=True, text=True, timeout=120)
+    finally:
+        taken.close()
+    assert controller.returncode == 2, controller.stderr
+    assert f"controller.metrics_address: cannot listen on 127.0.0.1:{port}" in controller.stderr
 
 
 def test_requeue_is_counted(state: ClusterState) -> None:
