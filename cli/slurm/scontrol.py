@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from garrison.cli.slurm import answer_version
-from garrison.cli.slurm.fields import clock, memory_mb, sacct_duration
+from garrison.cli.slurm.fields import clock, exit_code_text, memory_mb, sacct_duration
 from garrison.model.hostlist import HostListError, compress_hostlist, expand_hostlist
 
 TYPE_CHECKING = False
@@ -68,13 +68,10 @@ def format_record(lines: Sequence[Sequence[tuple[str, str]]], oneliner: bool) ->
 
 
 def _exit_code(job: Any) -> str:
-    """Slurm's ``code:signal``: Garrison's 128+N for a process killed by signal N is shown as ``0:N``."""
-    if not job.HasField("exit_code"):
-        return "0:0"
-    code = job.exit_code
-    if code > 128 and code - 128 < 65:
-        return f"0:{code - 128}"
-    return f"{code}:0"
+    """Slurm's ``code:signal``, as sacct shows the same job (fields.exit_code_text): ``0:N`` for a job stopped
+    from outside whose process died of signal N (128+N in Garrison's records), else the code the batch script
+    exited with, ``139:0`` for a script whose srun step died of SIGSEGV, as Slurm 22.05 shows it."""
+    return exit_code_text(job.exit_code if job.HasField("exit_code") else None, job.state)
 
 
 def _last_allocation(job: Any) -> list[Any]:

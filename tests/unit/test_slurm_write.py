@@ -160,8 +160,12 @@ def test_show_job_exit_code_as_code_and_signal() -> None:
     job = _job()
     job.state, job.exit_code = "FAILED", 3
     assert " ExitCode=3:0" in scontrol.job_record(job)
+    # A batch script that exited 137 itself (its last command was killed) is 137:0, as sacct and Slurm show it;
+    # a job stopped from outside whose process died of the signal is 0:N.
     job.exit_code = 128 + 9
-    assert " ExitCode=0:9" in scontrol.job_record(job)
+    assert " ExitCode=137:0" in scontrol.job_record(job)
+    job.state, job.exit_code = "CANCELLED", 128 + 15
+    assert " ExitCode=0:15" in scontrol.job_record(job)
 
 
 def test_show_node_and_partition_records() -> None:
