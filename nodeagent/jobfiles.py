@@ -10,7 +10,9 @@ job cannot swap the directory for a link either. Callers run this off the event 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -50,3 +52,47 @@ def owner_of_directory(path: Path) -> int | None:
     except OSError:
         return None
     return info.st_uid if stat.S_ISDIR(info.st_mode) else None
+
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """``rm -rf path`` for a directory the agent made (an attempt's or a step's), with the job's user's own
+    directory in it: nothing a link names is touched, and nothing that cannot be removed stops it.
+
+    shutil.rmtree does this for any tree, at the price of a lstat, an open, a fstat and a close for every
+    directory in it, the top one included, and Python work per entry; these directories hold a handful of
+    the agent's and the supervisor's files and one empty user directory, and removing them was the larger
+    part of the agent's work after a job. So the entries are unlinked through a descriptor of the
+    directory itself (opened without following a link, so it is the real one), a subdirectory is removed
+    with rmdir when it is empty, and only a subdirectory with something in it (what a job left in its user
+    directory: a link, a FIFO, another tree) goes to shutil.rmtree, which is safe against links and races
+    inside a directory someone else can write to."""
+    try:
+        fd = os.open(path, _DIRECTORY_FLAGS)
+    except FileNotFoundError:
+        return
+    except OSError:  # not a directory, or a link to one: shutil.rmtree refuses a link, as it should
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    try:
+        for name in os.listdir(fd):
+            try:
+                os.unlink(name, dir_fd=fd)  # a link is removed itself, never followed
+            except IsADirectoryError:
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                except OSError:  # not empty
+                    shutil.rmtree(name, dir_fd=fd, ignore_errors=True)
+            except OSError:
+                pass  # removed meanwhile, or not removable: the rmdir below falls back to rmtree
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(path, ignore_errors=True)

@@ -24,7 +24,7 @@ from garrison.config.schema import DEFAULT_CONFIG_PATH
 from garrison.model.launch import LaunchDescription
 from garrison.nodeagent.containment.interface import AttemptLimits, Containment, ContainmentError
 from garrison.nodeagent.containment.unconfined import Unconfined
-from garrison.nodeagent.jobfiles import owner_of_directory, read_job_file
+from garrison.nodeagent.jobfiles import owner_of_directory, read_job_file, remove_tree
 from garrison.nodeagent.launch.env import (
     AttemptPaths,
     RankPlan,
@@ -400,7 +400,7 @@ class JobManager:
             return  # acknowledged before (a result reported again after a reconnect)
         except OSError:
             doomed = job_dir  # a leftover of the same name in the way: remove the attempt where it is
-        shutil.rmtree(doomed, ignore_errors=True)
+        remove_tree(doomed)
 
     def remove_leftover_removals(self) -> int:
         """Remove the job directories an earlier agent renamed to remove and did not finish removing (see
@@ -408,7 +408,7 @@ class JobManager:
         removed = 0
         for entry in os.scandir(self.jobs_dir):
             if entry.name.endswith(REMOVING_SUFFIX) and entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                remove_tree(entry.path)
                 removed += 1
         return removed
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from garrison.model.steps import StepLaunchDescription
+from garrison.nodeagent.jobfiles import remove_tree
 from garrison.nodeagent.jobs import _check_same_identity, _groups_of, _usable_cpus, node_defaults
 from garrison.nodeagent.launch.env import plan_step_tasks
 from garrison.nodeagent.supervisor import client as supervisor
@@ -332,7 +333,7 @@ class StepRunner:
                 del self.forgotten[next(iter(self.forgotten))]
         if step is not None and step.pty_fd is not None:
             os.close(step.pty_fd)
-        shutil.rmtree(self.step_dir(job_id, step_id), ignore_errors=True)
+        remove_tree(self.step_dir(job_id, step_id))
 
     # ---------------------------------------------------------------------------------------------
     # Output and exits, every tick

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from garrison.nodeagent.jobfiles import remove_tree
 from garrison.nodeagent.jobs import JOBS_DIR, REMOVING_SUFFIX, JobManager
 
 
@@ -48,3 +49,33 @@ def test_a_removal_an_agent_did_not_finish_is_no_attempt_and_is_finished_at_the_
     assert restarted.attempts() == []  # never reported as an attempt, running or finished
     assert restarted.remove_leftover_removals() == 1
     assert os.listdir(tmp_path / "agent" / JOBS_DIR) == [] and victim.is_dir()
+
+
+def test_remove_tree_removes_what_a_job_left_in_its_user_directory_and_follows_no_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    tree = tmp_path / "jobs" / "9.0"
+    user = tree / "user"
+    (user / "deep" / "deeper").mkdir(parents=True)
+    (user / "deep" / "deeper" / "file").write_text("y")
+    (user / "to-dir").symlink_to(victim)
+    (user / "deep" / "to-file").symlink_to(victim / "keep")
+    os.mkfifo(user / "fifo")
+    (tree / "empty-subdir").mkdir()
+    (tree / "status.json").write_text("{}")
+    (tree / "top-link").symlink_to(victim)
+    remove_tree(tree)
+    assert not tree.exists() and not tree.is_symlink()
+    assert sorted(os.listdir(victim)) == ["keep"] and (victim / "keep").read_text() == "x"
+    remove_tree(tree)  # gone already: nothing to do
+
+
+def test_remove_tree_given_a_link_leaves_what_it_names(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(victim)
+    remove_tree(link)
+    assert (victim / "keep").read_text() == "x"
