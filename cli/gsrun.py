@@ -311,6 +311,7 @@ def task_failures(nodes: Sequence[str], ntasks: int, per_node: int | None, codes
     """srun's lines for the tasks that failed, once the step has ended: per node, the tasks alike on one line,
     ``node1: task 0: Exited with exit code 2``, ``node2: tasks 2-3: Killed`` (a task that died of signal N,
     recorded as 128+N, is named by the signal as strsignal names it)."""
+    from garrison.model.arrayfold import index_ranges
     from garrison.model.taskblocks import block_counts
 
     if not nodes or len(codes) != ntasks:
@@ -327,21 +328,10 @@ def task_failures(nodes: Sequence[str], ntasks: int, per_node: int | None, codes
             name = signal.strsignal(code - 128) if 128 < code < 128 + 65 else None
             alike.setdefault(name or f"Exited with exit code {code}", []).append(task)
         for outcome, tasks in alike.items():
-            label = f"task {tasks[0]}" if len(tasks) == 1 else f"tasks {_task_ranges(tasks)}"
+            label = f"task {tasks[0]}" if len(tasks) == 1 else f"tasks {index_ranges(tasks)}"
             lines.append(f"{node}: {label}: {outcome}")
         first += count
     return lines
-
-
-def _task_ranges(tasks: Sequence[int]) -> str:
-    """0,1,2,5 -> ``0-2,5``."""
-    parts: list[list[int]] = []
-    for task in tasks:
-        if parts and task == parts[-1][-1] + 1:
-            parts[-1].append(task)
-        else:
-            parts.append([task])
-    return ",".join(str(p[0]) if len(p) == 1 else f"{p[0]}-{p[-1]}" for p in parts)
 
 
 class OutputWriter:

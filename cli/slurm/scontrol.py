@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import clock, exit_code_text, memory_mb, sacct_duration
+from garrison.model.arrayfold import index_ranges
 from garrison.model.hostlist import HostListError, compress_hostlist, expand_hostlist
 
 TYPE_CHECKING = False
@@ -148,23 +149,12 @@ def job_record(job: Any, oneliner: bool = False, details: bool = False) -> str:
         # Nodes holding alike share a line, their names folded, as scontrol prints them.
         alike: dict[tuple[str, str, str], list[str]] = {}
         for held in allocation if running else []:
-            used = f"{gres}{len(held.gpus)}(IDX:{_ranges(sorted(held.gpus))})" if held.gpus else ""
-            alike.setdefault((_ranges(sorted(held.cpus)) or "(null)", str(held.mem_mb), used), []).append(held.node)
+            used = f"{gres}{len(held.gpus)}(IDX:{index_ranges(held.gpus)})" if held.gpus else ""
+            alike.setdefault((index_ranges(held.cpus) or "(null)", str(held.mem_mb), used), []).append(held.node)
         for offset, ((cpu_ids, mem, used), names) in enumerate(alike.items(), start=1):
             lines.insert(at + offset, [("  Nodes", compress_hostlist(names)), ("CPU_IDs", cpu_ids), ("Mem", mem),
                                        ("GRES", used)])
     return format_record(lines, oneliner)
-
-
-def _ranges(numbers: Sequence[int]) -> str:
-    """0,1,2,5 -> ``0-2,5``: CPU and GPU indices as scontrol writes them."""
-    parts: list[list[int]] = []
-    for number in numbers:
-        if parts and number == parts[-1][-1] + 1:
-            parts[-1].append(number)
-        else:
-            parts.append([number])
-    return ",".join(str(p[0]) if len(p) == 1 else f"{p[0]}-{p[-1]}" for p in parts)
 
 
 def node_record(node: Any, oneliner: bool = False) -> str:

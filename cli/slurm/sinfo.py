@@ -98,6 +98,7 @@ def gres(node: Any) -> str:
 def gres_used(node: Any) -> str:
     """sinfo -O GresUsed: ``gpu:a100:2(IDX:0-1)``, the GPUs jobs hold and their indices (``IDX:N/A``: none),
     one entry per GPU type as ``gres`` names them."""
+    from garrison.model.arrayfold import index_ranges
     from garrison.model.gputype import slurm_gpu_type
 
     held = set(node.allocated_gpus)
@@ -106,20 +107,9 @@ def gres_used(node: Any) -> str:
         by_kind.setdefault(slurm_gpu_type(gpu.name) or "gpu", [])
         if gpu.index in held:
             by_kind[slurm_gpu_type(gpu.name) or "gpu"].append(gpu.index)
-    entries = [f"gpu:{kind}:{len(indices)}(IDX:{_index_ranges(sorted(indices)) or 'N/A'})"
+    entries = [f"gpu:{kind}:{len(indices)}(IDX:{index_ranges(indices) or 'N/A'})"
                for kind, indices in by_kind.items()]
     return ",".join(entries) or "(null)"
-
-
-def _index_ranges(indices: Sequence[int]) -> str:
-    """0,1,2,5 -> ``0-2,5``, as Slurm writes GPU indices."""
-    parts: list[str] = []
-    for index in indices:
-        if parts and index == int(parts[-1].rsplit("-", 1)[-1]) + 1:
-            parts[-1] = f"{parts[-1].split('-')[0]}-{index}"
-        else:
-            parts.append(str(index))
-    return ",".join(parts)
 
 
 def _limit(partition: Any) -> str:

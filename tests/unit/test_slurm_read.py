@@ -223,7 +223,6 @@ def test_sinfo_long_format_names_fields_as_sinfo_o_does() -> None:
         "node3        gpu:a100:3(IDX:0-2)0                   mix   ",
     ]
     assert sinfo.gres_used(node("n", "Tesla V100-SXM2-16GB", 0)) == "gpu:v100:0(IDX:N/A)"
-    assert sinfo._index_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     with pytest.raises(UsageError, match="unknown field 'bogus'"):
         sinfo._layout(sinfo.parser().parse_args(["-O", "bogus"]))
 
