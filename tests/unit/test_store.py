@@ -939,6 +939,33 @@ class TestSqliteStore(StoreContract):
             "busy_timeout": 30_000,
         }
 
+    def test_a_write_connection_the_driver_lost_is_replaced(self, store: Store, store_url: str) -> None:
+        # The store keeps one connection for its SQLite writes: a write on it once the driver has lost it is an
+        # outage that writes nothing, and the next write connects again (SQLAlchemy invalidated the old one).
+        assert isinstance(store, SqlStore)
+        store.save_jobs([running_job(1)])
+        kept = store._writer
+        assert kept is not None and kept.connection.dbapi_connection is not None
+        kept.connection.dbapi_connection.close()
+        with pytest.raises(StoreUnavailable):
+            store.save_jobs([running_job(2)])
+        store.save_jobs([running_job(3)])
+        assert [job.job_id for job in self.reopen(store_url).jobs] == [1, 3]
+
+    def test_kept_write_connection_sees_other_writers(self, store: Store, store_url: str) -> None:
+        # Another store on the same file (a migration, a second controller refused by its lock) moves the job id
+        # counter between two writes of this one: the kept connection reads it, not a stale copy.
+        assert store.allocate_job_ids(2) == 1
+        other = open_store(store_url)
+        try:
+            assert other.allocate_job_ids(3) == 3
+        finally:
+            other.close()
+        assert store.allocate_job_ids(1) == 6
+        with pytest.raises(JobIdsTaken):
+            store.write(StoreChanges(jobs=(pending_job(3),), job_ids=(3, 4)))
+        assert store.load().jobs == []
+
 
 class TestInMemorySqliteStore:
     def test_round_trip(self) -> None:
