@@ -11,7 +11,7 @@ import logging
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 
 from garrison.model.construct import constructor_without_init
-from garrison.model.domain import Attempt, Job, JobSpec, JobState, Node, NodeState
+from garrison.model.domain import Allocation, Attempt, Job, JobSpec, JobState, Node, NodeState
 
 from . import schema
 from .engine import create_sqlite_reader, is_sqlite
@@ -60,6 +60,8 @@ DELETE_BATCH = 500
 # Specs remembered by object identity (their JSON text and key), so that saving the 100,000 tasks of an array,
 # or one task again at each state change, encodes its spec once rather than once per save.
 SPEC_CACHE_SIZE = 1024
+# Allocations whose JSON text is remembered (_AllocationTexts): a few times the attempts running at once.
+ALLOCATION_CACHE_SIZE = 4096
 # Keys known to be stored, at most: past it the set starts again (which only costs re-sending some specs).
 STORED_KEYS_LIMIT = 200_000
 
@@ -97,6 +99,26 @@ class _SpecCache:
         self._by_id[id(spec)] = (spec, key)
 
 
+class _AllocationTexts:
+    """Allocation -> its JSON text, for the allocations saved lately, by identity: a job's attempt keeps its
+    Allocation object from its start to its end, and is saved with the job at each of its changes (CONFIGURING,
+    RUNNING, COMPLETED), so its text is made once rather than each time. Each entry holds its allocation, so that
+    an id is not reused meanwhile. Used under the store's write lock."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Allocation, str]] = {}
+
+    def text(self, allocation: Allocation) -> str:
+        found = self._by_id.get(id(allocation))
+        if found is not None and found[0] is allocation:
+            return found[1]
+        text = allocation_to_json(allocation)
+        if len(self._by_id) >= ALLOCATION_CACHE_SIZE:
+            self._by_id.pop(next(iter(self._by_id)))  # the oldest entry
+        self._by_id[id(allocation)] = (allocation, text)
+        return text
+
+
 class SqlStore(PolicyTables, StepTables):
     """``Store`` on a SQLAlchemy engine whose database is already migrated to head (see ``open_store``)."""
 
@@ -118,6 +140,7 @@ class SqlStore(PolicyTables, StepTables):
         specs_insert = self._insert(schema.job_specs)
         self._insert_specs = specs_insert.on_conflict_do_nothing(index_elements=["spec_key"])
         self._specs = _SpecCache()
+        self._allocations = _AllocationTexts()
         # SQLite: one connection kept for the writes, and the hot path's statements sent as text compiled once
         # (below); see _write and _execute.
         self._writer: Connection | None = None
@@ -337,7 +360,7 @@ class SqlStore(PolicyTables, StepTables):
         if not latest:
             return {}
         job_rows: list[dict[str, Any]] = []
-        attempt_rows = list({key: row for job in latest.values() for key, row in _attempt_rows(job)}.values())
+        attempt_rows = list({key: row for job in latest.values() for key, row in _attempt_rows(job, self._allocations.text)}.values())
         new_specs = self._job_rows_with_specs(latest.values(), job_rows)
         if new_specs:
             self._execute(connection, self._insert_specs, [{"spec_key": k, "spec_json": v} for k, v in new_specs.items()])
@@ -630,7 +653,9 @@ def _job_row(job: Job, spec_key: str) -> dict[str, Any]:
     }
 
 
-def _attempt_rows(job: Job) -> Iterator[tuple[tuple[int, int], dict[str, Any]]]:
+def _attempt_rows(
+    job: Job, allocation_text: Callable[[Allocation], str] = allocation_to_json
+) -> Iterator[tuple[tuple[int, int], dict[str, Any]]]:
     """Each attempt's row with its primary key (duplicates would make PostgreSQL refuse the upsert)."""
     for attempt in job.attempts:
         if attempt.job_id != job.job_id:
@@ -640,7 +665,7 @@ def _attempt_rows(job: Job) -> Iterator[tuple[tuple[int, int], dict[str, Any]]]:
             {
                 "job_id": attempt.job_id,
                 "attempt": attempt.attempt,
-                "allocation_json": allocation_to_json(attempt.allocation),
+                "allocation_json": allocation_text(attempt.allocation),
                 "start_time": attempt.start_time,
                 "end_time": attempt.end_time,
                 "state": attempt.state.value,
