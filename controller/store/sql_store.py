@@ -11,7 +11,8 @@ import logging
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -144,7 +145,7 @@ class SqlStore(PolicyTables, StepTables):
         # SQLite: one connection kept for the writes, and the hot path's statements sent as text compiled once
         # (below); see _write and _execute.
         self._writer: Connection | None = None
-        self._texts: dict[int, str] = {}
+        self._texts: dict[int, tuple[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]]] = {}
         if self._sqlite:
             self._compile_texts()
         # Held by the writers of job rows and by delete_jobs, which deletes the specs no job refers to any
@@ -179,15 +180,13 @@ class SqlStore(PolicyTables, StepTables):
     # Every transaction goes through one of these three: a database outage leaves each as StoreUnavailable.
 
     def _compile_texts(self) -> None:
-        """The SQL text of the statements every job's save sends (SQLite only), compiled once with named
-        parameters, so that ``_execute`` hands the rows' dicts straight to the driver. A Core statement costs
-        ~50 us of SQLAlchemy's own work each time it runs (its cache key, the compiled form's lookup, the
-        parameters' processing), a few times per job (issue 23); the text goes through the same connection,
-        events and error handling. No column of these tables needs a bind processor under SQLite (integers,
-        floats, text, and a Boolean the driver stores as 0/1 as SQLAlchemy would)."""
-        from sqlalchemy.dialects import sqlite
-
-        named = sqlite.dialect(paramstyle="named")
+        """The SQL text of the statements every job's save sends (SQLite only), compiled once, with what picks
+        a row's values in the text's order (its ``?`` parameters), so that ``_execute`` hands the driver plain
+        tuples. A Core statement costs ~50 us of SQLAlchemy's own work each time it runs (its cache key, the
+        compiled form's lookup, the parameters' processing), a few times per job (issue 23); the text goes
+        through the same connection, events and error handling. No column of these tables needs a bind
+        processor under SQLite (integers, floats, text, and a Boolean the driver stores as 0/1 as SQLAlchemy
+        would). Positional, not named: the driver looks a named parameter up in the row's dict one by one."""
         counters = schema.counters
         take_ids = (
             update(counters)
@@ -197,14 +196,22 @@ class SqlStore(PolicyTables, StepTables):
         self._take_ids_statement = take_ids
         for statement in (self._upsert_jobs, self._upsert_attempts, self._insert_specs, self._upsert_stops,
                           self._upsert_holds, take_ids):
-            self._texts[id(statement)] = str(statement.compile(dialect=named))
+            compiled = statement.compile(dialect=self._engine.dialect)
+            names = compiled.positiontup
+            # Every one of them has several parameters: itemgetter of several names gives a tuple.
+            assert names is not None and len(names) > 1, f"not a positional compilation: {compiled}"
+            self._texts[id(statement)] = (str(compiled), itemgetter(*names))
 
     def _execute(self, connection: Connection, statement: Any, rows: Any) -> Any:
-        """``connection.execute(statement, rows)``, through its precompiled text where there is one."""
-        text = self._texts.get(id(statement))
-        if text is None:
+        """``connection.execute(statement, rows)`` (rows: a dict or a list of dicts), through its precompiled
+        text where there is one."""
+        compiled = self._texts.get(id(statement))
+        if compiled is None:
             return connection.execute(statement, rows)
-        return connection.exec_driver_sql(text, rows)
+        text, values = compiled
+        if isinstance(rows, dict):
+            return connection.exec_driver_sql(text, values(rows))
+        return connection.exec_driver_sql(text, [values(row) for row in rows])
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[Connection]:
