@@ -115,6 +115,10 @@ TEST_JOB_ID = MAX_ID + 1  # gsub --test-only's job: an id no real job can have
 TEST_ONLY_MAX_RESERVATIONS = 500
 STORE_RETRY_CYCLE_S = 1.0  # a plan the database would not take is planned again this soon
 MAX_CYCLE_REST_S = 5.0  # the longest rest after a long scheduling cycle
+# A cycle plans on the event loop itself, not the planning thread, when it has at most this many pending jobs
+# and the last plan took less than this much CPU (run_cycle).
+INLINE_PLAN_MAX_PENDING = 64
+INLINE_PLAN_MAX_CPU_S = 0.002
 REASONS_PER_TURN = 2000  # pending jobs' reasons updated per turn of the event loop  # jobs a --test-only estimate plans ahead of the tested one, at most
 
 
@@ -140,6 +144,7 @@ class Engine:
         self._tasks: list[asyncio.Task[None]] = []
         self.cycle_count = 0
         self.last_cycle_ms = 0.0
+        self._last_plan_cpu_s = math.inf  # the last plan's CPU time: the first plan is made on the thread
         # Accounts, QoS, partitions, usage and the core's configuration (the scheduling issue).
         self.policy = Policy(config, state, clock.now())
         # gacct's reads of the store's whole history, on a pool of their own.
@@ -249,9 +254,17 @@ class Engine:
             return None
         log.debug("scheduling cycle: %s", self.cycle_due())
         started = time.perf_counter()
-        plan, cpu_s = await asyncio.get_running_loop().run_in_executor(
-            self._pool, self._compute_plan_timed, snapshot, now, self.policy.scheduler
-        )
+        if len(snapshot.pending) <= INLINE_PLAN_MAX_PENDING and self._last_plan_cpu_s < INLINE_PLAN_MAX_CPU_S:
+            # A small plan, as the last one was: computed here. Handing it to the planning thread and back (a
+            # queue, a thread woken, the GIL passed twice, the loop woken through its self-pipe) cost more
+            # than planning a few jobs, once or twice per job that runs (issue 23); the thread is for plans
+            # long enough that requests must be answered meanwhile.
+            plan, cpu_s = self._compute_plan_timed(snapshot, now, self.policy.scheduler)
+        else:
+            plan, cpu_s = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._compute_plan_timed, snapshot, now, self.policy.scheduler
+            )
+        self._last_plan_cpu_s = cpu_s
         self.last_cycle_ms = (time.perf_counter() - started) * 1000
         applying = time.thread_time()
         self.cycle_count += 1

@@ -86,6 +86,12 @@ def setup_logging(daemon: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level, logging.INFO))
+    # What OneLineFormatter leaves out, not looked up for every record: the caller's file, line and function (a
+    # walk up the stack), the thread's name and the multiprocessing process name. A job's changes are a few
+    # lines each, on the controller's event loop (issue 23).
+    logging._srcfile = None  # type: ignore[attr-defined]  # documented: "set _srcfile to None" skips findCaller
+    logging.logThreads = False
+    logging.logMultiprocessing = False
     # Seven lines about Alembic's own plugins at every start say nothing to an operator; its migration
     # lines ("Running upgrade 0001 -> 0002") stay.
     logging.getLogger("alembic.runtime.plugins").setLevel(max(root.level, logging.WARNING))

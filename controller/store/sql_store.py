@@ -11,14 +11,29 @@ import logging
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Engine, Insert, Row, Select, Table, and_, delete, exists, func, or_, select, update
+from sqlalchemy import (
+    Engine,
+    Insert,
+    Row,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection
 
 from garrison.model.construct import constructor_without_init
-from garrison.model.domain import Attempt, Job, JobSpec, JobState, Node, NodeState
+from garrison.model.domain import Allocation, Attempt, Job, JobSpec, JobState, Node, NodeState
 
 from . import schema
 from .engine import create_sqlite_reader, is_sqlite
@@ -46,6 +61,8 @@ DELETE_BATCH = 500
 # Specs remembered by object identity (their JSON text and key), so that saving the 100,000 tasks of an array,
 # or one task again at each state change, encodes its spec once rather than once per save.
 SPEC_CACHE_SIZE = 1024
+# Allocations whose JSON text is remembered (_AllocationTexts): a few times the attempts running at once.
+ALLOCATION_CACHE_SIZE = 4096
 # Keys known to be stored, at most: past it the set starts again (which only costs re-sending some specs).
 STORED_KEYS_LIMIT = 200_000
 
@@ -83,6 +100,26 @@ class _SpecCache:
         self._by_id[id(spec)] = (spec, key)
 
 
+class _AllocationTexts:
+    """Allocation -> its JSON text, for the allocations saved lately, by identity: a job's attempt keeps its
+    Allocation object from its start to its end, and is saved with the job at each of its changes (CONFIGURING,
+    RUNNING, COMPLETED), so its text is made once rather than each time. Each entry holds its allocation, so that
+    an id is not reused meanwhile. Used under the store's write lock."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Allocation, str]] = {}
+
+    def text(self, allocation: Allocation) -> str:
+        found = self._by_id.get(id(allocation))
+        if found is not None and found[0] is allocation:
+            return found[1]
+        text = allocation_to_json(allocation)
+        if len(self._by_id) >= ALLOCATION_CACHE_SIZE:
+            self._by_id.pop(next(iter(self._by_id)))  # the oldest entry
+        self._by_id[id(allocation)] = (allocation, text)
+        return text
+
+
 class SqlStore(PolicyTables, StepTables):
     """``Store`` on a SQLAlchemy engine whose database is already migrated to head (see ``open_store``)."""
 
@@ -104,6 +141,13 @@ class SqlStore(PolicyTables, StepTables):
         specs_insert = self._insert(schema.job_specs)
         self._insert_specs = specs_insert.on_conflict_do_nothing(index_elements=["spec_key"])
         self._specs = _SpecCache()
+        self._allocations = _AllocationTexts()
+        # SQLite: one connection kept for the writes, and the hot path's statements sent as text compiled once
+        # (below); see _write and _execute.
+        self._writer: Connection | None = None
+        self._texts: dict[int, tuple[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]]] = {}
+        if self._sqlite:
+            self._compile_texts()
         # Held by the writers of job rows and by delete_jobs, which deletes the specs no job refers to any
         # more: a save that skips a spec it believes stored must not race that deletion (PostgreSQL).
         self._spec_lock = threading.Lock()
@@ -135,10 +179,55 @@ class SqlStore(PolicyTables, StepTables):
 
     # Every transaction goes through one of these three: a database outage leaves each as StoreUnavailable.
 
+    def _compile_texts(self) -> None:
+        """The SQL text of the statements every job's save sends (SQLite only), compiled once, with what picks
+        a row's values in the text's order (its ``?`` parameters), so that ``_execute`` hands the driver plain
+        tuples. A Core statement costs ~50 us of SQLAlchemy's own work each time it runs (its cache key, the
+        compiled form's lookup, the parameters' processing), a few times per job (issue 23); the text goes
+        through the same connection, events and error handling. No column of these tables needs a bind
+        processor under SQLite (integers, floats, text, and a Boolean the driver stores as 0/1 as SQLAlchemy
+        would). Positional, not named: the driver looks a named parameter up in the row's dict one by one."""
+        counters = schema.counters
+        take_ids = (
+            update(counters)
+            .where(counters.c.id == bindparam("row"), counters.c.next_job_id == bindparam("first"))
+            .values(next_job_id=bindparam("end"))
+        )
+        self._take_ids_statement = take_ids
+        for statement in (self._upsert_jobs, self._upsert_attempts, self._insert_specs, self._upsert_stops,
+                          self._upsert_holds, take_ids):
+            compiled = statement.compile(dialect=self._engine.dialect)
+            names = compiled.positiontup
+            # Every one of them has several parameters: itemgetter of several names gives a tuple.
+            assert names is not None and len(names) > 1, f"not a positional compilation: {compiled}"
+            self._texts[id(statement)] = (str(compiled), itemgetter(*names))
+
+    def _execute(self, connection: Connection, statement: Any, rows: Any) -> Any:
+        """``connection.execute(statement, rows)`` (rows: a dict or a list of dicts), through its precompiled
+        text where there is one."""
+        compiled = self._texts.get(id(statement))
+        if compiled is None:
+            return connection.execute(statement, rows)
+        text, values = compiled
+        if isinstance(rows, dict):
+            return connection.exec_driver_sql(text, values(rows))
+        return connection.exec_driver_sql(text, [values(row) for row in rows])
+
     @contextlib.contextmanager
     def _write(self) -> Iterator[Connection]:
-        with self._serialise, outages_as_unavailable(), self._engine.begin() as connection:
-            yield connection
+        with self._serialise, outages_as_unavailable():
+            if not self._sqlite:
+                with self._engine.begin() as connection:
+                    yield connection
+                return
+            # SQLite: one connection kept for every write (they queue on _serialise anyway), not one checked out
+            # of the pool and returned (and reset with a ROLLBACK) per transaction: ~40 us of each of the few
+            # transactions per job. A connection the driver found broken is invalidated by SQLAlchemy, and the
+            # next transaction's first statement connects again.
+            if self._writer is None:
+                self._writer = self._engine.connect()
+            with self._writer.begin():
+                yield self._writer
 
     @contextlib.contextmanager
     def _snapshot(self) -> Iterator[Connection]:
@@ -228,12 +317,15 @@ class SqlStore(PolicyTables, StepTables):
         row lock (PostgreSQL) or the write lock (SQLite) makes allocate_job_ids safe."""
         if not first < end:
             raise ValueError(f"cannot take job ids {first}..{end - 1}")
-        counters = schema.counters
-        moved = connection.execute(
-            update(counters)
-            .where(counters.c.id == COUNTER_ROW_ID, counters.c.next_job_id == first)
-            .values(next_job_id=end)
-        )
+        if self._sqlite:
+            moved = self._execute(connection, self._take_ids_statement, {"row": COUNTER_ROW_ID, "first": first, "end": end})
+        else:
+            counters = schema.counters
+            moved = connection.execute(
+                update(counters)
+                .where(counters.c.id == COUNTER_ROW_ID, counters.c.next_job_id == first)
+                .values(next_job_id=end)
+            )
         if moved.rowcount != 1:
             raise JobIdsTaken(f"job ids from {first} were taken by another writer")
 
@@ -255,7 +347,7 @@ class SqlStore(PolicyTables, StepTables):
                     self._write_node(connection, node)
                 if changes.stops:
                     stops = {(stop.job_id, stop.attempt): stop for stop in changes.stops}
-                    connection.execute(self._upsert_stops, [_stop_row(stop) for stop in stops.values()])
+                    self._execute(connection, self._upsert_stops, [_stop_row(stop) for stop in stops.values()])
                 released = [job_id for job_id, by_admin in changes.holds.items() if by_admin is None]
                 held = [{"job_id": job_id, "by_admin": by_admin}
                         for job_id, by_admin in changes.holds.items() if by_admin is not None]
@@ -264,7 +356,7 @@ class SqlStore(PolicyTables, StepTables):
                         delete(schema.job_holds).where(schema.job_holds.c.job_id.in_(released[start : start + DELETE_BATCH]))
                     )
                 if held:
-                    connection.execute(self._upsert_holds, held)
+                    self._execute(connection, self._upsert_holds, held)
             self._specs.mark_stored(new_specs)
 
     def _write_jobs(self, connection: Connection, jobs: Sequence[Job]) -> dict[str, str]:
@@ -275,13 +367,13 @@ class SqlStore(PolicyTables, StepTables):
         if not latest:
             return {}
         job_rows: list[dict[str, Any]] = []
-        attempt_rows = list({key: row for job in latest.values() for key, row in _attempt_rows(job)}.values())
+        attempt_rows = list({key: row for job in latest.values() for key, row in _attempt_rows(job, self._allocations.text)}.values())
         new_specs = self._job_rows_with_specs(latest.values(), job_rows)
         if new_specs:
-            connection.execute(self._insert_specs, [{"spec_key": k, "spec_json": v} for k, v in new_specs.items()])
-        connection.execute(self._upsert_jobs, job_rows)
+            self._execute(connection, self._insert_specs, [{"spec_key": k, "spec_json": v} for k, v in new_specs.items()])
+        self._execute(connection, self._upsert_jobs, job_rows)
         if attempt_rows:
-            connection.execute(self._upsert_attempts, attempt_rows)
+            self._execute(connection, self._upsert_attempts, attempt_rows)
         return new_specs
 
     def _job_rows_with_specs(self, jobs: Iterable[Job], job_rows: list[dict[str, Any]]) -> dict[str, str]:
@@ -473,6 +565,9 @@ class SqlStore(PolicyTables, StepTables):
         return specs
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         if self._reader is not None:
             self._reader.dispose()
         self._engine.dispose()
@@ -565,7 +660,9 @@ def _job_row(job: Job, spec_key: str) -> dict[str, Any]:
     }
 
 
-def _attempt_rows(job: Job) -> Iterator[tuple[tuple[int, int], dict[str, Any]]]:
+def _attempt_rows(
+    job: Job, allocation_text: Callable[[Allocation], str] = allocation_to_json
+) -> Iterator[tuple[tuple[int, int], dict[str, Any]]]:
     """Each attempt's row with its primary key (duplicates would make PostgreSQL refuse the upsert)."""
     for attempt in job.attempts:
         if attempt.job_id != job.job_id:
@@ -575,7 +672,7 @@ def _attempt_rows(job: Job) -> Iterator[tuple[tuple[int, int], dict[str, Any]]]:
             {
                 "job_id": attempt.job_id,
                 "attempt": attempt.attempt,
-                "allocation_json": allocation_to_json(attempt.allocation),
+                "allocation_json": allocation_text(attempt.allocation),
                 "start_time": attempt.start_time,
                 "end_time": attempt.end_time,
                 "state": attempt.state.value,

@@ -1,6 +1,6 @@
 """A real SQLite store that can be made to refuse writes, as a database whose disk became read-only does.
 
-While ``broken`` every connection the store checks out runs ``PRAGMA query_only=ON`` first, so each write fails in
+While ``broken`` every transaction the store begins sets ``PRAGMA query_only=ON``, so each write fails in
 SQLite itself and the driver raises its own ``sqlite3.OperationalError: attempt to write a readonly
 database``, which the store turns into StoreUnavailable like any outage. Reads go on working, as they do
 on a read-only file. Nothing of the store's own logic is replaced.
@@ -8,9 +8,8 @@ on a read-only file. Nothing of the store's own logic is replaced.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import event
+from sqlalchemy.engine import Connection
 
 from garrison.controller.store import SqlStore, open_store
 
@@ -21,15 +20,20 @@ class BreakableStore:
         assert isinstance(store, SqlStore)
         self.store = store
         self.broken = False
-        # At each checkout, before the store's own BEGIN IMMEDIATE: the setting holds for the transaction.
-        event.listen(store.engine, "checkout", self._on_checkout)
+        # Per transaction, not per checkout (the store keeps one connection for its SQLite writes): set after
+        # the store's own BEGIN IMMEDIATE, which the setting would refuse, and cleared as the transaction ends,
+        # so that the connection starts each transaction as a fresh checkout would.
+        event.listen(store.engine, "begin", self._on_begin)
+        event.listen(store.engine, "commit", self._on_end)
+        event.listen(store.engine, "rollback", self._on_end)
 
-    def _on_checkout(self, dbapi_connection: Any, _record: object, _proxy: object) -> None:
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute(f"PRAGMA query_only={'ON' if self.broken else 'OFF'}")
-        finally:
-            cursor.close()
+    def _on_begin(self, connection: Connection) -> None:
+        if self.broken:
+            connection.exec_driver_sql("PRAGMA query_only=ON")
+
+    @staticmethod
+    def _on_end(connection: Connection) -> None:
+        connection.exec_driver_sql("PRAGMA query_only=OFF")
 
     def break_(self) -> None:
         self.broken = True

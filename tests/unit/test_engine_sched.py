@@ -5,6 +5,7 @@ purged jobs are forgotten."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,11 +16,11 @@ from garrison.config import ControllerConfig
 from garrison.controller import metrics
 from garrison.controller.clock import ManualClock
 from garrison.controller.commands import CancelCommand, JobFilter, Registration, SubmitCommand
-from garrison.controller.engine import Engine
+from garrison.controller.engine import INLINE_PLAN_MAX_CPU_S, INLINE_PLAN_MAX_PENDING, Engine
 from garrison.controller.sched.cycle import Plan, Start
 from garrison.controller.state import ClusterState
 from garrison.controller.store import open_store
-from garrison.model.domain import Allocation, Gpu, JobSpec, NodeAllocation, NodeInventory, Principal
+from garrison.model.domain import Allocation, Gpu, JobSpec, JobState, NodeAllocation, NodeInventory, Principal
 
 ALICE = Principal("alice", 1000, 1000, (1000,))
 
@@ -100,3 +101,27 @@ def test_wait_reasons_are_forgotten_for_cancelled_jobs_even_from_a_plan_made_bef
     engine.cancel(ALICE, CancelCommand(JobFilter(job_refs=(str(waiting),))))
     engine.state.purge_finished(10**9, 0)
     assert engine.state.wait_reasons == {}
+
+
+def test_a_small_plan_is_made_on_the_event_loop_and_a_large_or_slow_one_on_the_planning_thread(engine: Engine) -> None:
+    def planned_on_thread() -> bool:
+        """Run a cycle on a fresh planning pool; whether the plan was handed to it."""
+        engine._pool.shutdown()
+        engine._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sched")
+        assert asyncio.run(engine.run_cycle()) is not None
+        return bool(engine._pool._threads)  # type: ignore[attr-defined]
+
+    first = submit(engine, gpus=1)
+    assert planned_on_thread()  # the first plan: how long plans take here is not known yet
+    assert engine.state.jobs[first].state == JobState.CONFIGURING
+    second = submit(engine, gpus=1)
+    assert not planned_on_thread()  # a few pending jobs, and the last plan was quick
+    assert engine.state.jobs[second].state == JobState.CONFIGURING
+    for _ in range(INLINE_PLAN_MAX_PENDING + 1):
+        submit(engine, gpus=1)
+    assert planned_on_thread()  # too many pending jobs to plan while requests wait
+    pending = [str(job.job_id) for job in engine.state.jobs.values() if job.state == JobState.PENDING]
+    engine.cancel(ALICE, CancelCommand(JobFilter(job_refs=tuple(pending[1:]))))  # one pending job left
+    engine._last_plan_cpu_s = INLINE_PLAN_MAX_CPU_S  # as if the last plan had been slow
+    assert planned_on_thread()
+    assert not planned_on_thread()  # that plan was quick again

@@ -939,6 +939,66 @@ class TestSqliteStore(StoreContract):
             "busy_timeout": 30_000,
         }
 
+    def test_a_write_connection_the_driver_lost_is_replaced(self, store: Store, store_url: str) -> None:
+        # The store keeps one connection for its SQLite writes: a write on it once the driver has lost it is an
+        # outage that writes nothing, and the next write connects again (SQLAlchemy invalidated the old one).
+        assert isinstance(store, SqlStore)
+        store.save_jobs([running_job(1)])
+        kept = store._writer
+        assert kept is not None and kept.connection.dbapi_connection is not None
+        kept.connection.dbapi_connection.close()
+        with pytest.raises(StoreUnavailable):
+            store.save_jobs([running_job(2)])
+        store.save_jobs([running_job(3)])
+        assert [job.job_id for job in self.reopen(store_url).jobs] == [1, 3]
+
+    def test_a_kill_mid_write_on_the_kept_connection_loses_only_that_write(self, store_url: str) -> None:
+        """A child acknowledges a submission once its write (ids and job, one transaction on the kept write
+        connection) returned, starts the next one on the same connection and is killed inside it: the
+        acknowledged job and its ids survive, nothing of the interrupted write does."""
+        child = textwrap.dedent(
+            """
+            import os, signal, sys
+            from garrison.model.domain import Job, JobSpec, JobState
+            from garrison.controller.store import StoreChanges, open_store
+            from garrison.controller.store.schema import counters
+
+            def job(job_id):
+                return Job(job_id=job_id, spec=JobSpec(name="j", command=("true",)), user="u", uid=1, gid=1,
+                           account="a", partition="p", time_limit_s=60, submit_time=1.0)
+
+            store = open_store(sys.argv[1])
+            first = store.allocate_job_ids(1)
+            store.save_jobs([job(first)])
+            store.write(StoreChanges(jobs=(job(first + 1),), job_ids=(first + 1, first + 2)))
+            print(first, flush=True)  # the acknowledgement
+            with store._write() as connection:
+                store._write_jobs(connection, [job(first + 2)])
+                connection.execute(counters.update().values(next_job_id=first + 3))
+                os.kill(os.getpid(), signal.SIGKILL)
+            """
+        )
+        result = subprocess.run([sys.executable, "-c", child, store_url], capture_output=True, text=True, timeout=60)
+        assert result.returncode == -signal.SIGKILL, result.stderr
+        first = int(result.stdout)
+        state = self.reopen(store_url)
+        assert [job.job_id for job in state.jobs] == [first, first + 1]
+        assert state.next_job_id == first + 2
+
+    def test_kept_write_connection_sees_other_writers(self, store: Store, store_url: str) -> None:
+        # Another store on the same file (a migration, a second controller refused by its lock) moves the job id
+        # counter between two writes of this one: the kept connection reads it, not a stale copy.
+        assert store.allocate_job_ids(2) == 1
+        other = open_store(store_url)
+        try:
+            assert other.allocate_job_ids(3) == 3
+        finally:
+            other.close()
+        assert store.allocate_job_ids(1) == 6
+        with pytest.raises(JobIdsTaken):
+            store.write(StoreChanges(jobs=(pending_job(3),), job_ids=(3, 4)))
+        assert store.load().jobs == []
+
 
 class TestInMemorySqliteStore:
     def test_round_trip(self) -> None:
