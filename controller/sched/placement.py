@@ -15,7 +15,6 @@ candidate nodes that say what they can offer at one moment. It never returns a p
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -159,17 +158,20 @@ def _node_allocation(
 CandidateSource = Callable[[Request], Iterable[Candidate]]
 
 
-class Graded(ABC):
+class Graded:
     """Candidates in best-fit order that can start at the first with a given number of usable GPUs (a
     CandidateSource may return one): the one-node search passes over every candidate with fewer GPUs than
-    the job wants on its node, so those need not be made at all."""
+    the job wants on its node, so those need not be made at all.
+
+    A plain class, not an ABC: every placement asks ``isinstance(candidates, Graded)``, which an ABC answers
+    through ABCMeta.__instancecheck__ (~150 ns more a call, ~1% of a garrison replay)."""
 
     __slots__ = ()
 
-    @abstractmethod
     def from_usable(self, least: int) -> Iterator[Candidate]:
         """Every candidate with at least ``least`` usable GPUs, in the order iterating would give, and
         perhaps a few with fewer (a search still checks each)."""
+        raise NotImplementedError
 
 
 class BestFit(Graded):

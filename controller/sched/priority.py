@@ -42,13 +42,13 @@ With every weight 0 the queue is plain arrival order (FIFO).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from operator import neg
+from operator import attrgetter, neg
 
 from garrison.controller.sched.attained import in_high_queue
 from garrison.controller.sched.fairshare import fair_share_factors
-from garrison.controller.sched.snapshot import FALLBACK_TIME_LIMIT_S, PendingJob, Snapshot
+from garrison.controller.sched.snapshot import FALLBACK_TIME_LIMIT_S, NodeView, PendingJob, Snapshot
 from garrison.model.accounts import Accounting
 
 
@@ -173,7 +173,7 @@ class PriorityContext:
         self.now = now
         self.weights = weights
         accounting = snapshot.accounting
-        self.total_gpus = sum(n.gpu_count for n in snapshot.nodes) or 1
+        self.total_gpus = _total_gpus(snapshot.nodes)
         # What the accounting alone decides (the QoS and partition factors, the default QoS and time limits),
         # shared by the contexts of one accounting object: read only, never changed in place.
         facts = _accounting_facts(accounting)
@@ -196,9 +196,7 @@ class PriorityContext:
         self._associations: frozenset[tuple[str, str]] = frozenset()
         self._decayed: dict[tuple[str, str], float] = {}
         if weights.fair_share:
-            # PendingJob.account_name, spelt out: a property call per job doubles this pass over the queue.
-            self._associations = frozenset({(job.account or job.spec.account or "default", job.user)
-                                            for job in snapshot.pending})
+            self._associations = _associations(snapshot.pending)
             self._decayed = {key: usage.decayed_gpu_s for key, usage in snapshot.usage.items()}
             self.fair_share = fair_share_factors(accounting, self._associations, self._decayed)
         # Associations first seen after this context was computed (a job submitted since, by a new user):
@@ -355,6 +353,38 @@ def _timeless(weights: PriorityWeights) -> bool:
         found = _TIMELESS[weights] = all(
             getattr(weights, f.name) == 0 for f in fields(weights) if f.name not in _TIMELESS_WEIGHTS | _SETTINGS
         )
+    return found
+
+
+# The last snapshot's nodes and pending jobs (the tuples themselves, so that their ids are not reused while
+# they are here) with what a context derives from them alone: a snapshot builder hands the next cycle the
+# same tuple while nothing changed in it (gsim's SnapshotBuilder: the nodes until a job starts or ends, the
+# queue until one arrives or starts). Memos of pure functions, used only for the very tuple they were made from.
+_LAST_NODES: tuple[Sequence[NodeView], int] | None = None
+_LAST_PENDING: tuple[Sequence[PendingJob], frozenset[tuple[str, str]]] | None = None
+_GPU_NAMES = attrgetter("gpu_names")
+
+
+def _total_gpus(nodes: Sequence[NodeView]) -> int:
+    """The cluster's GPUs (at least 1): ``sum(n.gpu_count for n in nodes) or 1``, the property read in C."""
+    global _LAST_NODES
+    last = _LAST_NODES
+    if last is not None and last[0] is nodes:
+        return last[1]
+    total = sum(map(len, map(_GPU_NAMES, nodes))) or 1
+    _LAST_NODES = (nodes, total)
+    return total
+
+
+def _associations(pending: Sequence[PendingJob]) -> frozenset[tuple[str, str]]:
+    """The pending jobs' (account, user) associations."""
+    global _LAST_PENDING
+    last = _LAST_PENDING
+    if last is not None and last[0] is pending:
+        return last[1]
+    # PendingJob.account_name, spelt out: a property call per job doubles this pass over the queue.
+    found = frozenset({(job.account or job.spec.account or "default", job.user) for job in pending})
+    _LAST_PENDING = (pending, found)
     return found
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Sequence
-from operator import attrgetter, itemgetter
+from itertools import compress, filterfalse
+from operator import attrgetter, is_not, itemgetter
 
 from garrison.controller.sched.framework import QueueOrder
 from garrison.controller.sched.priority import PriorityContext
@@ -71,12 +72,13 @@ class RankedQueue:
         place only the new and changed views and drop the others; with another, price every job again and
         sort them starting from the present order (prices move little between contexts: long sorted runs)."""
         views = self.views
-        get = views.get
-        incoming = [job for job in pending if get(job.job_id) is not job]
+        # The views that are not the queue's (new jobs, changed views), found in C: the same list as
+        # ``[job for job in pending if views.get(job.job_id) is not job]``, without a bytecode loop per job.
+        incoming = list(compress(pending, map(is_not, map(views.get, map(_JOB_ID, pending)), pending)))
         outgoing = [job.job_id for job in incoming if job.job_id in views]
         if len(pending) - len(incoming) + len(outgoing) < len(views):
             present = set(map(_JOB_ID, pending))
-            outgoing += [i for i in views if i not in present]
+            outgoing += filterfalse(present.__contains__, views)
         if pricing is not self.pricing and pricing.prices_like(self.pricing) and self.priced_since <= len(views) + 1024:
             # Another context with the same prices (weights that read neither the clock nor usage: fifo,
             # fifo-easy): the queue is ranked as of it already. A full repricing now and then all the same,
@@ -146,7 +148,8 @@ class RankedQueue:
             # with their wait), so the sort finds long runs. The keys, small tuples made together, are cheap
             # to visit in that order where the views are not. ~2x faster than sorting them as they come.
             by_id = dict(zip(priorities.keys(), keys, strict=True))
-            arranged = [key for key in map(by_id.get, self.ids) if key is not None]
+            # Without the jobs gone (None: a key is a non-empty tuple, so filter(None) drops only those), in C.
+            arranged = list(filter(None, map(by_id.get, self.ids)))
             if len(arranged) < len(keys):
                 placed = set(self.ids)
                 arranged += [key for key in keys if key[-1] not in placed]
