@@ -9,7 +9,10 @@ a shell (or every job and step, through the agent) puts first on its PATH.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+
+TYPE_CHECKING = False  # not typing's: every Slurm name imports this package, srun among them, where it counts
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 # The Slurm release whose commands the Slurm names were checked against, side by side (../shared/slurm-anchor):
 # what `sbatch --version` and the others print, in Slurm's words, for tools that ask which Slurm they talk to.

@@ -21,6 +21,9 @@ from garrison.cmdline.argparser import UsageError
 TYPE_CHECKING = False  # not typing's, nor dataclasses: squeue starts as fast as gqueue (~10 ms less)
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 # Slurm's compact job state codes (squeue %t).
 SHORT_STATES = {
@@ -273,6 +276,20 @@ def _cell(text: str, width: int) -> str:
     if len(text) > size:
         text = text[:size - 1] + "+"
     return text.ljust(size) if width < 0 else text.rjust(size)
+
+
+def sort_by_letters(items: Sequence[T], spec: str, keys: Mapping[str, Callable[[T], Any]],
+                    unknown: Callable[[str], str]) -> list[T]:
+    """``items`` in the order of a ``[-]LETTER,...`` spec (squeue's and sprio's ``-S``): the first letter
+    decides first, ``-`` sorts that key descending; a letter not in ``keys`` is a UsageError saying
+    ``unknown(letter)``."""
+    ordered = list(items)
+    for item in reversed([part.strip() for part in spec.split(",") if part.strip()]):
+        letter = item.lstrip("+-")
+        if letter not in keys:
+            raise UsageError(unknown(letter))
+        ordered.sort(key=keys[letter], reverse=item.startswith("-"))
+    return ordered
 
 
 def split_list(values: Sequence[str]) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
 from garrison.cli.slurm import answer_version
-from garrison.cli.slurm.fields import PercentFormat, split_list
+from garrison.cli.slurm.fields import PercentFormat, sort_by_letters, split_list
 from garrison.cmdline.argparser import Parser, UsageError
 
 PROG = "sprio"
@@ -121,14 +121,7 @@ def _sorted(details: Sequence[Any], spec: str) -> list[Any]:
         "i": lambda d: d.job.job_id, "u": lambda d: d.job.user, "r": lambda d: d.job.partition,
         "y": lambda d: d.priority, "Y": lambda d: d.priority,
     }
-    ordered = list(details)
-    for item in reversed([part.strip() for part in spec.split(",") if part.strip()]):
-        descending = item.startswith("-")
-        letter = item.lstrip("+-")
-        if letter not in keys:
-            raise UsageError(f"-S: cannot sort by {letter!r} (i, u, r or y)")
-        ordered.sort(key=keys[letter], reverse=descending)
-    return ordered
+    return sort_by_letters(details, spec, keys, lambda letter: f"-S: cannot sort by {letter!r} (i, u, r or y)")
 
 
 def sprio(argv: list[str]) -> None:

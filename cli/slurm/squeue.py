@@ -21,6 +21,7 @@ from garrison.cli.slurm.fields import (
     memory_mb,
     parse_long_format,
     short_state,
+    sort_by_letters,
     split_list,
     state_names,
 )
@@ -188,14 +189,8 @@ def sort_jobs(jobs: list[Any], spec: str | None) -> list[Any]:
     """squeue's order (by partition, then priority, highest first) or --sort's ``[-]LETTER,...``."""
     if spec is None:
         return sorted(jobs, key=lambda j: (j.state not in LIVE_STATES, j.partition, -j.priority, j.job_id))
-    ordered = list(jobs)
-    for item in reversed([s.strip() for s in spec.split(",") if s.strip()]):
-        reverse = item.startswith("-")
-        letter = item.lstrip("+-")
-        if letter not in SORT_KEYS:
-            raise UsageError(f"--sort: unknown field {letter!r} (known: {', '.join(SORT_KEYS)})")
-        ordered.sort(key=SORT_KEYS[letter], reverse=reverse)
-    return ordered
+    return sort_by_letters(jobs, spec, SORT_KEYS,
+                           lambda letter: f"--sort: unknown field {letter!r} (known: {', '.join(SORT_KEYS)})")
 
 
 def render_jobs(layout: PercentFormat, jobs: Sequence[Any], details: dict[int, Any], header: bool,
