@@ -43,6 +43,17 @@ def _one_line(text: str) -> str:
     return text.replace("\r", "").replace("\n", "\\n")
 
 
+def without_traceback(record: logging.LogRecord) -> bool:
+    """A logging filter: the record's exception as its last line (``OperationalError: ...``), not a traceback."""
+    if record.exc_info and record.exc_info[1] is not None:
+        error = record.exc_info[1]
+        record.msg = f"{record.getMessage()}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        record.args = None
+        record.exc_info = None
+        record.exc_text = None
+    return True
+
+
 class OneLineFormatter(logging.Formatter):
     """Formats each record, traceback included, on a single line."""
 
@@ -92,6 +103,10 @@ def setup_logging(daemon: str) -> None:
     logging._srcfile = None  # type: ignore[attr-defined]  # documented: "set _srcfile to None" skips findCaller
     logging.logThreads = False
     logging.logMultiprocessing = False
+    # SQLAlchemy's pool logs the traceback of a failed reset (a ROLLBACK on a connection PostgreSQL has just
+    # dropped) at ERROR: the store has met the same failure and handles it (its outage mode), so the pool's
+    # account is kept to its one line, the exception's last line appended.
+    logging.getLogger("sqlalchemy.pool").addFilter(without_traceback)
     # Seven lines about Alembic's own plugins at every start say nothing to an operator; its migration
     # lines ("Running upgrade 0001 -> 0002") stay.
     logging.getLogger("alembic.runtime.plugins").setLevel(max(root.level, logging.WARNING))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from garrison.config import ENV_OVERRIDES, ConfigError, load_config
-from garrison.logs import OneLineFormatter, kv, stderr_is_journal
+from garrison.logs import OneLineFormatter, without_traceback, kv, stderr_is_journal
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_SOURCE = REPO / "garrison" / "config" / "sections.py"  # where every section's keys are read
@@ -117,6 +117,20 @@ def test_every_event_is_one_line() -> None:
     assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} controller\[\d+\] WARNING garrison.controller: "
                     r"job job=3 node=n1 failed\\nbadly exception=\"Traceback", line), line
     assert "ValueError: bad\\\\nthing" in line or "ValueError: bad\\nthing" in line
+
+
+def test_sqlalchemys_pool_reset_failure_is_its_line_and_the_errors_last_line() -> None:
+    # When PostgreSQL drops a connection mid-write, SQLAlchemy's pool logs its failed ROLLBACK with a traceback
+    # the store has already dealt with (test_store_faults asserts the controller's log holds no traceback).
+    formatter = OneLineFormatter("controller", journal=False)
+    try:
+        raise OSError("sending query failed: cannot exit pipeline mode while busy\nPQsendQuery not allowed")
+    except OSError:
+        pool_record = record("Exception during reset or similar", exc_info=sys.exc_info())
+    assert without_traceback(pool_record)
+    line = formatter.format(pool_record)
+    assert "Traceback" not in line and line.endswith(
+        "Exception during reset or similar: OSError: sending query failed: cannot exit pipeline mode while busy"), line
 
 
 def test_journal_lines_carry_the_priority() -> None:
