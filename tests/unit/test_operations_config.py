@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from garrison.config import ENV_OVERRIDES, ConfigError, load_config
-from garrison.logs import OneLineFormatter, without_traceback, kv, stderr_is_journal
+from garrison.logs import OneLineFormatter, kv, stderr_is_journal, without_traceback
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_SOURCE = REPO / "garrison" / "config" / "sections.py"  # where every section's keys are read
