@@ -41,7 +41,7 @@ def process_is_gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat_file:
             return stat_file.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped before the open, or between it and the read
         return True
 
 
