@@ -204,6 +204,12 @@ class Client:
             self._local.close()
             self._local = None
             raise _LocalUnusable from None
+        except BaseException:
+            # Interrupted mid-exchange (galloc's Ctrl-C handler raises from whatever it interrupts): the
+            # rest of this answer may still be on the way, and would be read as the next call's answer.
+            self._local.close()
+            self._local = None
+            raise
         status, payload = answer[0], answer[1:]
         if status == UNIMPLEMENTED:
             raise _LocalUnusable  # a controller older than this CLI (a "+json" method): gRPC still works

@@ -105,6 +105,39 @@ def test_a_stale_local_socket_path_is_refreshed(controller, tmp_path, monkeypatc
     assert cache.read_text().split("\n")[3] == str(controller.root / "controller.sock")
 
 
+class InterruptedBetweenReads:
+    """The client's local socket, with a signal handler that raises (galloc's Ctrl-C) landing once, just
+    after the answer's header was read and before its body was."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.armed = True
+
+    def recv(self, count: int) -> bytes:
+        data = self.sock.recv(count)
+        if self.armed and count == HEADER.size:
+            self.armed = False
+            raise KeyboardInterrupt
+        return data
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+def test_a_call_interrupted_mid_answer_leaves_the_next_call_its_own_answer(controller, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """galloc cancels its request after Ctrl-C on the same client: the interrupted answer's unread body must
+    not be taken for the cancel's answer (its bytes read as a length hung galloc for the call deadline)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with Client(controller.address) as client:
+        client.call("ListJobs", pb.ListJobsRequest())
+        assert client._local is not None  # the local socket is in use
+        client._local = InterruptedBetweenReads(client._local)  # type: ignore[assignment]
+        with pytest.raises(KeyboardInterrupt):
+            client.call("ListJobs", pb.ListJobsRequest())
+        response = client.call("ListJobs", pb.ListJobsRequest())
+    assert isinstance(response, pb.ListJobsResponse)
+
+
 @pytest.mark.parametrize("content", ["", "garbage", "garrison-controller-endpoints 0\na\nb\nc", "\n\n\n\n\n"])
 def test_a_malformed_cache_is_ignored(controller, tmp_path, monkeypatch, content: str) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
