@@ -199,13 +199,25 @@ def _no_command(spec: Any) -> str:
     return "(script)"
 
 
+def exit_text(code: int) -> str:
+    """An exit code as gjob shows it: ``3``; ``-9(SIGKILL)`` for a process that died of signal 9."""
+    if code >= 0:
+        return str(code)
+    import signal
+
+    try:
+        return f"{code}({signal.Signals(-code).name})"
+    except ValueError:
+        return str(code)
+
+
 def job_detail(job: Any) -> str:
     spec = job.spec
     lines = [
         f"JobId={job.display_id} JobName={job.name}",
         f"   UserId={job.user}({job.uid}) Account={job.account} Partition={job.partition}",
         f"   JobState={job.state} Reason={job.reason or 'None'} ExitCode="
-        f"{job.exit_code if job.HasField('exit_code') else '-'} Restarts={job.restart_count}",
+        f"{exit_text(job.exit_code) if job.HasField('exit_code') else '-'} Restarts={job.restart_count}",
         f"   SubmitTime={_ts(job.submit_time)} StartTime={_ts(job.start_time)} EndTime={_ts(job.end_time)}",
         f"   RunTime={format_duration(elapsed(job))} TimeLimit={format_duration(job.time_limit_s)}",
         f"   NumNodes={job.nodes} GPUs={job.gpus} NodeList={','.join(job.node_list) or '(null)'}",
@@ -236,7 +248,7 @@ def job_detail(job: Any) -> str:
     last = max((att.attempt for att in job.attempts), default=None)
     for att in job.attempts:
         where = " ".join(_node_allocation(a) for a in att.allocation)
-        code = att.exit_code if att.HasField("exit_code") else "-"
+        code = exit_text(att.exit_code) if att.HasField("exit_code") else "-"
         # An attempt's record is written when it starts and when it ends; while it runs, the job's state
         # (CONFIGURING, RUNNING, COMPLETING) is the attempt's.
         state = job.state if att.attempt == last and not att.end_time and job.state in LIVE_STATES else att.state

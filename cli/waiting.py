@@ -43,7 +43,9 @@ def status_line(job_ref: str, jobs: list[Any]) -> str:
 
 def exit_status(jobs: list[Any]) -> int:
     """sbatch --wait's exit status for these ended jobs."""
-    codes = [job.exit_code if job.HasField("exit_code") else (0 if job.state == "COMPLETED" else 1) for job in jobs]
+    # A job whose script died of a signal (exit code -N) makes sbatch --wait exit 1, as Slurm 22.05's does.
+    codes = [(job.exit_code if job.exit_code >= 0 else 1) if job.HasField("exit_code")
+             else (0 if job.state == "COMPLETED" else 1) for job in jobs]
     highest = max(codes, default=1)
     if highest == 0 and any(job.state != "COMPLETED" for job in jobs):
         return 1  # cancelled or timed out with a code of 0 still did not complete

@@ -264,7 +264,7 @@ class JobLifecycle:
                 # One node's ranks failed: the gang cannot go on; stop the rest. A launch that failed before
                 # any rank ran is worth another attempt; a rank's own failure is not (unless --max-restarts).
                 rank = result.first_failure()
-                why = result.error or (f"rank {rank.rank} exited with {rank.exit_code}" if rank else "failed")
+                why = result.error or (rank.describe() if rank else "failed")
                 if rank is not None and rank.error:
                     why += f": {rank.error}"
                 retry = result.launch_failed and job.spec.requeue
@@ -379,7 +379,7 @@ class JobLifecycle:
             outcome = JobState.FAILED if failure is not None else JobState.COMPLETED
             if failure is not None:
                 rank = failure.first_failure()
-                reason = failure.error or (f"rank {rank.rank} exited with {rank.exit_code}" if rank else "")
+                reason = failure.error or (rank.describe() if rank else "")
         if outcome == JobState.FAILED and failure is not None and not reason:
             reason = failure.error
         if failure is None and job.exit_code is not None and job.spec.launch == LaunchMode.ALLOCATION:

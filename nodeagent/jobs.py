@@ -301,7 +301,9 @@ class JobManager:
             ranks = tuple(
                 RankResult(
                     r.rank,
-                    r.exit_code if r.exit_code is not None else 1,
+                    # A job's rank killed by signal N is -N (Slurm's ExitCode 0:N); one that exited 128+N
+                    # itself stays 128+N (137:0). Steps keep srun's 128+N for both (steps.py).
+                    -r.signal if r.signal else r.exit_code if r.exit_code is not None else 1,
                     r.error or (_error_file_message(job_dir / USER_DIR, r.rank) if r.exit_code else ""),
                 )
                 for r in status.ranks

@@ -309,8 +309,26 @@ class Principal:
 @dataclass(frozen=True, slots=True)
 class RankOutcome:
     rank: int
-    exit_code: int
+    exit_code: int  # -N: killed by signal N
     error: str = ""
+
+    def describe(self) -> str:
+        """``rank 0 exited with 3``, ``rank 0 was killed by signal 9 (Killed)``: a job's reason."""
+        return f"rank {self.rank} {exit_description(self.exit_code)}"
+
+
+def exit_description(code: int) -> str:
+    """``exited with 3``; ``was killed by signal 9 (Killed)`` for -9 (a job's exit code when its process died
+    of a signal)."""
+    if code >= 0:
+        return f"exited with {code}"
+    import signal
+
+    try:
+        name = signal.strsignal(-code)
+    except ValueError:
+        name = None
+    return f"was killed by signal {-code}" + (f" ({name})" if name else "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,6 +141,7 @@ class RankProcess:
         "pid",
         "leader_start_ticks",
         "leader_exit_code",
+        "leader_signal",
         "ended",
         "error",
     )
@@ -163,6 +164,7 @@ class RankProcess:
         # tell the recorded group from an unrelated one that reused the number.
         self.leader_start_ticks: int | None = None
         self.leader_exit_code: int | None = None
+        self.leader_signal: int | None = None  # the signal the leader died of, if it did
         self.ended = False
         self.error: str | None = None
 
@@ -173,6 +175,8 @@ class RankProcess:
             "pgid": self.pid,
             # Only final once the whole group is gone, so only reported then.
             "exit_code": self.leader_exit_code if self.ended else None,
+            # Whether 128+N above was an exit status or a death by signal N (Slurm's ExitCode 0:N then).
+            "signal": self.leader_signal if self.ended else None,
             "ended": self.ended,
             "error": self.error,
             "leader_start_ticks": self.leader_start_ticks,
@@ -843,6 +847,7 @@ class Supervisor:
             rank = self._rank_by_leader_pid.get(pid)
             if rank is not None:
                 rank.leader_exit_code = _exit_code_from_wait_status(wait_status)
+                rank.leader_signal = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
 
     def _mark_ended_ranks(self) -> bool:
         """A rank ends when its leader (the batch script, the task's command) has been reaped, as a Slurm task

@@ -194,6 +194,9 @@ class RankStatus:
     # The leader's start time in clock ticks since boot (/proc/PID/stat field 22), so
     # that a reused process group number is not mistaken for the rank's.
     leader_start_ticks: int | None = None
+    # The signal the leader died of (exit_code is then 128+signal), null if it exited; absent from the
+    # status of a supervisor older than this field, which is read as having exited.
+    signal: int | None = None
 
     @classmethod
     def from_dict(cls, document: dict[str, Any]) -> RankStatus:
@@ -205,6 +208,7 @@ class RankStatus:
             ended=_field(document, "ended", bool),
             error=_optional_field(document, "error", str),
             leader_start_ticks=_optional_field(document, "leader_start_ticks", int),
+            signal=_optional_field(document, "signal", int),
         )
 
 

@@ -1412,6 +1412,9 @@ class RankResult(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
     exit_code: _builtins.int
+    """The rank's exit status; -N when it died of signal N (Slurm's ExitCode 0:N). An agent older than this
+    sends 128+N for a death by signal, as for an exit with that status.
+    """
     error: _builtins.str
     def __init__(
         self,

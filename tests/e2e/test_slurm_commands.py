@@ -121,6 +121,27 @@ def test_parsable_wrap_and_array_outputs(cluster: Cluster) -> None:
     assert (quiet.stdout, quiet.stderr) == ("", "")  # sbatch -Q: only errors
 
 
+def test_a_script_killed_by_a_signal_is_told_from_one_that_exited_128_plus_n(cluster: Cluster) -> None:
+    """As Slurm 22.05 shows them (checked on ../shared/slurm-anchor): a batch script that died of SIGKILL is
+    FAILED with ExitCode=0:9, one that ran `exit 137` is FAILED with 137:0, and sbatch --wait exits 1 for the
+    first and 137 for the second."""
+    killed = sbatch(cluster, "-o", "/dev/null", "--wrap", "kill -9 $$")
+    exited = sbatch(cluster, "-o", "/dev/null", "--wrap", "exit 137")
+    for job_id, code in ((killed, "0:9"), (exited, "137:0")):
+        assert cluster.wait_done(job_id)["state"] == "FAILED"
+        assert f"ExitCode={code}" in slurm(cluster, "scontrol", "show", "job", job_id).stdout
+        lines = slurm(cluster, "sacct", "-j", job_id, "-n", "-P", "-o", "JobID,State,ExitCode").stdout.split()
+        assert lines == [f"{job_id}|FAILED|{code}", f"{job_id}.batch|FAILED|{code}"]
+    assert cluster.job(killed)["exit_code"] == -9
+    detail = cluster.run("gjob", killed).stdout
+    assert "ExitCode=-9(SIGKILL)" in detail and "rank 0 was killed by signal 9 (Killed)" in detail
+    assert "rank 0 exited with 137" in cluster.run("gjob", exited).stdout
+    waited = slurm(cluster, "sbatch", "--wait", "-o", "/dev/null", "--wrap", "kill -SEGV $$", check=False)
+    assert waited.returncode == 1, waited.stderr
+    waited = slurm(cluster, "sbatch", "--wait", "-o", "/dev/null", "--wrap", "exit 137", check=False)
+    assert waited.returncode == 137, waited.stderr
+
+
 def test_unknown_options_are_refused_and_queue_nothing(cluster: Cluster) -> None:
     before = {j["job_id"] for j in cluster.jobs()}
     for command in (["sbatch", "--frobnicate", "--wrap", "true"], ["scancel", "--frobnicate", "1"],

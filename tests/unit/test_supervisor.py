@@ -301,7 +301,8 @@ def test_other_signals_go_through_control_requests(jobs: Jobs) -> None:
     job_dir = jobs.launch(jobs.rank(0, f"trap 'exit 42' ALRM; touch {ready}; while :; do sleep 1; done"))
     wait_until(ready.exists, DEADLINE_S, what="the rank to install its trap")
     assert client.send(job_dir, signal.SIGALRM)
-    assert jobs.wait_finished(job_dir).ranks[0].exit_code == 42
+    ended = jobs.wait_finished(job_dir).ranks[0]
+    assert ended.exit_code == 42 and ended.signal is None
     assert os.listdir(job_dir / core.CONTROL_DIR) == []
 
 
@@ -322,6 +323,7 @@ def test_terminate_escalates_to_sigkill_after_kill_wait(jobs: Jobs) -> None:
     status = jobs.wait_finished(job_dir)
     assert time.monotonic() - asked_at >= 0.3
     assert [rank.exit_code for rank in status.ranks] == [128 + signal.SIGKILL, 128 + signal.SIGTERM]
+    assert [rank.signal for rank in status.ranks] == [signal.SIGKILL, signal.SIGTERM]  # deaths, not exits
     assert status.terminated_by == "SIGTERM"
 
 
