@@ -64,6 +64,7 @@ def parser() -> Parser:
     p.add_argument("-d", "--dead", action="store_true")
     p.add_argument("-R", "--list-reasons", dest="reasons", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--json", action="store_true")
     return p
 
 
@@ -250,6 +251,16 @@ def sinfo(argv: list[str]) -> None:
             response = client.call("ListNodes", pb.ListNodesRequest())
     except CliError as exc:
         fail(PROG, exc)
+    if args.json:
+        import json
+
+        from garrison.cli.slurm.json_views import node_document, sinfo_document
+
+        wanted = nodes
+        documents = [node_document(node, node_state(node), gres(node), gres_used(node))
+                     for node in sorted(response.nodes, key=lambda n: n.name) if wanted is None or node.name in wanted]
+        print(json.dumps(sinfo_document(documents), indent=2))
+        return
     states = split_list(args.states)
     if args.dead:
         states.append("down")

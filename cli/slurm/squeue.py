@@ -88,6 +88,7 @@ def parser() -> Parser:
     p.add_argument("--start", dest="show_start", action="store_true")
     p.add_argument("-a", "--all", action="store_true")  # every partition: Garrison hides none
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--json", action="store_true")
     return p
 
 
@@ -230,6 +231,12 @@ def _layout(args: Any) -> PercentFormat:
     return PercentFormat(LONG_FORMAT if args.long else DEFAULT_FORMAT, headers)
 
 
+def _json_states(args: Any) -> list[str]:
+    """--json: -t's states, or every state (slurmctld's jobs: those that ended in the last MinJobAge too)."""
+    states = state_names(split_list(args.states))
+    return [] if "ALL" in states else states
+
+
 def _states(args: Any) -> list[str]:
     """The states to list: -t's, or pending and running ones, also with -j: Slurm 22.05's `squeue -j ID` of a
     job that has ended prints the header alone (exit 0), which is how scripts wait for a job to leave the
@@ -284,13 +291,17 @@ def _show(args: Any, layout: PercentFormat, users: list[str], states: list[str])
     if args.steps is not None:
         request["states"] = ["RUNNING"]
         request["job_ids"] = sorted({j.split(".")[0] for j in job_ids})
+    if args.json:
+        request["states"] = _json_states(args)
     try:
         with Client() as client:
             jobs = list(client.call_plain("ListJobs", request).jobs)
             wanted_nodes = _node_filter(args.nodelist)
             if wanted_nodes is not None:
                 jobs = [j for j in jobs if wanted_nodes & set(j.node_list)]
-            if args.steps is not None:
+            if args.json:
+                lines = [_json(client, jobs, explicit_states=bool(request["states"]))]
+            elif args.steps is not None:
                 lines = _steps(client, jobs, layout, job_ids, not args.noheader)
             else:
                 jobs = sort_jobs(jobs, args.sort)
@@ -308,6 +319,34 @@ def _show(args: Any, layout: PercentFormat, users: list[str], states: list[str])
         fail(PROG, CliError(str(exc), EXIT_USAGE))
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _json(client: Client, jobs: list[Any], explicit_states: bool) -> str:
+    """squeue --json's document: each job (array tasks one by one) with its GetJob details."""
+    import json
+    import os
+
+    from garrison.cli.slurm.json_views import ENDED_SHOWN_S, job_document, squeue_document
+    from garrison.model.outputpath import resolve_output_path
+
+    cluster = os.environ.get("SLURM_CLUSTER_NAME") or "garrison"
+    documents = []
+    for job in sorted(jobs, key=lambda j: j.job_id):
+        if not explicit_states and job.end_time and job.end_time < job.now - ENDED_SHOWN_S:
+            continue  # ended before slurmctld's MinJobAge: Slurm has forgotten it
+        detail = client.call_plain("GetJob", {"job_id": str(job.job_id)})
+        spec = detail.spec
+        array_job = job.array_job_id if job.HasField("array_job_id") else None
+        array_task = job.array_task_id if job.HasField("array_task_id") else None
+
+        def output(pattern: str, job: Any = job, spec: Any = spec, array_job: int | None = array_job,
+                   array_task: int | None = array_task) -> str:
+            return resolve_output_path(pattern or None, workdir=spec.workdir, job_id=job.job_id, rank=0,
+                                       node_rank=0, array_job_id=array_job, array_task_id=array_task,
+                                       user=job.user, job_name=job.name)
+
+        documents.append(job_document(job, detail, cluster, output))
+    return json.dumps(squeue_document(documents), indent=2)
 
 
 def _estimates(client: Client, request: dict[str, Any]) -> dict[int, float]:

@@ -110,6 +110,38 @@ def test_squeue_formats_filters_and_steps(cluster: Cluster, jobs: Jobs) -> None:
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "--nonsense" in bad.stderr
 
 
+def test_squeue_and_sinfo_json_have_slurms_records(cluster: Cluster, jobs: Jobs) -> None:
+    """squeue --json and sinfo --json: Slurm 22.05's documents (OpenAPI v0.0.38), every key Slurm writes, in
+    its order (checked against ../shared/slurm-anchor), with Slurm's units: epoch seconds, minutes, the raw
+    wait status as exit_code; array tasks one by one; jobs that ended lately still listed."""
+    import json
+
+    document = json.loads(run(cluster, "squeue", "--json").stdout)
+    assert document["meta"]["Slurm"]["release"] == "22.05.8" and document["errors"] == []
+    by_id = {job["job_id"]: job for job in document["jobs"]}
+    first = next(iter(by_id.values()))
+    assert list(first)[:6] == ["account", "accrue_time", "admin_comment", "array_job_id", "array_task_id",
+                               "array_max_tasks"]
+    running = by_id[int(jobs.running)]
+    assert running["job_state"] == "RUNNING" and running["name"] == "runner" and running["user_name"] == _user()
+    assert running["nodes"] == running["batch_host"] and running["job_resources"]["allocated_hosts"] == 1
+    assert running["gres_detail"] == [f"gpu:1(IDX:{running['gres_detail'][0].split('IDX:')[1]}"]
+    assert running["time_limit"] == 60 and running["start_time"] > 0 and running["exit_code"] == 0
+    record = cluster.run("garrison-scontrol", "show", "job", jobs.running).stdout
+    assert f"StdOut={running['standard_output']}\n" in record and running["standard_output"].startswith("/")
+    held = by_id[int(jobs.held)]
+    assert held["job_state"] == "PENDING" and held["start_time"] == 0 and "job_resources" not in held
+    tasks = sorted(job["array_task_id"] for job in document["jobs"] if job["array_job_id"] == int(jobs.array))
+    assert tasks == [0, 1, 2, 3]
+    failed = by_id[int(jobs.failed)]
+    assert failed["job_state"] == "FAILED" and failed["exit_code"] == 3 << 8  # the wait status of exit 3
+    only = json.loads(run(cluster, "squeue", "--json", "-t", "running").stdout)["jobs"]
+    assert {job["job_state"] for job in only} == {"RUNNING"}
+    nodes = json.loads(run(cluster, "sinfo", "--json").stdout)["nodes"]
+    assert [(node["name"], node["gres"]) for node in nodes] == [("node1", "gpu:a100:8"), ("node2", "gpu:v100:8")]
+    assert all(node["partitions"] == ["main"] and node["state"] in ("idle", "mixed", "allocated") for node in nodes)
+
+
 def _user() -> str:
     import getpass
 
