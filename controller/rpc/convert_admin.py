@@ -66,6 +66,11 @@ def job_record_to_pb(job: Job, now: float) -> apb.JobRecord:
         restart_count=job.restart_count,
         attempts=attempts,
         gpu_seconds=sum(a.gpu_seconds for a in attempts),
+        comment=job.spec.comment or "",
+        workdir=job.spec.workdir,
+        qos=job.spec.qos or "",
+        constraint=job.spec.constraint or "",
+        gid=job.gid,
     )
     if job.exit_code is not None:
         msg.exit_code = job.exit_code

@@ -157,6 +157,11 @@ class JobRecord(_message.Message):
     RESTART_COUNT_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
     GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    COMMENT_FIELD_NUMBER: _builtins.int
+    WORKDIR_FIELD_NUMBER: _builtins.int
+    QOS_FIELD_NUMBER: _builtins.int
+    CONSTRAINT_FIELD_NUMBER: _builtins.int
+    GID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     display_id: _builtins.str
     """12, or 12_3 for an array task"""
@@ -178,6 +183,18 @@ class JobRecord(_message.Message):
     restart_count: _builtins.int
     gpu_seconds: _builtins.float
     """over every attempt"""
+    comment: _builtins.str
+    """From the job's specification, for sacct's fields of the same names.
+    Comment
+    """
+    workdir: _builtins.str
+    """WorkDir"""
+    qos: _builtins.str
+    """QOS"""
+    constraint: _builtins.str
+    """Constraints"""
+    gid: _builtins.int
+    """GID, Group"""
     @_builtins.property
     def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AttemptRecord]: ...
     def __init__(
@@ -201,10 +218,15 @@ class JobRecord(_message.Message):
         restart_count: _builtins.int = ...,
         attempts: _abc.Iterable[Global___AttemptRecord] | None = ...,
         gpu_seconds: _builtins.float = ...,
+        comment: _builtins.str = ...,
+        workdir: _builtins.str = ...,
+        qos: _builtins.str = ...,
+        constraint: _builtins.str = ...,
+        gid: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "account", b"account", "attempts", b"attempts", "display_id", b"display_id", "end_time", b"end_time", "exit_code", b"exit_code", "gpu_seconds", b"gpu_seconds", "job_id", b"job_id", "name", b"name", "partition", b"partition", "reason", b"reason", "requested_gpus", b"requested_gpus", "restart_count", b"restart_count", "start_time", b"start_time", "state", b"state", "submit_time", b"submit_time", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "account", b"account", "attempts", b"attempts", "comment", b"comment", "constraint", b"constraint", "display_id", b"display_id", "end_time", b"end_time", "exit_code", b"exit_code", "gid", b"gid", "gpu_seconds", b"gpu_seconds", "job_id", b"job_id", "name", b"name", "partition", b"partition", "qos", b"qos", "reason", b"reason", "requested_gpus", b"requested_gpus", "restart_count", b"restart_count", "start_time", b"start_time", "state", b"state", "submit_time", b"submit_time", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015

@@ -267,6 +267,24 @@ def test_sacct_lines_job_batch_steps() -> None:
     assert (line["Start"], line["Timelimit"], line["ElapsedRaw"]) == (clock(NOW - 100), "01:00:00", "90")
 
 
+def test_sacct_spec_fields_and_slurms_other_fields_blank() -> None:
+    """Comment, WorkDir, Constraints, QOS, GID and Group come from the job's record; AveRSS and AveCPU of the
+    batch line are its one task's; a field Slurm 22.05 knows and Garrison has no figure for (MaxVMSize, UserCPU,
+    SubmitLine, ...) is taken and left blank, as Slurm leaves it; a name Slurm does not know is still refused."""
+    record = finished()
+    record.comment, record.workdir, record.constraint, record.gid = "sweep 3", "/home/ana/run", "a100|h100", 0
+    lines = sacct.job_lines(record, [], NOW)
+    fields = FieldList("JobID,Comment,WorkDir,Constraints,QOS,GID,Group,AveRSS,AveCPU,maxvmsize,UserCPU,SubmitLine",
+                       sacct.KNOWN_FIELDS)
+    assert fields.render(lines, parsable="P") == [
+        "JobID|Comment|WorkDir|Constraints|QOS|GID|Group|AveRSS|AveCPU|MaxVMSize|UserCPU|SubmitLine",
+        "30|sweep 3|/home/ana/run|a100|h100|normal|0|root|||||",
+        "30.batch||/home/ana/run|||0|root|300.00M|01:15.500|||",
+    ]
+    with pytest.raises(UsageError, match="unknown field 'MaxBogus'"):
+        FieldList("JobID,MaxBogus", sacct.KNOWN_FIELDS)
+
+
 def test_sacct_default_table_and_folded_pending_array() -> None:
     pending = [apb.JobRecord(job_id=40 + i, display_id=f"40_{i}", name="sweep", user="bo", uid=1001,
                              account="nlp", partition="main", state="PENDING", submit_time=NOW, requested_gpus=1)
