@@ -188,6 +188,14 @@ def _scalar_ok(field: Any, value: Any) -> bool:
     return type(value) is int
 
 
+def _bytes_from_json(value: str) -> bytes:
+    """Base64 text as json_format reads it (padding added, either alphabet), so both paths agree."""
+    import base64
+
+    encoded = value.encode("utf-8")
+    return base64.urlsafe_b64decode(encoded + b"=" * (4 - len(encoded) % 4))
+
+
 def _fill(message: Any, data: dict[str, Any]) -> None:
     """``data``'s fields into ``message``, for the common plain forms the CLI sends; _Unusual for anything
     else. json_format.ParseDict costs ~1 ms for a gsub's request (its 40-odd environment variables): this
@@ -212,6 +220,8 @@ def _fill(message: Any, data: dict[str, Any]) -> None:
                     child = getattr(message, name)
                     child.SetInParent()
                     _fill(child, value)
+                elif field.type == field.TYPE_BYTES and type(value) is str:
+                    setattr(message, name, _bytes_from_json(value))  # a script, standard input
                 elif field.type == field.TYPE_ENUM and type(value) is int:
                     if field.enum_type.values_by_number.get(value) is None and field.enum_type.is_closed:
                         raise _Unusual
