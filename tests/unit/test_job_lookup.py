@@ -3,8 +3,13 @@ as the full index of array tasks would, including once the array's first task is
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import replace
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from garrison.controller.engine import with_array_summary
 from garrison.model.domain import Job, JobSpec
 from garrison.model.jobrefs import JobLookup
 
@@ -37,3 +42,27 @@ def test_lookups_by_id_agree_with_the_full_index(forgotten: tuple[int, ...]) -> 
         for task in (None, 0, 1, 5, 9):
             found = [one.job_id for one in JobLookup(jobs).find(job_id, task)]
             assert found == by_full_index(jobs, job_id, task), (job_id, task)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    indices=st.one_of(
+        st.builds(lambda lo, step, n: [lo + step * i for i in range(n)], st.integers(0, 20), st.integers(1, 4),
+                  st.integers(1, 12)),
+        st.lists(st.integers(0, 40), min_size=1, max_size=12, unique=True),
+    ),
+    forgotten=st.sets(st.integers(0, 11), max_size=4),
+    asked=st.lists(st.tuples(st.integers(95, 115), st.none() | st.integers(-2, 50)), min_size=1, max_size=10),
+)
+def test_a_task_found_by_arithmetic_is_the_task_the_full_index_finds(
+    indices: list[int], forgotten: set[int], asked: list[tuple[int, int | None]]
+) -> None:
+    """An array's tasks take ids 100, 101, ... in the order their indices were given (the controller's
+    way); a task of a whole arithmetic range is found by its id without the full index, anything else by
+    the index, and both agree on every reference, with tasks forgotten from memory too."""
+    spec = with_array_summary(JobSpec(name="x", command=()), indices)
+    jobs = {100 + i: replace(job(100 + i, 100, index), spec=spec) for i, index in enumerate(indices) if i not in forgotten}
+    jobs[99] = job(99)
+    for job_id, task in asked:
+        found = [one.job_id for one in JobLookup(jobs).find(job_id, task)]
+        assert found == by_full_index(jobs, job_id, task), (job_id, task)
