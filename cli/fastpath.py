@@ -157,11 +157,14 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
         return False
     address, connection = local
     try:
+        cwd = os.getcwd()
         request: dict[str, Any] = {
-            "argv": args, "environment": dict(os.environ), "cwd": os.getcwd(), "umask": _umask(), "prog": prog,
+            "argv": args, "environment": dict(os.environ), "cwd": cwd, "umask": _umask(), "prog": prog,
             "default_output": default_output, "default_array_output": default_array_output,
             "stdin_readable": _stdin_readable(),
         }
+        request.update(_offered_script(args, cwd))
+        asked = False  # the controller asked for a script or standard input: it speaks this protocol
         while True:
             try:
                 status, answer = _exchange(connection, SUBMIT_METHOD, request)
@@ -170,12 +173,14 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
 
                 fail(prog, _error_for(UNAVAILABLE, f"the connection was lost ({lost}); the job may have been "
                                       "submitted: look with gqueue before submitting it again", address))
-            if status == UNIMPLEMENTED and not request.get("script_path") and "stdin" not in request:
+            if status == UNIMPLEMENTED and not asked:
                 return False  # a controller older than this command: the full path still works
             if status != OK:
                 _fail(prog, status, answer, address, usage_exit)
             response = _loads(answer)
             if "need_script" in response:
+                asked = True
+                request.pop("script", None)  # what was offered, if anything, was another file
                 request["script_path"] = response["need_script"]
                 try:
                     with open(response["need_script"], "rb") as script:
@@ -184,6 +189,7 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
                     request["script_errno"] = error.errno or 5
                 continue
             if response.get("need_stdin"):
+                asked = True
                 request["stdin"] = sys.stdin.buffer.read()
                 continue
             break
@@ -191,6 +197,31 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
         connection.close()  # _socket's sockets are not context managers
     _report(response, prog, usage_exit, honour_quiet)
     return True
+
+
+MAX_OFFERED_SCRIPT = 1 << 20
+
+
+def _offered_script(args: list[str], cwd: str) -> dict[str, Any]:
+    """The script the command line most likely names, sent with the first request so that the controller
+    need not ask for it (``need_script``, a second round trip and a second parse): the first argument that
+    is no option and names a readable file starting with ``#!``, as every batch script must. Only a guess:
+    the controller's parse decides, and asks for another path if the script is another file."""
+    for arg in args:
+        if arg.startswith("-") or not arg:
+            continue
+        path = os.path.join(cwd, arg)  # as the controller's parse joins it (garrison/cmdline/submission.py)
+        try:
+            with open(path, "rb") as candidate:
+                if candidate.read(2) != b"#!":
+                    continue
+                text = b"#!" + candidate.read(MAX_OFFERED_SCRIPT)
+        except OSError:
+            continue  # not a readable file (a job name, a directory, an argument of the script)
+        if len(text) > MAX_OFFERED_SCRIPT:
+            return {}  # too large to send unasked; the controller asks for it if it is the script
+        return {"script_path": path, "script": text}
+    return {}
 
 
 def _query(prog: str, calls: Callable[[Callable[[str, dict[str, Any]], dict[str, Any]]], None]) -> bool:

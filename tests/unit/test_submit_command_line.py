@@ -253,6 +253,27 @@ def test_the_launchers_submit_print_and_exit_as_gsub_does(controller, tmp_path) 
     assert helped.returncode == 0 and helped.stdout.startswith("usage: sbatch")
 
 
+def test_the_script_offered_with_the_first_request_is_only_a_guess(controller, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """gsub sends the first argument that names a ``#!`` file with its first request, so the controller need
+    not ask for it; where the parse names another file, that one is asked for and run, never the guess."""
+    from garrison.cli.fastpath import _offered_script
+
+    (tmp_path / "job.sh").write_text(SCRIPT)
+    (tmp_path / "decoy.sh").write_text("#!/bin/sh\n#SBATCH -J decoy\nfalse\n")
+    (tmp_path / "data.txt").write_text("not a script\n")
+    assert _offered_script(["-p", "main", "job.sh", "arg"], str(tmp_path)) == {
+        "script_path": str(tmp_path / "job.sh"), "script": SCRIPT.encode()}
+    assert _offered_script(["data.txt", "--wrap", "true"], str(tmp_path)) == {}
+    assert _offered_script(["-J", "nosuch", str(tmp_path / "job.sh")], "/") == {
+        "script_path": str(tmp_path / "job.sh"), "script": SCRIPT.encode()}
+    gsub = launcher("gsub")
+    # -J's value names a script too: the guess is decoy.sh, the job is job.sh's.
+    submitted = run(controller, tmp_path, [gsub, "-J", "decoy.sh", "job.sh"])
+    assert submitted.returncode == 0, submitted.stderr
+    job = get_job(controller, submitted.stdout.split()[-1])
+    assert job.spec.script == SCRIPT and job.name == "decoy.sh"
+
+
 def test_the_launcher_imports_none_of_the_parser(controller, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """What keeps gsub near 20 ms (docs/performance.md): no site, and nothing of the parser, protobuf or re."""
     gsub = launcher("gsub")
