@@ -190,3 +190,13 @@ def test_ntasks_and_cpus_per_task_are_the_batch_scripts_counts_as_under_sbatch()
     # -n 8 over 3 nodes, block-wise as sbatch lays them out: 3, 3, 2.
     assert (env["SLURM_NTASKS"], env["SLURM_TASKS_PER_NODE"], env["SLURM_CPUS_PER_TASK"]) == ("8", "3(x2),2", "6")
     assert "SLURM_NTASKS_PER_NODE" not in env
+
+
+def test_batch_output_names_expand_the_node_and_the_batch_step_as_sbatch_does() -> None:
+    # Real scripts' patterns (DynamicCascades.jl `--output=%x-%A_%a-%N.out`, ARCCA's `-o output-%A_%a-%J.o`):
+    # sbatch gives %N the batch node's name and %J the job id; they were left as written before.
+    launch = context(LaunchMode.SINGLE, node_rank=0)
+    launch = replace(launch, spec=replace(launch.spec, output="%x-%j-%N.out", error="e-%J.err"))
+    rank = plan(launch, ["train"])[0]
+    assert rank.stdout == "/home/u/t-12-a.out"
+    assert rank.stderr == "/home/u/e-12.err"
