@@ -200,3 +200,24 @@ def test_batch_output_names_expand_the_node_and_the_batch_step_as_sbatch_does() 
     rank = plan(launch, ["train"])[0]
     assert rank.stdout == "/home/u/t-12-a.out"
     assert rank.stderr == "/home/u/e-12.err"
+
+
+def test_a_cpu_job_is_not_told_of_gpus_and_memory_variables_name_the_option_given() -> None:
+    # As slurmd sets them (checked against Slurm 22.05 with scribble's hello.sh and ARCCA's array scripts):
+    # a job without GPUs has no SLURM_GPUS_ON_NODE/SLURM_JOB_GPUS (a `${SLURM_GPUS_ON_NODE:-1}` found 0 here),
+    # --mem-per-cpu gives SLURM_MEM_PER_CPU (not _PER_NODE), and --ntasks-per-gpu and --open-mode are passed on.
+    from dataclasses import replace
+
+    launch = slurm_context(LaunchMode.SINGLE)
+    cpu_only = Allocation(tuple(replace(n, gpus=()) for n in launch.allocation.nodes))
+    spec = replace(launch.spec, gpus_per_node=None, mem_per_cpu_mb=1024, open_mode="append")
+    env = plan(replace(launch, spec=spec, allocation=cpu_only), ["script"])[0].env
+    assert "SLURM_GPUS_ON_NODE" not in env and "SLURM_JOB_GPUS" not in env
+    assert env["SLURM_MEM_PER_CPU"] == "1024" and "SLURM_MEM_PER_NODE" not in env
+    assert env["SLURM_OPEN_MODE"] == "a"
+
+    per_gpu = replace(launch.spec, mem_per_gpu_mb=8192, ntasks_per_gpu=1)
+    env = plan(replace(launch, spec=per_gpu), ["script"])[0].env
+    assert env["SLURM_MEM_PER_GPU"] == "8192" and "SLURM_MEM_PER_NODE" not in env
+    assert env["SLURM_NTASKS_PER_GPU"] == "1" and env["SLURM_GPUS_ON_NODE"] == "2"
+    assert "SLURM_OPEN_MODE" not in env
