@@ -295,3 +295,20 @@ def sort_by_letters(items: Sequence[T], spec: str, keys: Mapping[str, Callable[[
 def split_list(values: Sequence[str]) -> list[str]:
     """Comma lists given once or several times, as one list."""
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def user_names(values: Sequence[str]) -> list[str]:
+    """``-u`` users as Slurm's commands take them: names or numeric uids (cmmid/SA2UK's `squeue -u $UID`,
+    which listed nothing here before), comma lists given once or several times. A uid this host does not know
+    stays as written and matches nobody."""
+    import pwd
+
+    names = []
+    for user in split_list(values):
+        if user.isdigit():
+            try:
+                user = pwd.getpwuid(int(user)).pw_name
+            except KeyError:
+                pass
+        names.append(user)
+    return names

@@ -26,6 +26,7 @@ from garrison.cli.slurm.fields import (
     sacct_state,
     split_list,
     state_names,
+    user_names,
 )
 from garrison.cmdline.argparser import Parser, UsageError
 
@@ -373,7 +374,7 @@ def sacct(argv: list[str]) -> None:
             raise UsageError(str(exc)) from None
     except UsageError as exc:
         fail(PROG, CliError(str(exc), EXIT_USAGE))
-    users = split_list(args.users)
+    users = user_names(args.users)
     if not users and not args.allusers and not job_ids and os.geteuid() != 0:
         users = [getpass.getuser()]  # as sacct: your own jobs unless you ask for more
     if start is None and not job_ids:

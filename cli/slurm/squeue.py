@@ -24,6 +24,7 @@ from garrison.cli.slurm.fields import (
     sort_by_letters,
     split_list,
     state_names,
+    user_names,
 )
 from garrison.cmdline.argparser import Parser, UsageError
 
@@ -255,7 +256,7 @@ def squeue(argv: list[str]) -> None:
         _node_filter(args.nodelist)  # a bad host list is a usage error before any call
     except (UsageError, ValueError) as exc:
         fail(PROG, CliError(str(exc), EXIT_USAGE))
-    users = split_list(args.users) + ([getpass.getuser()] if args.me else [])
+    users = user_names(args.users) + ([getpass.getuser()] if args.me else [])
     import time
 
     if interval is None:
