@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from garrison.cli.slurm import answer_version
-from garrison.cli.slurm.fields import clock, exit_code_text, memory_mb, sacct_duration
+from garrison.cli.slurm.fields import clock, exit_code_text, memory_mb, sacct_duration, slurm_reason
 from garrison.model.arrayfold import index_ranges
 from garrison.model.hostlist import HostListError, compress_hostlist, expand_hostlist
 
@@ -118,7 +118,7 @@ def job_record(job: Any, oneliner: bool = False, details: bool = False) -> str:
 
     # Garrison keeps the script's text, not its path: Slurm's Command= (the script and its arguments) as far as known.
     command = "(null)" if spec.launch == "allocation" else " ".join(["(script)", *spec.command])
-    reason = job.reason or "None"
+    reason = slurm_reason(job.reason)
     lines: list[list[tuple[str, str]]] = [
         [("JobId", str(job.job_id)), ("JobName", job.name)],
         [("UserId", f"{job.user}({job.uid})"), ("GroupId", f"{job.user}({job.uid})"), ("MCS_label", "N/A")],

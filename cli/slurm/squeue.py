@@ -21,6 +21,7 @@ from garrison.cli.slurm.fields import (
     memory_mb,
     parse_long_format,
     short_state,
+    slurm_reason,
     sort_by_letters,
     split_list,
     state_names,
@@ -103,7 +104,7 @@ def _nodelist(names: Sequence[str]) -> str:
 
 def _reason_or_nodes(job: Any) -> str:
     if job.state == "PENDING" or not job.node_list:
-        return f"({job.reason or 'None'})"
+        return f"({slurm_reason(job.reason)})"
     return _nodelist(job.node_list)
 
 
@@ -164,7 +165,7 @@ def job_values(job: Any, detail: Any | None = None, estimate: float | None = Non
         "N": lambda: _nodelist(job.node_list), "o": lambda: spec_text(_command),
         "p": lambda: f"{job.priority / 4294967295:.8f}" if job.priority > 0 else "0.00000000",
         "P": lambda: job.partition, "q": lambda: spec_text(lambda s: s.qos or "normal"),
-        "Q": lambda: str(job.priority), "r": lambda: job.reason or "None", "R": lambda: _reason_or_nodes(job),
+        "Q": lambda: str(job.priority), "r": lambda: slurm_reason(job.reason), "R": lambda: _reason_or_nodes(job),
         "S": lambda: clock(job.start_time) if job.start_time and job.state != "PENDING"
         else clock(max(estimate, job.now)) if estimate else "N/A",
         "t": lambda: short_state(job.state), "Y": lambda: "(null)",

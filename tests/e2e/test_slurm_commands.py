@@ -185,7 +185,8 @@ def test_scontrol_hold_release_update_and_show_job(cluster: Cluster) -> None:
     assert "JobState=PENDING" in record and "TimeLimit=00:10:00" in record, record
     assert f"StdOut={Path('/dev/null')}" in record and f"WorkDir={cluster.work}" in record, record
     held_reason = next(w for w in record.split() if w.startswith("Reason="))
-    assert "Held" in held_reason, record
+    assert held_reason == "Reason=JobHeldUser", record
+    assert slurm(cluster, "squeue", "-h", "-j", job_id, "-o", "%r %R").stdout.split() == ["JobHeldUser", "(JobHeldUser)"]  # Slurm's word for a job its owner holds
     slurm(cluster, "scontrol", "release", job_id)
     assert "Held" not in cluster.job(job_id)["reason"]
     slurm(cluster, "scontrol", "update", f"JobId={job_id}", "TimeLimit=5:00")
