@@ -41,6 +41,26 @@ KNOWN_FIELDS = {
     "CPUTime": 10, "CPUTimeRAW": 10, "ReqMem": 10, "ArrayJobID": 12, "ArrayTaskID": 12, "Suspended": 10,
     "Restarts": 8, "AllocGRES": -12, "ReqGRES": -12, "Cluster": 10, "QOS": 10,
 }
+# The rest of Slurm 22.05's fields (sacct -e). Garrison measures or keeps none of them apart from Group and GID
+# (the owner's primary group, from this host's user database): they print empty, as sacct prints a figure its cluster does not gather, so a script's field list (apel's
+# `--format=...,Group,...,MaxVMSize,State`, `--format=ALL`) runs instead of failing on its first unknown name.
+UNMEASURED_FIELDS = {
+    name: 10 for name in (
+        "AdminComment", "AssocID", "AveCPU", "AveCPUFreq", "AveDiskRead", "AveDiskWrite", "AvePages", "AveRSS",
+        "AveVMSize", "BlockID", "Comment", "Constraints", "ConsumedEnergy", "ConsumedEnergyRaw", "Container",
+        "DBIndex", "Flags", "GID", "Group", "Layout", "MaxDiskRead", "MaxDiskReadNode", "MaxDiskReadTask",
+        "MaxDiskWrite", "MaxDiskWriteNode", "MaxDiskWriteTask", "MaxPages", "MaxPagesNode", "MaxPagesTask",
+        "MaxRSSNode", "MaxRSSTask", "MaxVMSize", "MaxVMSizeNode", "MaxVMSizeTask", "McsLabel", "MinCPU",
+        "MinCPUNode", "MinCPUTask", "Planned", "PlannedCPU", "PlannedCPURAW", "Priority", "QOSRAW", "ReqCPUFreq",
+        "ReqCPUFreqGov", "ReqCPUFreqMax", "ReqCPUFreqMin", "Reservation", "ReservationId", "Reserved",
+        "ResvCPU", "ResvCPURAW", "SubmitLine", "SystemComment", "SystemCPU", "TRESUsageInAve",
+        "TRESUsageInMax", "TRESUsageInMaxNode", "TRESUsageInMaxTask", "TRESUsageInMin", "TRESUsageInMinNode",
+        "TRESUsageInMinTask", "TRESUsageInTot", "TRESUsageOutAve", "TRESUsageOutMax", "TRESUsageOutMaxNode",
+        "TRESUsageOutMaxTask", "TRESUsageOutMin", "TRESUsageOutMinNode", "TRESUsageOutMinTask",
+        "TRESUsageOutTot", "UserCPU", "WCKey", "WCKeyID", "WorkDir",
+    )
+}
+SLURM_FIELDS = {**KNOWN_FIELDS, **UNMEASURED_FIELDS}
 DEFAULT_FIELDS = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 BRIEF_FIELDS = "JobID,State,ExitCode"
 LONG_FIELDS = ("JobID,JobIDRaw,JobName,Partition,MaxRSS,AllocCPUS,TotalCPU,NTasks,Elapsed,State,ExitCode,"
@@ -157,7 +177,7 @@ def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool =
         "ReqMem": memory_mb(allocation[0].mem_mb) if allocation else "0", "ArrayJobID": array_job,
         "ArrayTaskID": array_task, "Suspended": "00:00:00", "Restarts": str(record.restart_count),
         "AllocGRES": f"gpu:{gpus}" if gpus and nodes else "", "ReqGRES": f"gpu:{gpus}" if gpus else "",
-        "Cluster": "garrison", "QOS": "",
+        "Cluster": "garrison", "QOS": "", **_group(record.uid),
     }
     lines = [_earlier_run(job, attempt, now) for attempt in earlier] if duplicates else []
     lines.append(job)
@@ -197,6 +217,21 @@ def job_lines(record: Any, steps: Sequence[Any], now: float, allocations: bool =
         })
         lines.append(line)
     return lines
+
+
+def _group(uid: int) -> dict[str, str]:
+    """Group and GID: the primary group of the job's owner, as this host's user database has it."""
+    import grp
+    import pwd
+
+    try:
+        gid = pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return {}
+    try:
+        return {"Group": grp.getgrgid(gid).gr_name, "GID": str(gid)}
+    except KeyError:
+        return {"GID": str(gid)}
 
 
 def _earlier_run(job: dict[str, str], attempt: Any, now: float) -> dict[str, str]:
@@ -313,7 +348,9 @@ def render(lines: Sequence[dict[str, str]], fields: FieldList, args: Any) -> lis
 def _field_list(args: Any) -> FieldList:
     spec = ",".join(args.format) if args.format else (
         BRIEF_FIELDS if args.brief else LONG_FIELDS if args.long else DEFAULT_FIELDS)
-    return FieldList(spec, KNOWN_FIELDS)
+    if spec.strip().upper() == "ALL":  # sacct --format=ALL: every field
+        spec = ",".join(SLURM_FIELDS)
+    return FieldList(spec, SLURM_FIELDS)
 
 
 MEMORY_FIELDS = ("MaxRSS", "ReqMem")
@@ -350,7 +387,7 @@ def sacct(argv: list[str]) -> None:
     try:
         args = parser().parse_args(argv)
         if args.helpformat:
-            names = list(KNOWN_FIELDS)
+            names = sorted(SLURM_FIELDS, key=str.lower)
             for first in range(0, len(names), 4):
                 print(" ".join(f"{name:<19}" for name in names[first:first + 4]).rstrip())
             return

@@ -267,6 +267,26 @@ def test_sacct_lines_job_batch_steps() -> None:
     assert (line["Start"], line["Timelimit"], line["ElapsedRaw"]) == (clock(NOW - 100), "01:00:00", "90")
 
 
+def test_sacct_takes_every_field_slurm_has() -> None:
+    # apel's accounting script asks for `...,Group,...,MaxVMSize,State`, HPC_analytics' for `--format=ALL`:
+    # both failed here on the first field Garrison lacked. Those it does not measure print empty, as sacct does.
+    import os
+    import pwd
+    from types import SimpleNamespace
+
+    record = finished()
+    record.uid = os.getuid()
+    fields = sacct._field_list(SimpleNamespace(format=["JobID,User,Group,GID,MaxVMSize,AveRSS,State"],
+                                               brief=False, long=False))
+    row = fields.render(sacct.job_lines(record, [], NOW), header=False, parsable="P")[0].split("|")
+    gid = pwd.getpwuid(os.getuid()).pw_gid
+    assert row[3] == str(gid) and row[4:] == ["", "", "COMPLETED"] and row[2]
+    every = sacct._field_list(SimpleNamespace(format=["ALL"], brief=False, long=False))
+    assert {"JobID", "MaxVMSize", "WorkDir", "TRESUsageInTot"} <= {f.name for f in every.fields}
+    with pytest.raises(UsageError):
+        sacct._field_list(SimpleNamespace(format=["JobID,Bogus"], brief=False, long=False))
+
+
 def test_sacct_default_table_and_folded_pending_array() -> None:
     pending = [apb.JobRecord(job_id=40 + i, display_id=f"40_{i}", name="sweep", user="bo", uid=1001,
                              account="nlp", partition="main", state="PENDING", submit_time=NOW, requested_gpus=1)
