@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.client import EXIT_FAILURE, Client, CliError, fail, run_command
 from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import (
     FieldList,
@@ -410,7 +410,7 @@ def sacct(argv: list[str]) -> None:
         except TimeSpecError as exc:
             raise UsageError(str(exc)) from None
     except UsageError as exc:
-        fail(PROG, CliError(str(exc), EXIT_USAGE))
+        fail(PROG, CliError(str(exc), EXIT_FAILURE))
     users = user_names(args.users)
     if not users and not args.allusers and not job_ids and os.geteuid() != 0:
         users = [getpass.getuser()]  # as sacct: your own jobs unless you ask for more

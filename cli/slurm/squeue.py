@@ -9,7 +9,7 @@ from __future__ import annotations
 import getpass
 import sys
 
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.client import EXIT_FAILURE, Client, CliError, fail, run_command
 from garrison.cli.queue_format import time_left_text, time_limit_text
 from garrison.cli.render import elapsed
 from garrison.cli.render import format_duration as duration
@@ -256,7 +256,7 @@ def squeue(argv: list[str]) -> None:
             interval = parse_count(args.iterate, minimum=1)
         _node_filter(args.nodelist)  # a bad host list is a usage error before any call
     except (UsageError, ValueError) as exc:
-        fail(PROG, CliError(str(exc), EXIT_USAGE))
+        fail(PROG, CliError(str(exc), EXIT_FAILURE))
     users = user_names(args.users) + ([getpass.getuser()] if args.me else [])
     import time
 
@@ -307,7 +307,7 @@ def _show(args: Any, layout: PercentFormat, users: list[str], states: list[str])
     except CliError as exc:
         fail(PROG, exc)
     except UsageError as exc:
-        fail(PROG, CliError(str(exc), EXIT_USAGE))
+        fail(PROG, CliError(str(exc), EXIT_FAILURE))
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
 
