@@ -98,6 +98,8 @@ def slurm_environment(launch: LaunchDescription, counts: Sequence[int], cpus_on_
         env["SLURM_GPUS_PER_NODE"] = str(spec.gpus_per_node)
     if spec.ntasks_per_gpu is not None:
         env["SLURM_NTASKS_PER_GPU"] = str(spec.ntasks_per_gpu)
+    if spec.gpus_per_task is not None:
+        env["SLURM_GPUS_PER_TASK"] = str(spec.gpus_per_task)  # srun's default --gpus-per-task in the job
     # The memory variable names the option given, as sbatch's do: a script that reads $SLURM_MEM_PER_CPU
     # (e.g. to size a JVM per thread) after --mem-per-cpu found it unset here before.
     if spec.mem_per_cpu_mb:

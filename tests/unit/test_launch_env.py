@@ -220,4 +220,6 @@ def test_a_cpu_job_is_not_told_of_gpus_and_memory_variables_name_the_option_give
     env = plan(replace(launch, spec=per_gpu), ["script"])[0].env
     assert env["SLURM_MEM_PER_GPU"] == "8192" and "SLURM_MEM_PER_NODE" not in env
     assert env["SLURM_NTASKS_PER_GPU"] == "1" and env["SLURM_GPUS_ON_NODE"] == "2"
+    env = plan(replace(launch, spec=replace(launch.spec, gpus_per_task=1)), ["script"])[0].env
+    assert env["SLURM_GPUS_PER_TASK"] == "1"
     assert "SLURM_OPEN_MODE" not in env

@@ -313,6 +313,10 @@ def test_a_job_of_ntasks_per_gpu_binds_each_step_task_to_its_gpu() -> None:
     assert gsrun_spec("--gpu-bind", "none", "true", environ=in_job)["gpu_bind"] == "none"
     assert gsrun_spec("--gpus-per-task", "1", "true", environ=in_job)["gpu_bind"] == ""
     assert gsrun_spec("true", environ={"SLURM_JOB_ID": "12"})["gpu_bind"] == ""
+    # --gpus-per-task=1 in the job: the same, as srun takes SLURM_GPUS_PER_TASK (checked against Slurm 22.05)
+    one_each = {"SLURM_JOB_ID": "12", "SLURM_NTASKS": "4", "SLURM_GPUS_PER_TASK": "1"}
+    assert (gsrun_spec("true", environ=one_each)["gpu_bind"], gsrun_spec("true", environ=one_each)["gpu_bind_arg"]) \
+        == ("single", [1])
 
 
 def test_a_step_with_gres_none_or_gpu_0_holds_and_sees_no_gpus() -> None:
