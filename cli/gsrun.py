@@ -295,6 +295,15 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
                              f"{environ['SRUN_CPUS_PER_TASK'][:40]!r}")
     if cpus_per_task is not None:
         spec["env"]["SLURM_CPUS_PER_TASK"] = str(cpus_per_task)  # the step's, as slurmstepd sets it
+    per_gpu = _env_int(environ, "SLURM_NTASKS_PER_GPU")
+    if not per_gpu and environ.get("SLURM_GPUS_PER_TASK") == "1":
+        per_gpu = 1
+    if per_gpu and not args.gpu_bind and gres_per_task is None and args.gpus_per_task is None:
+        # A job of --ntasks-per-gpu N or --gpus-per-task=1 (sbatch exports SLURM_NTASKS_PER_GPU and
+        # SLURM_GPUS_PER_TASK, srun's defaults) binds each task to its GPU, as srun does: CT_NVAE's
+        # `--gpus-per-node=4 --ntasks-per-gpu=1` then `srun python ...` gave every task all four GPUs here, one
+        # each under Slurm 22.05. The binding holds no GPUs, so steps started side by side still run.
+        spec["gpu_bind"], spec["gpu_bind_arg"] = "single", [per_gpu]
     for name, value in (("ntasks", ntasks), ("nodes", nodes), ("ntasks_per_node", per_node),
                         ("gpus_per_task", gres_per_task if gres_per_task is not None
                          else _gpus_per_task(args.gpus_per_task)),

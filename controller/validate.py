@@ -474,7 +474,9 @@ def _check_host_resources(spec: JobSpec, gpus_per_node: int | None, nodes: list[
     cpus = spec.cpus_per_gpu * least_gpus if least_gpus else spec.cpus_per_node
     largest_cpus = max(n.inventory.cpus for n in nodes)
     if cpus > largest_cpus:
-        option = "--cpus-per-task" if spec.cpus_per_task is not None else "--cpus-per-gpu"
+        # Name what the user gave: a CPU job's task count asks for a CPU per task without any CPU option.
+        option = ("--cpus-per-task" if spec.cpus_per_task is not None else "--cpus-per-gpu" if spec.cpus_per_gpu
+                  else "--ntasks-per-node" if spec.ntasks_per_node is not None else "--ntasks")
         raise ValidationError(
             f"{option}: {cpus} CPUs per node exceed the largest node in partition {partition!r} ({largest_cpus})"
         )

@@ -295,3 +295,31 @@ def sort_by_letters(items: Sequence[T], spec: str, keys: Mapping[str, Callable[[
 def split_list(values: Sequence[str]) -> list[str]:
     """Comma lists given once or several times, as one list."""
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+# Garrison's reasons that Slurm names otherwise. A held job is JobHeldUser, as `sbatch --hold` and `scontrol
+# hold` by its owner make it under Slurm 22.05 (Garrison does not record whether an admin held it); scripts
+# that release their own held jobs look for that word.
+_SLURM_REASONS = {"Held": "JobHeldUser"}
+
+
+def slurm_reason(reason: str) -> str:
+    """A pending job's reason as Slurm's commands name it ("None" for none)."""
+    return _SLURM_REASONS.get(reason, reason) or "None"
+
+
+def user_names(values: Sequence[str]) -> list[str]:
+    """``-u`` users as Slurm's commands take them: names or numeric uids (cmmid/SA2UK's `squeue -u $UID`,
+    which listed nothing here before), comma lists given once or several times. A uid this host does not know
+    stays as written and matches nobody."""
+    import pwd
+
+    names = []
+    for user in split_list(values):
+        if user.isdigit():
+            try:
+                user = pwd.getpwuid(int(user)).pw_name
+            except KeyError:
+                pass
+        names.append(user)
+    return names

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.client import EXIT_FAILURE, Client, CliError, fail, run_command
 from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import (
     FieldList,
@@ -26,6 +26,7 @@ from garrison.cli.slurm.fields import (
     sacct_state,
     split_list,
     state_names,
+    user_names,
 )
 from garrison.cmdline.argparser import Parser, UsageError
 
@@ -41,23 +42,27 @@ KNOWN_FIELDS = {
     "Restarts": 8, "AllocGRES": -12, "ReqGRES": -12, "Cluster": 10, "QOS": 10,
     "Comment": 15, "WorkDir": -15, "Constraints": 19, "GID": 6, "Group": 9, "AveRSS": 10, "AveCPU": 10,
 }
-# The rest of Slurm 22.05's fields (sacct -e): taken, and blank, as Slurm leaves a field it has no figure for, so a
-# script's --format naming one of them still gets its table (an unknown name is still an error).
-UNKNOWN_TO_GARRISON = (
-    "AdminComment", "AllocCPUS", "AssocID", "AveCPUFreq", "AveDiskRead", "AveDiskWrite", "AvePages",
-    "AveVMSize", "BlockID", "ConsumedEnergy", "ConsumedEnergyRaw", "Container", "DBIndex", "Flags", "Layout",
-    "MaxDiskRead", "MaxDiskReadNode", "MaxDiskReadTask", "MaxDiskWrite", "MaxDiskWriteNode",
-    "MaxDiskWriteTask", "MaxPages", "MaxPagesNode", "MaxPagesTask", "MaxRSSNode", "MaxRSSTask", "MaxVMSize",
-    "MaxVMSizeNode", "MaxVMSizeTask", "McsLabel", "MinCPU", "MinCPUNode", "MinCPUTask", "Priority", "QOSRAW",
-    "ReqCPUFreq", "ReqCPUFreqMin", "ReqCPUFreqMax", "ReqCPUFreqGov", "Reservation", "ReservationId",
-    "Reserved", "ResvCPU", "ResvCPURAW", "SubmitLine", "SystemCPU", "SystemComment", "TRESUsageInAve",
-    "TRESUsageInMax", "TRESUsageInMaxNode", "TRESUsageInMaxTask", "TRESUsageInMin", "TRESUsageInMinNode",
-    "TRESUsageInMinTask", "TRESUsageInTot", "TRESUsageOutAve", "TRESUsageOutMax", "TRESUsageOutMaxNode",
-    "TRESUsageOutMaxTask", "TRESUsageOutMin", "TRESUsageOutMinNode", "TRESUsageOutMinTask", "TRESUsageOutTot",
-    "UserCPU", "WCKey", "WCKeyID",
-)
-for _name in UNKNOWN_TO_GARRISON:
-    KNOWN_FIELDS.setdefault(_name, 10)
+# The rest of Slurm 22.05's fields (sacct -e), which Garrison neither measures nor keeps: they print empty, as sacct
+# prints a figure its cluster does not gather, so a script's field list (apel's `--format=...,Group,...,MaxVMSize,
+# State`, `--format=ALL`) runs instead of failing on its first unknown name.
+UNMEASURED_FIELDS = {
+    name: 10 for name in (
+        "AdminComment", "AssocID", "AveCPU", "AveCPUFreq", "AveDiskRead", "AveDiskWrite", "AvePages", "AveRSS",
+        "AveVMSize", "BlockID", "Comment", "Constraints", "ConsumedEnergy", "ConsumedEnergyRaw", "Container",
+        "DBIndex", "Flags", "GID", "Group", "Layout", "MaxDiskRead", "MaxDiskReadNode", "MaxDiskReadTask",
+        "MaxDiskWrite", "MaxDiskWriteNode", "MaxDiskWriteTask", "MaxPages", "MaxPagesNode", "MaxPagesTask",
+        "MaxRSSNode", "MaxRSSTask", "MaxVMSize", "MaxVMSizeNode", "MaxVMSizeTask", "McsLabel", "MinCPU",
+        "MinCPUNode", "MinCPUTask", "Planned", "PlannedCPU", "PlannedCPURAW", "Priority", "QOSRAW", "ReqCPUFreq",
+        "ReqCPUFreqGov", "ReqCPUFreqMax", "ReqCPUFreqMin", "Reservation", "ReservationId", "Reserved",
+        "ResvCPU", "ResvCPURAW", "SubmitLine", "SystemComment", "SystemCPU", "TRESUsageInAve",
+        "TRESUsageInMax", "TRESUsageInMaxNode", "TRESUsageInMaxTask", "TRESUsageInMin", "TRESUsageInMinNode",
+        "TRESUsageInMinTask", "TRESUsageInTot", "TRESUsageOutAve", "TRESUsageOutMax", "TRESUsageOutMaxNode",
+        "TRESUsageOutMaxTask", "TRESUsageOutMin", "TRESUsageOutMinNode", "TRESUsageOutMinTask",
+        "TRESUsageOutTot", "UserCPU", "WCKey", "WCKeyID", "WorkDir",
+    )
+    if name not in KNOWN_FIELDS  # Comment, WorkDir, Group, ...: kept, above
+}
+SLURM_FIELDS = {**KNOWN_FIELDS, **UNMEASURED_FIELDS}
 DEFAULT_FIELDS = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 BRIEF_FIELDS = "JobID,State,ExitCode"
 LONG_FIELDS = ("JobID,JobIDRaw,JobName,Partition,MaxRSS,AllocCPUS,TotalCPU,NTasks,Elapsed,State,ExitCode,"
@@ -343,7 +348,9 @@ def render(lines: Sequence[dict[str, str]], fields: FieldList, args: Any) -> lis
 def _field_list(args: Any) -> FieldList:
     spec = ",".join(args.format) if args.format else (
         BRIEF_FIELDS if args.brief else LONG_FIELDS if args.long else DEFAULT_FIELDS)
-    return FieldList(spec, KNOWN_FIELDS)
+    if spec.strip().upper() == "ALL":  # sacct --format=ALL: every field
+        spec = ",".join(SLURM_FIELDS)
+    return FieldList(spec, SLURM_FIELDS)
 
 
 MEMORY_FIELDS = ("MaxRSS", "AveRSS", "ReqMem")
@@ -380,7 +387,7 @@ def sacct(argv: list[str]) -> None:
     try:
         args = parser().parse_args(argv)
         if args.helpformat:
-            names = list(KNOWN_FIELDS)
+            names = sorted(SLURM_FIELDS, key=str.lower)
             for first in range(0, len(names), 4):
                 print(" ".join(f"{name:<19}" for name in names[first:first + 4]).rstrip())
             return
@@ -403,8 +410,8 @@ def sacct(argv: list[str]) -> None:
         except TimeSpecError as exc:
             raise UsageError(str(exc)) from None
     except UsageError as exc:
-        fail(PROG, CliError(str(exc), EXIT_USAGE))
-    users = split_list(args.users)
+        fail(PROG, CliError(str(exc), EXIT_FAILURE))
+    users = user_names(args.users)
     if not users and not args.allusers and not job_ids and os.geteuid() != 0:
         users = [getpass.getuser()]  # as sacct: your own jobs unless you ask for more
     if start is None and not job_ids:

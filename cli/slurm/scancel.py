@@ -14,6 +14,7 @@ import sys
 from garrison.cli.client import EXIT_FAILURE, CliError, fail
 from garrison.cli.gcancel import cancel_jobs
 from garrison.cli.slurm import answer_version
+from garrison.cli.slurm.fields import user_names
 from garrison.cmdline.argparser import Parser, UsageError
 
 PROG = "scancel"
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
             raise UsageError("--interactive is not supported")
     except UsageError as exc:
         fail(PROG, CliError(str(exc), EXIT_FAILURE))
-    user = args.user
+    user = user_names([args.user])[0] if args.user else ""
     if args.me:
         if user and user != getpass.getuser():
             fail(PROG, CliError("--me and -u name different users", EXIT_FAILURE))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from garrison.cli.slurm import answer_version
-from garrison.cli.slurm.fields import clock, exit_code_text, memory_mb, sacct_duration
+from garrison.cli.slurm.fields import clock, exit_code_text, memory_mb, sacct_duration, slurm_reason
 from garrison.model.arrayfold import index_ranges
 from garrison.model.hostlist import HostListError, compress_hostlist, expand_hostlist
 
@@ -79,6 +79,16 @@ def _last_allocation(job: Any) -> list[Any]:
     return list(job.attempts[-1].allocation) if job.attempts else []
 
 
+
+def _task_count(spec: Any, node_count: int) -> int:
+    """Slurm's NumTasks: -n, else --ntasks-per-node on every node, else one task per node (an `-N 2` job
+    shows NumTasks=2 under Slurm 22.05; it showed 1 here)."""
+    if spec.HasField("ntasks"):
+        return int(spec.ntasks)
+    if spec.HasField("ntasks_per_node"):
+        return int(spec.ntasks_per_node) * node_count
+    return node_count
+
 def job_record(job: Any, oneliner: bool = False, details: bool = False) -> str:
     """``scontrol show job``: the Key=Value lines Slurm prints, as far as Garrison keeps the same facts.
     ``details`` (``-d``): also DerivedExitCode, and JOB_GRES with a line per node of what the job holds there
@@ -108,7 +118,7 @@ def job_record(job: Any, oneliner: bool = False, details: bool = False) -> str:
 
     # Garrison keeps the script's text, not its path: Slurm's Command= (the script and its arguments) as far as known.
     command = "(null)" if spec.launch == "allocation" else " ".join(["(script)", *spec.command])
-    reason = job.reason or "None"
+    reason = slurm_reason(job.reason)
     lines: list[list[tuple[str, str]]] = [
         [("JobId", str(job.job_id)), ("JobName", job.name)],
         [("UserId", f"{job.user}({job.uid})"), ("GroupId", f"{job.user}({job.uid})"), ("MCS_label", "N/A")],
@@ -127,7 +137,7 @@ def job_record(job: Any, oneliner: bool = False, details: bool = False) -> str:
         [("NodeList", nodes)],
         [("BatchHost", job.node_list[0])] if job.node_list and running else [],
         [("NumNodes", str(node_count)), ("NumCPUs", str(cpus)),
-         ("NumTasks", str(spec.ntasks) if spec.HasField("ntasks") else "1"),
+         ("NumTasks", str(_task_count(spec, node_count))),
          ("CPUs/Task", str(spec.cpus_per_task) if spec.HasField("cpus_per_task") else "1")],
         [("TRES", ",".join(tres))],
         [("MinMemoryNode", memory_mb(spec.mem_mb) if spec.mem_mb else "0")],

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.client import EXIT_FAILURE, Client, CliError, fail, run_command
 from garrison.cli.render import format_duration as duration
 from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import PercentFormat, parse_long_format, split_list
@@ -243,7 +243,7 @@ def sinfo(argv: list[str]) -> None:
 
             nodes = {name for value in args.nodes for name in expand_hostlist(value)}
     except (UsageError, ValueError) as exc:
-        fail(PROG, CliError(str(exc), EXIT_USAGE))
+        fail(PROG, CliError(str(exc), EXIT_FAILURE))
     from garrison.protos.v1 import garrison_pb2 as pb
 
     try:

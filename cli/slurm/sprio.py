@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.client import EXIT_FAILURE, Client, CliError, fail, run_command
 from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import PercentFormat, sort_by_letters, split_list
 from garrison.cmdline.argparser import Parser, UsageError
@@ -132,7 +132,7 @@ def sprio(argv: list[str]) -> None:
         if args.sort:
             _sorted([], args.sort)
     except UsageError as exc:
-        fail(PROG, CliError(str(exc), EXIT_USAGE))
+        fail(PROG, CliError(str(exc), EXIT_FAILURE))
     from garrison.protos.v1 import admin_pb2 as adminpb
     from garrison.protos.v1 import admin_pb2_grpc
 
@@ -146,7 +146,7 @@ def sprio(argv: list[str]) -> None:
     try:
         lines = sprio_lines(response, args)
     except UsageError as exc:
-        fail(PROG, CliError(str(exc), EXIT_USAGE))
+        fail(PROG, CliError(str(exc), EXIT_FAILURE))
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import getpass
 import sys
 
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.client import EXIT_FAILURE, Client, CliError, fail, run_command
 from garrison.cli.queue_format import time_left_text, time_limit_text
 from garrison.cli.render import elapsed
 from garrison.cli.render import format_duration as duration
@@ -21,9 +21,11 @@ from garrison.cli.slurm.fields import (
     memory_mb,
     parse_long_format,
     short_state,
+    slurm_reason,
     sort_by_letters,
     split_list,
     state_names,
+    user_names,
 )
 from garrison.cmdline.argparser import Parser, UsageError
 
@@ -103,7 +105,7 @@ def _nodelist(names: Sequence[str]) -> str:
 
 def _reason_or_nodes(job: Any) -> str:
     if job.state == "PENDING" or not job.node_list:
-        return f"({job.reason or 'None'})"
+        return f"({slurm_reason(job.reason)})"
     return _nodelist(job.node_list)
 
 
@@ -164,7 +166,7 @@ def job_values(job: Any, detail: Any | None = None, estimate: float | None = Non
         "N": lambda: _nodelist(job.node_list), "o": lambda: spec_text(_command),
         "p": lambda: f"{job.priority / 4294967295:.8f}" if job.priority > 0 else "0.00000000",
         "P": lambda: job.partition, "q": lambda: spec_text(lambda s: s.qos or "normal"),
-        "Q": lambda: str(job.priority), "r": lambda: job.reason or "None", "R": lambda: _reason_or_nodes(job),
+        "Q": lambda: str(job.priority), "r": lambda: slurm_reason(job.reason), "R": lambda: _reason_or_nodes(job),
         "S": lambda: clock(job.start_time) if job.start_time and job.state != "PENDING"
         else clock(max(estimate, job.now)) if estimate else "N/A",
         "t": lambda: short_state(job.state), "Y": lambda: "(null)",
@@ -261,8 +263,8 @@ def squeue(argv: list[str]) -> None:
             interval = parse_count(args.iterate, minimum=1)
         _node_filter(args.nodelist)  # a bad host list is a usage error before any call
     except (UsageError, ValueError) as exc:
-        fail(PROG, CliError(str(exc), EXIT_USAGE))
-    users = split_list(args.users) + ([getpass.getuser()] if args.me else [])
+        fail(PROG, CliError(str(exc), EXIT_FAILURE))
+    users = user_names(args.users) + ([getpass.getuser()] if args.me else [])
     import time
 
     if interval is None:
@@ -316,7 +318,7 @@ def _show(args: Any, layout: PercentFormat, users: list[str], states: list[str])
     except CliError as exc:
         fail(PROG, exc)
     except UsageError as exc:
-        fail(PROG, CliError(str(exc), EXIT_USAGE))
+        fail(PROG, CliError(str(exc), EXIT_FAILURE))
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
 

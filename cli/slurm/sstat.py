@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from garrison.cli.client import EXIT_USAGE, Client, CliError, fail, run_command
+from garrison.cli.client import EXIT_FAILURE, Client, CliError, fail, run_command
 from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import FieldList, split_list
 from garrison.cmdline.argparser import Parser, UsageError
@@ -96,7 +96,7 @@ def sstat(argv: list[str]) -> None:
                 raise UsageError(f"invalid job id {ref!r}")
             wanted.append((job_text, step_text if dot else None))
     except UsageError as exc:
-        fail(PROG, CliError(str(exc), EXIT_USAGE))
+        fail(PROG, CliError(str(exc), EXIT_FAILURE))
     from garrison.protos.v1 import garrison_pb2 as pb
 
     lines: list[dict[str, str]] = []

@@ -26,8 +26,9 @@ def expand_output_pattern(
     node_name: str | None = None,
 ) -> str:
     """Expand sbatch's filename specifiers: %j job id, %t rank, %n node rank, %A array job id,
-    %a array task id, %u user, %x job name, %% a literal percent; and srun's for a step's files: %s step id,
-    %J job id.step id, %N the task's node name (given ``step_id`` and ``node_name``).
+    %a array task id, %u user, %x job name, %% a literal percent, %J the job id (a step's: job id.step id),
+    %N the node's name (given ``node_name``: sbatch's batch node, a step task's own node); and srun's %s step
+    id (given ``step_id``).
 
     A width between % and a numeric specifier zero-pads it ("%4a" -> "0007"), as in Slurm. A job outside
     any array counts as an array of one: %A is its own id and %a is 0, so one pattern fits both kinds.
@@ -40,7 +41,9 @@ def expand_output_pattern(
         "A": array_job_id if array_job_id is not None else job_id,
         "a": array_task_id if array_task_id is not None else 0,
     }
-    words = {"u": user, "x": job_name}
+    # sbatch expands %J (the batch step is the job id alone) and %N too: `-o out-%A_%a-%J.o` and
+    # `-o %x-%j.%N.out` are common in real scripts, which found the letters left as written before.
+    words = {"u": user, "x": job_name, "J": str(job_id)}
     if step_id is not None:
         numbers["s"] = step_id
         words["J"] = f"{job_id}.{step_id}"
@@ -101,6 +104,7 @@ def resolve_output_path(
     array_task_id: int | None,
     user: str,
     job_name: str,
+    node_name: str | None = None,
 ) -> str:
     """The file one rank writes to: ``pattern`` (or the default for a job or an array task) expanded, and a
     relative path taken from the job's working directory. The agent opens it; gjob shows it."""
@@ -108,6 +112,6 @@ def resolve_output_path(
         pattern = DEFAULT_ARRAY_OUTPUT if array_job_id is not None else DEFAULT_OUTPUT
     path = expand_output_pattern(
         pattern, job_id=job_id, rank=rank, node_rank=node_rank, array_job_id=array_job_id,
-        array_task_id=array_task_id, user=user, job_name=job_name,
+        array_task_id=array_task_id, user=user, job_name=job_name, node_name=node_name,
     )
     return path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}"

@@ -127,6 +127,11 @@ def resolve(spec: JobSpec) -> JobSpec:
             cpus_per_gpu = derived
         else:
             cpus_per_node = wanted_per_node
+    elif not has_gpus and not cpus_per_node and (ntasks is not None or per_node is not None) and tasks_per_node > 1:
+        # A CPU job's tasks get a CPU each without -c too, as Slurm gives them: HPCNow's `--ntasks=48` for
+        # `srun --multi-prog` had one core for all its tasks here (SLURM_CPUS_ON_NODE=2 where Slurm says 48),
+        # and `--ntasks-per-node=40` on 32-CPU nodes ran where Slurm refuses it. (A GPU job's CPUs follow its GPUs.)
+        cpus_per_node = tasks_per_node
     # Memory.
     mem_mb, mem_per_gpu = spec.mem_mb, spec.mem_per_gpu_mb
     if spec.mem_per_cpu_mb:

@@ -71,8 +71,6 @@ def slurm_environment(launch: LaunchDescription, counts: Sequence[int], cpus_on_
         "SLURM_TASKS_PER_NODE": tasks_per_node_text(tasks),
         "SLURM_JOB_CPUS_PER_NODE": tasks_per_node_text([len(n.cpus) or cpus_on_node for n in nodes]),
         "SLURM_CPUS_ON_NODE": str(cpus),
-        "SLURM_GPUS_ON_NODE": str(len(here.gpus)),
-        "SLURM_JOB_GPUS": ",".join(str(g) for g in sorted(here.gpus)),
         "SLURMD_NODENAME": here.node,
         "SLURM_TOPOLOGY_ADDR": here.node,
         "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
@@ -82,6 +80,11 @@ def slurm_environment(launch: LaunchDescription, counts: Sequence[int], cpus_on_
         "SLURM_JOB_ACCOUNT": launch.account,
         "SLURM_CLUSTER_NAME": launch.cluster_name,
     }
+    if here.gpus:
+        # Only a job with GPUs on the node is told of them, as slurmd does: a script's
+        # `${SLURM_GPUS_ON_NODE:-1}` then means what it means under Slurm (a 0 here once made it 0).
+        env["SLURM_GPUS_ON_NODE"] = str(len(here.gpus))
+        env["SLURM_JOB_GPUS"] = ",".join(str(g) for g in sorted(here.gpus))
     if ntasks_known:
         env["SLURM_NTASKS"] = env["SLURM_NPROCS"] = str(sum(tasks))
     if spec.ntasks_per_node is not None:
@@ -93,8 +96,20 @@ def slurm_environment(launch: LaunchDescription, counts: Sequence[int], cpus_on_
         env["SLURM_CPUS_PER_TASK"] = str(max(1, len(here.cpus) // tasks[launch.node_rank]))
     if spec.gpus_per_node is not None:
         env["SLURM_GPUS_PER_NODE"] = str(spec.gpus_per_node)
-    if here.mem_mb:
+    if spec.ntasks_per_gpu is not None:
+        env["SLURM_NTASKS_PER_GPU"] = str(spec.ntasks_per_gpu)
+    if spec.gpus_per_task is not None:
+        env["SLURM_GPUS_PER_TASK"] = str(spec.gpus_per_task)  # srun's default --gpus-per-task in the job
+    # The memory variable names the option given, as sbatch's do: a script that reads $SLURM_MEM_PER_CPU
+    # (e.g. to size a JVM per thread) after --mem-per-cpu found it unset here before.
+    if spec.mem_per_cpu_mb:
+        env["SLURM_MEM_PER_CPU"] = str(spec.mem_per_cpu_mb)
+    elif spec.mem_per_gpu_mb:
+        env["SLURM_MEM_PER_GPU"] = str(spec.mem_per_gpu_mb)
+    elif here.mem_mb:
         env["SLURM_MEM_PER_NODE"] = str(here.mem_mb)
+    if spec.open_mode:
+        env["SLURM_OPEN_MODE"] = spec.open_mode[0]  # "a" or "t", as sbatch exports --open-mode
     if spec.submit_host:
         env["SLURM_SUBMIT_HOST"] = spec.submit_host
     if launch.qos:

@@ -70,7 +70,7 @@ def _resolve_output(pattern: str | None, launch: LaunchDescription, rank: int) -
     return resolve_output_path(
         pattern, workdir=launch.spec.workdir, job_id=launch.job_id, rank=rank, node_rank=launch.node_rank,
         array_job_id=launch.array_job_id, array_task_id=launch.array_task_id, user=launch.user,
-        job_name=launch.spec.name,
+        job_name=launch.spec.name, node_name=launch.node,
     )
 
 

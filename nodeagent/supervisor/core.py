@@ -407,7 +407,12 @@ def _become_rank(
         cpus = rank.cpus or launch.cpus
         if cpus:
             stage = "bind to CPUs"
-            os.sched_setaffinity(0, cpus)  # the CPUs the scheduler chose, NUMA-local to the GPUs
+            # The CPUs the scheduler chose, NUMA-local to the GPUs; those this host lacks (a node of
+            # `garrison up --fake-cpus 32` on a 2-CPU host) are dropped, and with none left the rank keeps the
+            # supervisor's, as the cgroup's cpuset does: four background `srun -c 2` steps once failed with
+            # exit code 127 there, three of them bound to CPUs that do not exist.
+            usable = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, set(cpus) & usable or usable)
         if launch.uid != os.getuid():
             stage = f"switch to uid {launch.uid} gid {launch.gid}"
             os.setgroups(launch.groups)

@@ -7,6 +7,7 @@ $SLURM_JOB_ID`` from a SIGUSR1 handler inside the job) giving a second attempt t
 from __future__ import annotations
 
 import getpass
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -181,7 +182,11 @@ def test_scancel_by_id_name_and_user(cluster: Cluster) -> None:
     slurm(cluster, "scancel", "-n", "sc-name")
     assert {cluster.job(j)["state"] for j in by_name} == {"CANCELLED"}
     assert cluster.job(by_user)["state"] == "PENDING"
-    slurm(cluster, "scancel", "-u", getpass.getuser(), "-t", "PENDING", "-n", "sc-user")
+    # -u takes a numeric uid too, as Slurm's commands do (cmmid/SA2UK's submitter ends with `squeue -u $UID`)
+    uid = str(os.getuid())
+    assert slurm(cluster, "squeue", "-u", uid, "-n", "sc-user", "-h", "-o", "%i %j").stdout.split() == [by_user, "sc-user"]
+    assert by_user in slurm(cluster, "sacct", "-u", uid, "-n", "-X", "-o", "JobID").stdout.split()
+    slurm(cluster, "scancel", "-u", uid, "-t", "PENDING", "-n", "sc-user")
     assert cluster.job(by_user)["state"] == "CANCELLED"
     # A running job: --signal signals without cancelling; the job ends of it with its own status.
     running = sbatch(cluster, "-o", "/dev/null", "--wrap", "trap 'exit 7' USR1; while true; do sleep 0.1; done")
@@ -201,7 +206,8 @@ def test_scontrol_hold_release_update_and_show_job(cluster: Cluster) -> None:
     assert "JobState=PENDING" in record and "TimeLimit=00:10:00" in record, record
     assert f"StdOut={Path('/dev/null')}" in record and f"WorkDir={cluster.work}" in record, record
     held_reason = next(w for w in record.split() if w.startswith("Reason="))
-    assert "Held" in held_reason, record
+    assert held_reason == "Reason=JobHeldUser", record
+    assert slurm(cluster, "squeue", "-h", "-j", job_id, "-o", "%r %R").stdout.split() == ["JobHeldUser", "(JobHeldUser)"]  # Slurm's word for a job its owner holds
     slurm(cluster, "scontrol", "release", job_id)
     assert "Held" not in cluster.job(job_id)["reason"]
     slurm(cluster, "scontrol", "update", f"JobId={job_id}", "TimeLimit=5:00")

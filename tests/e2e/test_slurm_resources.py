@@ -82,3 +82,23 @@ def test_a_requeued_job_appends_to_its_first_attempts_output(cluster: Cluster, m
     job = cluster.wait_done(job_id, timeout=90)
     assert job["state"] == "COMPLETED", job
     assert log.read_text().splitlines() == expected
+
+
+def test_concurrent_cpu_steps_run_on_a_node_with_more_cpus_than_its_host() -> None:
+    # A Duke example script (docs/slurm.md, corpus pass): `-n 4 -c 2`, then four `srun --exclusive -n 1 -c 2 ... &`
+    # and wait. On `garrison up --fake-cpus 32` over a smaller host the later steps were bound to CPUs the host
+    # lacks and failed with exit code 127; the supervisor now keeps a rank to CPUs that exist.
+    from .conftest import start_cluster, stop_cluster
+
+    cluster = start_cluster(["pcie4"], ["--fake-cpus", "32"])
+    try:
+        script = cluster.work / "steps.sh"
+        script.write_text(
+            "#!/bin/bash\n#SBATCH -N 1 -n 4 -c 2\n"
+            "for i in 1 2 3 4; do gsrun -Q -n 1 -c 2 bash -c \"sleep 1; echo hello $i\" & done\nwait\n")
+        job = cluster.submit("-o", str(cluster.work / "steps-%j.out"), str(script))
+        assert cluster.wait_done(job, timeout=120)["state"] == "COMPLETED"
+        out = (cluster.work / f"steps-{job}.out").read_text()
+        assert sorted(out.split("\n")[:-1]) == [f"hello {i}" for i in range(1, 5)], out
+    finally:
+        stop_cluster(cluster)

@@ -353,10 +353,18 @@ def _expand(pattern: str, **overrides: object) -> str:
         ("%5x", "train"),  # a width is ignored for a text specifier
         ("%q-%", "%q-%"),  # unknown specifiers and a lone % are left as written
         ("plain.log", "plain.log"),
+        # sbatch's %J is the batch step's: the job id alone (ARCCA_Python_Tool's `-o output-%A_%a-%J.o`)
+        ("output-%A_%a-%J.o", "output-40_7-42.o"),
     ],
 )
 def test_output_patterns(pattern: str, expanded: str) -> None:
     assert _expand(pattern) == expanded
+
+
+def test_output_pattern_node_name_stays_as_written_without_a_node() -> None:
+    # gjob and scontrol do not know where a job runs (Slurm's scontrol shows %N as written too)
+    assert _expand("%x-%j-%N.out") == "train-42-%N.out"
+    assert _expand("%N-%J-%s", node_name="node1", step_id=2) == "node1-42.2-2"
 
 
 _SPECIFIER = re.compile(r"%(%|([0-9]*)([A-Za-z]))")  # the expansion's rule, as a regular expression

@@ -190,3 +190,36 @@ def test_ntasks_and_cpus_per_task_are_the_batch_scripts_counts_as_under_sbatch()
     # -n 8 over 3 nodes, block-wise as sbatch lays them out: 3, 3, 2.
     assert (env["SLURM_NTASKS"], env["SLURM_TASKS_PER_NODE"], env["SLURM_CPUS_PER_TASK"]) == ("8", "3(x2),2", "6")
     assert "SLURM_NTASKS_PER_NODE" not in env
+
+
+def test_batch_output_names_expand_the_node_and_the_batch_step_as_sbatch_does() -> None:
+    # Real scripts' patterns (DynamicCascades.jl `--output=%x-%A_%a-%N.out`, ARCCA's `-o output-%A_%a-%J.o`):
+    # sbatch gives %N the batch node's name and %J the job id; they were left as written before.
+    launch = context(LaunchMode.SINGLE, node_rank=0)
+    launch = replace(launch, spec=replace(launch.spec, output="%x-%j-%N.out", error="e-%J.err"))
+    rank = plan(launch, ["train"])[0]
+    assert rank.stdout == "/home/u/t-12-a.out"
+    assert rank.stderr == "/home/u/e-12.err"
+
+
+def test_a_cpu_job_is_not_told_of_gpus_and_memory_variables_name_the_option_given() -> None:
+    # As slurmd sets them (checked against Slurm 22.05 with scribble's hello.sh and ARCCA's array scripts):
+    # a job without GPUs has no SLURM_GPUS_ON_NODE/SLURM_JOB_GPUS (a `${SLURM_GPUS_ON_NODE:-1}` found 0 here),
+    # --mem-per-cpu gives SLURM_MEM_PER_CPU (not _PER_NODE), and --ntasks-per-gpu and --open-mode are passed on.
+    from dataclasses import replace
+
+    launch = slurm_context(LaunchMode.SINGLE)
+    cpu_only = Allocation(tuple(replace(n, gpus=()) for n in launch.allocation.nodes))
+    spec = replace(launch.spec, gpus_per_node=None, mem_per_cpu_mb=1024, open_mode="append")
+    env = plan(replace(launch, spec=spec, allocation=cpu_only), ["script"])[0].env
+    assert "SLURM_GPUS_ON_NODE" not in env and "SLURM_JOB_GPUS" not in env
+    assert env["SLURM_MEM_PER_CPU"] == "1024" and "SLURM_MEM_PER_NODE" not in env
+    assert env["SLURM_OPEN_MODE"] == "a"
+
+    per_gpu = replace(launch.spec, mem_per_gpu_mb=8192, ntasks_per_gpu=1)
+    env = plan(replace(launch, spec=per_gpu), ["script"])[0].env
+    assert env["SLURM_MEM_PER_GPU"] == "8192" and "SLURM_MEM_PER_NODE" not in env
+    assert env["SLURM_NTASKS_PER_GPU"] == "1" and env["SLURM_GPUS_ON_NODE"] == "2"
+    env = plan(replace(launch, spec=replace(launch.spec, gpus_per_task=1)), ["script"])[0].env
+    assert env["SLURM_GPUS_PER_TASK"] == "1"
+    assert "SLURM_OPEN_MODE" not in env

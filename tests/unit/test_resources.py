@@ -37,6 +37,16 @@ def test_tasks_and_gpus_per_task_make_gpus() -> None:
     assert resolved(ntasks=8, ntasks_per_gpu=2).gpus == 4
 
 
+def test_a_cpu_jobs_tasks_get_a_cpu_each_without_cpus_per_task() -> None:
+    # Slurm's default of one CPU per task: HPCNow's `--ntasks=8` for srun --multi-prog reserved one core
+    # here (SLURM_CPUS_ON_NODE=2; Slurm 22.05: 8). A GPU job's CPUs still follow its GPUs.
+    assert resolved(ntasks=8).cpus_per_node == 8
+    assert resolved(nodes=2, ntasks_per_node=40).cpus_per_node == 40
+    assert resolved(ntasks=1).cpus_per_node == 0 and resolved().cpus_per_node == 0
+    assert resolved(ntasks=4, gpus_per_node=4).cpus_per_node == 0
+    assert resolved(ntasks=8, cpus_per_node=2).cpus_per_node == 2  # a count of the job's own stands
+
+
 def test_cpus_per_task_becomes_cpus_per_gpu_or_cpus_per_node() -> None:
     assert resolved(nodes=2, ntasks_per_node=4, gpus_per_node=4, cpus_per_task=1).cpus_per_gpu == 1
     assert resolved(ntasks_per_node=2, gpus_per_node=4, cpus_per_task=6).cpus_per_gpu == 3
@@ -175,6 +185,8 @@ def test_the_controller_maps_the_options_itself() -> None:
         ({"mem_mb": 4 << 20}, "--mem: 4194304 MB per node exceeds the largest node"),
         ({"gpus_per_node": 8, "mem_per_gpu_mb": 300_000}, "--mem-per-gpu: 2400000 MB per node exceeds"),
         ({"cpus_per_task": 64, "ntasks": 4}, "--cpus-per-task: 256 CPUs per node exceed"),
+        # a CPU each for a CPU job's tasks (ARCCA's --ntasks=80 --ntasks-per-node=40), named by what was given
+        ({"nodes": 2, "ntasks_per_node": 400}, "--ntasks-per-node: 400 CPUs per node exceed"),
         ({"ntasks": 16, "ntasks_per_node": 4, "nodes": 2}, "--ntasks 16 cannot fit"),
         ({"ntasks": 0}, "--ntasks must be a positive number"),
         ({"open_mode": "sometimes"}, "--open-mode must be append or truncate"),

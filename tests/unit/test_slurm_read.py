@@ -275,14 +275,33 @@ def test_sacct_spec_fields_and_slurms_other_fields_blank() -> None:
     record.comment, record.workdir, record.constraint, record.gid = "sweep 3", "/home/ana/run", "a100|h100", 0
     lines = sacct.job_lines(record, [], NOW)
     fields = FieldList("JobID,Comment,WorkDir,Constraints,QOS,GID,Group,AveRSS,AveCPU,maxvmsize,UserCPU,SubmitLine",
-                       sacct.KNOWN_FIELDS)
+                       sacct.SLURM_FIELDS)
     assert fields.render(lines, parsable="P") == [
         "JobID|Comment|WorkDir|Constraints|QOS|GID|Group|AveRSS|AveCPU|MaxVMSize|UserCPU|SubmitLine",
         "30|sweep 3|/home/ana/run|a100|h100|normal|0|root|||||",
         "30.batch||/home/ana/run|||0|root|300.00M|01:15.500|||",
     ]
     with pytest.raises(UsageError, match="unknown field 'MaxBogus'"):
-        FieldList("JobID,MaxBogus", sacct.KNOWN_FIELDS)
+        FieldList("JobID,MaxBogus", sacct.SLURM_FIELDS)
+
+
+def test_sacct_takes_every_field_slurm_has() -> None:
+    # apel's accounting script asks for `...,Group,...,MaxVMSize,State`, HPC_analytics' for `--format=ALL`:
+    # both failed here on the first field Garrison lacked. Those it does not measure print empty, as sacct does.
+    import os
+    import pwd
+    from types import SimpleNamespace
+
+    record = finished()
+    record.uid, record.gid = os.getuid(), pwd.getpwuid(os.getuid()).pw_gid  # Group and GID: the job's group
+    fields = sacct._field_list(SimpleNamespace(format=["JobID,User,Group,GID,MaxVMSize,AveRSS,State"],
+                                               brief=False, long=False))
+    row = fields.render(sacct.job_lines(record, [], NOW), header=False, parsable="P")[0].split("|")
+    assert row[3] == str(record.gid) and row[4:] == ["", "", "COMPLETED"] and row[2]
+    every = sacct._field_list(SimpleNamespace(format=["ALL"], brief=False, long=False))
+    assert {"JobID", "MaxVMSize", "WorkDir", "TRESUsageInTot"} <= {f.name for f in every.fields}
+    with pytest.raises(UsageError):
+        sacct._field_list(SimpleNamespace(format=["JobID,Bogus"], brief=False, long=False))
 
 
 def test_sacct_default_table_and_folded_pending_array() -> None:

@@ -122,6 +122,19 @@ def test_show_job_record_in_slurm_form() -> None:
     assert "\n" not in oneline and oneline.startswith("JobId=42 JobName=train UserId=ann(1000) ")
 
 
+def test_show_job_counts_tasks_as_slurm_does() -> None:
+    # Slurm 22.05: -n as given, else --ntasks-per-node on every node, else a task per node (skypilot's
+    # `--nodes=2 --ntasks-per-node=1` and alpaca_baselines' `--nodes=2` show NumTasks=2; they showed 1 here).
+    job = _job()
+    def tasks() -> str:
+        return dict(w.split("=", 1) for w in scontrol.job_record(job, oneliner=True).split() if "=" in w)["NumTasks"]
+    assert tasks() == "2"
+    job.spec.ntasks_per_node = 4
+    assert tasks() == "8"
+    job.spec.ntasks = 6
+    assert tasks() == "6"
+
+
 def test_show_job_details_give_each_nodes_cpus_memory_and_gpu_indices() -> None:
     # scontrol show job -d, which scripts grep for GRES=...(IDX:...): nodes holding alike share a line.
     job = _job()

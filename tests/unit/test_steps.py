@@ -303,6 +303,22 @@ def test_gsrun_gpus_per_task_takes_srun_s_type_prefix() -> None:
             gsrun_spec(f"--gpus-per-task={bad}", "true")
 
 
+def test_a_job_of_ntasks_per_gpu_binds_each_step_task_to_its_gpu() -> None:
+    # sbatch --ntasks-per-gpu=1 (CT_NVAE's signal_interrupt.sh): srun's tasks get a GPU each under Slurm 22.05
+    # (CUDA_VISIBLE_DEVICES=0, 1, 2, 3), as --ntasks-per-gpu implies --gpu-bind=single:N; they saw all four here.
+    in_job = {"SLURM_JOB_ID": "12", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_GPU": "1", "SLURM_GPUS_ON_NODE": "4"}
+    spec = gsrun_spec("python", "train.py", environ=in_job)
+    assert (spec["gpu_bind"], spec["gpu_bind_arg"]) == ("single", [1])
+    # an explicit binding or a GPU count of the step's own stands
+    assert gsrun_spec("--gpu-bind", "none", "true", environ=in_job)["gpu_bind"] == "none"
+    assert gsrun_spec("--gpus-per-task", "1", "true", environ=in_job)["gpu_bind"] == ""
+    assert gsrun_spec("true", environ={"SLURM_JOB_ID": "12"})["gpu_bind"] == ""
+    # --gpus-per-task=1 in the job: the same, as srun takes SLURM_GPUS_PER_TASK (checked against Slurm 22.05)
+    one_each = {"SLURM_JOB_ID": "12", "SLURM_NTASKS": "4", "SLURM_GPUS_PER_TASK": "1"}
+    assert (gsrun_spec("true", environ=one_each)["gpu_bind"], gsrun_spec("true", environ=one_each)["gpu_bind_arg"]) \
+        == ("single", [1])
+
+
 def test_a_step_with_gres_none_or_gpu_0_holds_and_sees_no_gpus() -> None:
     # srun --gres=none (or --gres=gpu:0) inside a GPU job, as Slurm 22.05 runs it: CUDA_VISIBLE_DEVICES,
     # SLURM_STEP_GPUS and SLURM_GPUS_ON_NODE unset there; Garrison gives an empty CUDA_VISIBLE_DEVICES, which

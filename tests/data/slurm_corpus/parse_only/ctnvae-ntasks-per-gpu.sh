@@ -1,0 +1,22 @@
+#!/bin/bash
+# Rewritten for Garrison's corpus from https://github.com/gigantocypris/CT_NVAE/blob/main/experimental/signal_interrupt.sh (directives and Slurm command lines, trimmed)
+#SBATCH -A m3562_g
+#SBATCH --time=10:00:00
+#SBATCH -C gpu
+#SBATCH -N 1
+#SBATCH -J sig_interrupt      # job name
+#SBATCH -L SCRATCH       # job requires SCRATCH files
+#SBATCH -C gpu
+#SBATCH -q preempt
+#SBATCH --gpus-per-node=4
+#SBATCH --ntasks-per-gpu=1
+#SBATCH --cpus-per-task=4
+#SBATCH -o %j.out
+#SBATCH -e %j.err
+#SBATCH --signal=USR1@60
+#SBATCH --requeue
+#SBATCH --open-mode=append
+
+echo "jobstart $(date)";pwd
+srun bash -c 'echo task $SLURM_PROCID of $SLURM_NTASKS gpus=$CUDA_VISIBLE_DEVICES'
+echo "jobend $(date)";pwd
