@@ -285,3 +285,62 @@ def test_a_full_agent_disk_drains_the_node_requeues_its_job_and_the_node_resumes
     finally:
         c.run("garrison", "down", "--state-dir", str(c.state_dir), check=False)  # before its disk goes
         subprocess.run(["umount", "-l", str(agent_dir)], check=False)
+
+
+def test_a_controller_slow_to_start_counts_the_fence_delay_from_when_it_listens() -> None:
+    """A restarted controller refuses connections until it listens, so while it loads its database the agents
+    extend their leases (nodeagent/lease.py): a node that falls silent just as it begins to listen still runs
+    its ranks for a whole lease. The fence delay must count from when the controller listens, not from when
+    it began loading, or that node's job is requeued and runs twice at once. The start is made slow by a lock
+    on the jobs table of a private PostgreSQL instance, which the restarted controller's load waits for."""
+    import subprocess
+
+    import psycopg
+    from helpers.private_postgres import PrivatePostgres, postgres_bin
+
+    from .conftest import BIN
+
+    if postgres_bin() is None:
+        pytest.skip("no PostgreSQL server binaries to start a private instance with")
+    pg = PrivatePostgres()
+    pg.start()
+    url = pg.url.replace("postgresql+psycopg://", "postgresql://")
+    c = start_cluster(["dgx-a100", "dgx-a100"], ["--database", pg.url])
+    up: subprocess.Popen[bytes] | None = None
+    try:
+        log = c.work / "slow-start.log"
+        job_id = c.submit("-N", "1", "--gpus-per-node", "8", "--launch", "node", "-o", "/dev/null",
+                          "--wrap", job_body(log, first_ticks=600, later_ticks=5))
+        wait_for(c, job_id, lambda: 0 in runs(log), 60, "attempt 0 to start")
+        (node,) = runs(log)[0].events["start"]
+        agent = c.pid(agent_of(node))
+        agent_log = c.state_dir / f"{agent_of(node)}.log"
+
+        def extensions() -> int:
+            return agent_log.read_text().count("node lease extended")
+
+        with psycopg.connect(url) as lock, psycopg.connect(url, autocommit=True) as watch:
+            lock.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+            os.kill(c.pid("controller"), signal.SIGKILL)
+            up = subprocess.Popen([str(BIN / "garrison"), "up", "--state-dir", str(c.state_dir)], env=c.env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_until(lambda: watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                       .fetchone() == (1,), 60, what="the restarted controller to wait for the jobs table")
+            time.sleep(LEASE_S)  # the slow start itself: the fault being injected, not a wait for something
+            before = extensions()
+            wait_until(lambda: extensions() > before, 10, what="the agent to extend its lease again")
+            os.kill(agent, signal.SIGSTOP)  # silent from the moment the controller can hear it
+            lock.commit()  # the controller loads its jobs and listens
+        try:
+            wait_for(c, job_id, lambda: 1 in runs(log), 90, "the requeued attempt to start")
+            assert_no_overlap(runs(log))
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        job = c.wait_done(job_id, timeout=90)
+        assert job["state"] == "COMPLETED" and job["restart_count"] == 1, job
+        assert_no_overlap(runs(log))
+    finally:
+        if up is not None:
+            up.wait(timeout=120)
+        stop_cluster(c)
+        pg.destroy()
