@@ -227,7 +227,7 @@ class NodeReconciliation(JobLifecycle):
             instructions += self._stop(live, outcome, reason, now)
         if not live.pending_nodes:
             self._finish(live, now)
-        return instructions
+        return instructions + self.held_acks(live)
 
     def expire_heartbeats(self, now: float) -> list[Instruction]:
         """Nodes silent past the timeout go DOWN and their streams are closed; the attempts running there are

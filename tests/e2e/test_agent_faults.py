@@ -344,3 +344,30 @@ def test_a_controller_slow_to_start_counts_the_fence_delay_from_when_it_listens(
             up.wait(timeout=120)
         stop_cluster(c)
         pg.destroy()
+
+
+def test_a_gang_node_that_ended_first_is_not_lost_to_a_controller_restart(twin: Cluster) -> None:
+    """One node of a gang ends its ranks while the other's still run: nothing in the store changes then, so
+    the controller must not acknowledge that node's result (its agent would forget it) until the attempt's
+    fate is durable. A controller restarted meanwhile is told the result again when the agent registers,
+    and the gang goes on; acknowledged early, the restarted controller found that node running nothing and
+    holding no result, and requeued as "ranks lost" a job whose ranks there had ended 0 (chaos.py)."""
+    c = twin
+    log = c.work / "early-node.log"
+    body = (
+        f'L={log}; A=$GARRISON_ATTEMPT; N=$GARRISON_NODENAME; echo "start $A $N $EPOCHREALTIME" >> $L; '
+        'if [ "$N" = node1 ]; then T=1; else T=75; fi; '
+        'i=0; while [ $i -lt $T ]; do echo "tick $A $N $EPOCHREALTIME" >> $L; sleep 0.2; i=$((i+1)); done; '
+        'echo "end $A $N $EPOCHREALTIME" >> $L'
+    )
+    job_id = c.submit("-N", "2", "--gpus-per-node", "8", "--launch", "node", "-o", "/dev/null",
+                      "--wrap", "exec /bin/bash -c " + shlex.quote(body))
+    wait_for(c, job_id, lambda: runs(log).get(0, Run()).events.get("end") == {"node1"}, 60, "node1's ranks to end")
+    # The controller has node1's result once node1's GPUs are free again.
+    wait_until(lambda: node_states(c)["node1"] == "IDLE", 30, what="node1's GPUs to be released")
+    assert runs(log)[0].events["end"] == {"node1"}, "node2's ranks ended before the controller's restart"
+    os.kill(c.pid("controller"), signal.SIGKILL)
+    c.up()
+    job = c.wait_done(job_id, timeout=90)
+    assert job["state"] == "COMPLETED" and job["restart_count"] == 0, c.run("gjob", job_id).stdout
+    assert sorted(runs(log)) == [0] and runs(log)[0].events["end"] == {"node1", "node2"}
