@@ -24,6 +24,9 @@ while, one episode at a time with random pauses between them, it injects faults 
                     still down, then the controller
   ctl_down_agent_stop     the controller SIGKILLed and an agent SIGSTOPped; the controller comes back first, then
                     the agent is woken
+  ctl_stop          the controller SIGSTOPped 1-8 s or 17-30 s (a paused VM: past the lease, the nodes stop their
+                    jobs and the woken controller requeues them), SIGCONT
+  db_outage         (--postgres only) PostgreSQL restarted, or stopped for 2-30 s
 
 Every rank of every job journals itself (start, a tick every 0.5 s, stopped on SIGTERM, end: one line each, with
 the job, attempt, node and bash's $EPOCHREALTIME, O_APPEND writes shorter than PIPE_BUF) and starts a marker
@@ -394,13 +397,14 @@ def read_journal(path: Path) -> dict[int, dict[int, Run]]:
 
 
 FAULTS = ("ctl_kill", "agent_kill", "agent_stop_short", "agent_stop_long", "forkserver_kill", "supervisor_kill",
-          "ctl_down_agent_restart", "ctl_down_agent_stop")
-FAULT_WEIGHTS = (16, 16, 14, 10, 10, 14, 10, 10)
+          "ctl_down_agent_restart", "ctl_down_agent_stop", "ctl_stop", "db_outage")
+FAULT_WEIGHTS = (16, 16, 14, 10, 10, 14, 10, 10, 8, 10)
 
 
 class Injector:
-    def __init__(self, chaos: Chaos, rng: random.Random, faults: list[str]) -> None:
+    def __init__(self, chaos: Chaos, rng: random.Random, faults: list[str], pg: Any = None) -> None:
         self.chaos = chaos
+        self.pg = pg  # the private PostgreSQL (--postgres), whose outages are a fault of their own
         self.rng = rng
         self.faults = faults
         self.stop = threading.Event()
@@ -494,6 +498,28 @@ class Injector:
             finally:
                 c.kill(agent, signal.SIGCONT)
             c.up()
+        elif fault == "ctl_stop":
+            frozen = self.rng.uniform(1, 8) if self.rng.random() < 0.6 else self.rng.uniform(17, 30)
+            c.kill("controller", signal.SIGSTOP)
+            c.log(f"ctl_stop: controller SIGSTOP for {frozen:.1f}s")
+            try:
+                self.hold(frozen)
+            finally:
+                c.kill("controller", signal.SIGCONT)
+        elif fault == "db_outage":
+            if self.pg is None:
+                return
+            if self.rng.random() < 0.4:
+                c.log("db_outage: PostgreSQL restarted")
+                self.pg.restart()
+            else:
+                down = self.rng.uniform(2, 30)
+                c.log(f"db_outage: PostgreSQL stopped for {down:.1f}s")
+                self.pg.stop()
+                try:
+                    self.hold(down)
+                finally:
+                    self.pg.start()
         else:
             raise ValueError(fault)
         c.fault_counts[fault] += 1
@@ -509,6 +535,7 @@ def verdict(chaos: Chaos, work: Workload, jobs: dict[int, Any], stuck: set[int])
     requeued = {j for s in work.submitted for j in s.requeued}
     cancelled = {j for s in work.submitted if s.cancelled for j in s.job_ids}
     problems: list[str] = []
+    notes: list[str] = []
     counts: Counter[str] = Counter()
     known = set(work.kind_of)
     # Jobs the harness does not know of (a gsub whose answer was lost in a controller kill) still count.
@@ -536,7 +563,10 @@ def verdict(chaos: Chaos, work: Workload, jobs: dict[int, Any], stuck: set[int])
             or (attempts[a].state == "NODE_FAIL" and "not responding" in attempts[a].reason)
             or (attempts[a].state == "NODE_FAIL" and "supervisor died" in attempts[a].reason
                 and (job_id, a) in chaos.supervisors_killed))}
-        counts["reran_after_fault_excused"] += bool(excused) and len(complete) > 1
+        if excused and len(complete) > 1:
+            counts["reran_after_fault_excused"] += 1
+            notes.append(f"job {job_id} ({kind}) ran to its end in attempts {complete}, excused {sorted(excused)}: "
+                         f"{describe(job)}")
         if len(complete) - len(excused) > 1:
             counts["ran_twice"] += 1
             problems.append(f"job {job_id} ({kind}) ran to its end in attempts {complete}: {describe(job)}")
@@ -588,7 +618,7 @@ def verdict(chaos: Chaos, work: Workload, jobs: dict[int, Any], stuck: set[int])
         counts["leaked_at_drain"] += 1
         problems.append(f"marker of job {marked_job} attempt {attempt} on {node} (pid {pid}) alive after the drain "
                         f"({work.kind_of.get(marked_job, '?')}, {describe(jobs.get(marked_job))})")
-    return {"counts": counts, "problems": problems}
+    return {"counts": counts, "problems": problems, "notes": notes}
 
 
 def describe(job: Any) -> str:
@@ -634,7 +664,9 @@ def main() -> int:
     os.environ["GARRISON_CONTROLLER"] = c.env["GARRISON_CONTROLLER"]
     chaos = Chaos(c, args.seed, args.agents)
     work = Workload(chaos, random.Random(args.seed), args.jobs)
-    injector = Injector(chaos, random.Random(args.seed * 7919 + 1), faults)
+    if pg is None:
+        faults = [f for f in faults if f != "db_outage"] or parser.error("--faults: db_outage needs --postgres")
+    injector = Injector(chaos, random.Random(args.seed * 7919 + 1), faults, pg)
     sampler = threading.Thread(target=chaos.sample, daemon=True)
     sampler.start()
     faulting = threading.Thread(target=injector.run, daemon=True)
@@ -708,6 +740,10 @@ def main() -> int:
         print("fault_log:")
         for line in chaos.fault_log:
             print(f"  {line}")
+        if result["notes"]:
+            print("excused:")
+            for line in result["notes"][:100]:
+                print(f"  {line}")
         if result["problems"]:
             print("problems:")
             for line in result["problems"][:100]:
