@@ -34,6 +34,9 @@ class LiveAttempt:
     pending_nodes: set[str]  # nodes that have not reported the end of their ranks
     started_nodes: set[str] = field(default_factory=set)
     results: dict[str, NodeResult] = field(default_factory=dict)
+    # Nodes whose result is in `results` but not yet acknowledged: nothing durable says their ranks ended
+    # (lifecycle.held_acks), so the agents keep the results on disk to report them to a restarted controller.
+    held_acks: set[str] = field(default_factory=set)
     outcome: JobState | None = None  # decided when the attempt is being stopped early
     outcome_reason: str = ""
     requeue_as: JobState = JobState.NODE_FAIL  # the attempt's recorded state when outcome is a requeue

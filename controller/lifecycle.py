@@ -227,12 +227,16 @@ class JobLifecycle:
     def node_finished(self, node: str, result: NodeResult, now: float) -> list[Instruction]:
         """Every rank of `result`'s attempt on `node` has ended; its GPUs there are free."""
         key = (result.job_id, result.attempt)
-        instructions: list[Instruction] = [AckResult(node, result.job_id, result.attempt)]
+        instructions: list[Instruction] = []
         live = self.live.get(key)
         if live is None or node not in live.pending_nodes:
-            return instructions  # a duplicate report (e.g. after a reconnect): acknowledge it again
+            if live is not None and node in live.held_acks:
+                return instructions  # reported again (a reconnect): still held, as the first report was
+            # A duplicate report (e.g. after a reconnect): acknowledge it again.
+            return [AckResult(node, result.job_id, result.attempt)]
         self._live_changing(live)
         live.results[node] = result
+        live.held_acks.add(node)
         live.started_nodes.add(node)
         self.ledger.release_node(live, node)
         if not live.stale and live.outcome is None:
@@ -280,7 +284,24 @@ class JobLifecycle:
                 instructions += self._stop(live, JobState.COMPLETED, "", now)
         if not live.pending_nodes:
             self._finish(live, now)
-        return instructions
+        return instructions + self.held_acks(live)
+
+    def held_acks(self, live: LiveAttempt) -> list[Instruction]:
+        """The acknowledgements of ``live``'s node results that may go out now: all of them once the attempt's
+        fate is durable (it has ended, or its stop is decided and stored), none before.
+
+        A gang node whose ranks ended while the other nodes' still run changes nothing in the store: its result
+        is kept in memory. Acknowledged at once, the agent forgot it; a controller restarted before the gang
+        ended loaded the attempt with that node still pending, found its agent running nothing and holding no
+        result, and requeued as "ranks lost" a job whose ranks had all ended 0: it ran twice
+        (tests/benchmarks/chaos.py). Held, the result waits on the agent's disk, and the agent reports it again
+        when it registers with the restarted controller."""
+        if not live.held_acks or (live.pending_nodes and live.outcome is None and not live.stale):
+            return []
+        self._live_changing(live)
+        acks: list[Instruction] = [AckResult(n, live.job_id, live.attempt) for n in sorted(live.held_acks)]
+        live.held_acks.clear()
+        return acks
 
     def _stop(self, live: LiveAttempt, outcome: JobState, reason: str, now: float, kill: bool = False) -> list[Instruction]:
         """Decide the attempt's outcome and tell every node still running it to stop."""

@@ -127,6 +127,7 @@ async def _serve(config: GarrisonConfig) -> None:
     apb_grpc.add_AccountingServicer_to_server(AccountingService(engine.accounting_query, auth, clock, engine.is_admin), server)
     transport = listen(server, cfg, config.path)  # TLS, or plain text on loopback only
     await server.start()
+    state.listening(clock.now())  # nodes' silence counts from here: until now they were refused
     local_limits = LocalLimits(
         connections_per_uid=cfg.local_max_connections_per_user,
         buffer_per_uid=cfg.local_max_buffer_per_user_mb << 20,

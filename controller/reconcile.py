@@ -51,7 +51,18 @@ class NodeReconciliation(JobLifecycle):
         # Nodes whose row in the store is behind memory: an agent registered while the database was down
         # (registering must not depend on it). Written by flush_nodes as soon as it can be.
         self.unsaved_nodes: set[str] = set()
+        # When this controller began to listen (load() sets it first; listening() moves it on). Silence counts
+        # from here at the earliest: the nodes could not reach this controller before.
         self.started_at = 0.0
+
+    def listening(self, now: float) -> None:
+        """The controller listens from ``now``. Until then its port refused connections, and an agent that is
+        refused extends its lease (nodeagent/lease.py): a node may have extended it a moment before this, so
+        its silence, and with it the fence delay, is counted from here, not from when the controller began to
+        load its state (which may take long: a large database, a slow one). Counted from the load, a node that
+        fell silent as the controller began to listen had its attempts requeued while its ranks ran on under
+        the lease it had just extended (tests/e2e/test_agent_faults.py; tests/benchmarks/chaos.py)."""
+        self.started_at = max(self.started_at, now)
 
     # ---------------------------------------------------------------------------------------------
     # Node drain (gadmin): the caller has checked permissions.
@@ -216,7 +227,7 @@ class NodeReconciliation(JobLifecycle):
             instructions += self._stop(live, outcome, reason, now)
         if not live.pending_nodes:
             self._finish(live, now)
-        return instructions
+        return instructions + self.held_acks(live)
 
     def expire_heartbeats(self, now: float) -> list[Instruction]:
         """Nodes silent past the timeout go DOWN and their streams are closed; the attempts running there are

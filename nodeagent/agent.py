@@ -323,9 +323,10 @@ class Agent:
                 sdnotify.status(f"no link to the controller at {self.config.controller}: {exc}; retrying")
             if self._stop.is_set():
                 return
+            tried_at = boottime()  # the extension counts from here (NodeLease.extend_while_no_controller)
             refused = await asyncio.get_running_loop().run_in_executor(self._pool, self._controller_refuses)
             # The controller is down, not cut off from us: keep the running jobs (nodeagent/lease.py).
-            if refused and self._extend_lease_while_no_controller():
+            if refused and self._extend_lease_while_no_controller(tried_at):
                 log.info("controller %s refuses connections (not running): node lease extended by %.0fs",
                          self.config.controller, self.lease.duration_s or 0.0)
             if self._registered:
@@ -336,9 +337,9 @@ class Agent:
                 await asyncio.wait_for(self._stop.wait(), timeout=backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)
 
-    def _extend_lease_while_no_controller(self) -> bool:
+    def _extend_lease_while_no_controller(self, refused_at: float) -> bool:
         try:
-            return self.lease.extend_while_no_controller()
+            return self.lease.extend_while_no_controller(refused_at)
         except OSError as error:
             if not self.health.record(error, "extending the node lease"):
                 raise

@@ -52,16 +52,21 @@ class NodeLease:
         self.end = end
         return True
 
-    def extend_while_no_controller(self) -> bool:
-        """No controller process listens at the controller's address (the connection was refused: its host
-        answers, its port is closed). Nothing can requeue this node's jobs then, and a controller that starts
-        later waits the fence delay (longer than the lease) from its own start before requeuing: so a lease
-        that has not run out may be extended by its length from now. A controller restart or outage of any
-        length kills nothing. Returns whether the lease was extended (never an expired one: its ranks have
-        been stopped and the controller may have moved on)."""
+    def extend_while_no_controller(self, refused_at: float) -> bool:
+        """No controller process listened at the controller's address at ``refused_at`` (boottime when the
+        connection that was refused was begun: its host answers, its port is closed). Nothing can requeue this
+        node's jobs then, and a controller that starts later waits the fence delay (longer than the lease) from
+        when it begins to listen before requeuing: so a lease that has not run out may be extended to its length
+        from ``refused_at``. A controller restart or outage of any length kills nothing. Returns whether the
+        lease was extended (never an expired one: its ranks have been stopped and the controller may have
+        moved on).
+
+        Counted from the refusal, not from now: an agent stalled between the two (a long GC pause, a starved
+        CPU, SIGSTOP) would otherwise extend the lease from a moment when a controller may have listened for
+        a while already, counting the node's silence, and a lease running past its fence delay."""
         if self.end is None or self.duration_s is None or self.expired():
             return False
-        end = boottime() + self.duration_s
+        end = refused_at + self.duration_s
         if end <= self.end:
             return False
         self._write(end)

@@ -285,3 +285,89 @@ def test_a_full_agent_disk_drains_the_node_requeues_its_job_and_the_node_resumes
     finally:
         c.run("garrison", "down", "--state-dir", str(c.state_dir), check=False)  # before its disk goes
         subprocess.run(["umount", "-l", str(agent_dir)], check=False)
+
+
+def test_a_controller_slow_to_start_counts_the_fence_delay_from_when_it_listens() -> None:
+    """A restarted controller refuses connections until it listens, so while it loads its database the agents
+    extend their leases (nodeagent/lease.py): a node that falls silent just as it begins to listen still runs
+    its ranks for a whole lease. The fence delay must count from when the controller listens, not from when
+    it began loading, or that node's job is requeued and runs twice at once. The start is made slow by a lock
+    on the jobs table of a private PostgreSQL instance, which the restarted controller's load waits for."""
+    import subprocess
+
+    import psycopg
+    from helpers.private_postgres import PrivatePostgres, postgres_bin
+
+    from .conftest import BIN
+
+    if postgres_bin() is None:
+        pytest.skip("no PostgreSQL server binaries to start a private instance with")
+    pg = PrivatePostgres()
+    pg.start()
+    url = pg.url.replace("postgresql+psycopg://", "postgresql://")
+    c = start_cluster(["dgx-a100", "dgx-a100"], ["--database", pg.url])
+    up: subprocess.Popen[bytes] | None = None
+    try:
+        log = c.work / "slow-start.log"
+        job_id = c.submit("-N", "1", "--gpus-per-node", "8", "--launch", "node", "-o", "/dev/null",
+                          "--wrap", job_body(log, first_ticks=600, later_ticks=5))
+        wait_for(c, job_id, lambda: 0 in runs(log), 60, "attempt 0 to start")
+        (node,) = runs(log)[0].events["start"]
+        agent = c.pid(agent_of(node))
+        agent_log = c.state_dir / f"{agent_of(node)}.log"
+
+        def extensions() -> int:
+            return agent_log.read_text().count("node lease extended")
+
+        with psycopg.connect(url) as lock, psycopg.connect(url, autocommit=True) as watch:
+            lock.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+            os.kill(c.pid("controller"), signal.SIGKILL)
+            up = subprocess.Popen([str(BIN / "garrison"), "up", "--state-dir", str(c.state_dir)], env=c.env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_until(lambda: watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                       .fetchone() == (1,), 60, what="the restarted controller to wait for the jobs table")
+            time.sleep(LEASE_S)  # the slow start itself: the fault being injected, not a wait for something
+            before = extensions()
+            wait_until(lambda: extensions() > before, 10, what="the agent to extend its lease again")
+            os.kill(agent, signal.SIGSTOP)  # silent from the moment the controller can hear it
+            lock.commit()  # the controller loads its jobs and listens
+        try:
+            wait_for(c, job_id, lambda: 1 in runs(log), 90, "the requeued attempt to start")
+            assert_no_overlap(runs(log))
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        job = c.wait_done(job_id, timeout=90)
+        assert job["state"] == "COMPLETED" and job["restart_count"] == 1, job
+        assert_no_overlap(runs(log))
+    finally:
+        if up is not None:
+            up.wait(timeout=120)
+        stop_cluster(c)
+        pg.destroy()
+
+
+def test_a_gang_node_that_ended_first_is_not_lost_to_a_controller_restart(twin: Cluster) -> None:
+    """One node of a gang ends its ranks while the other's still run: nothing in the store changes then, so
+    the controller must not acknowledge that node's result (its agent would forget it) until the attempt's
+    fate is durable. A controller restarted meanwhile is told the result again when the agent registers,
+    and the gang goes on; acknowledged early, the restarted controller found that node running nothing and
+    holding no result, and requeued as "ranks lost" a job whose ranks there had ended 0 (chaos.py)."""
+    c = twin
+    log = c.work / "early-node.log"
+    body = (
+        f'L={log}; A=$GARRISON_ATTEMPT; N=$GARRISON_NODENAME; echo "start $A $N $EPOCHREALTIME" >> $L; '
+        'if [ "$N" = node1 ]; then T=1; else T=75; fi; '
+        'i=0; while [ $i -lt $T ]; do echo "tick $A $N $EPOCHREALTIME" >> $L; sleep 0.2; i=$((i+1)); done; '
+        'echo "end $A $N $EPOCHREALTIME" >> $L'
+    )
+    job_id = c.submit("-N", "2", "--gpus-per-node", "8", "--launch", "node", "-o", "/dev/null",
+                      "--wrap", "exec /bin/bash -c " + shlex.quote(body))
+    wait_for(c, job_id, lambda: runs(log).get(0, Run()).events.get("end") == {"node1"}, 60, "node1's ranks to end")
+    # The controller has node1's result once node1's GPUs are free again.
+    wait_until(lambda: node_states(c)["node1"] == "IDLE", 30, what="node1's GPUs to be released")
+    assert runs(log)[0].events["end"] == {"node1"}, "node2's ranks ended before the controller's restart"
+    os.kill(c.pid("controller"), signal.SIGKILL)
+    c.up()
+    job = c.wait_done(job_id, timeout=90)
+    assert job["state"] == "COMPLETED" and job["restart_count"] == 0, c.run("gjob", job_id).stdout
+    assert sorted(runs(log)) == [0] and runs(log)[0].events["end"] == {"node1", "node2"}

@@ -93,15 +93,37 @@ def test_gang_runs_then_completes_and_frees_gpus(db: str) -> None:
     state.node_started("n2", 1, 0)
     assert state.jobs[1].state == JobState.RUNNING
     assert state.free_gpus(state.nodes["n1"]) == frozenset(range(2, 8))
-    assert state.node_finished("n1", ok(1), now=2.0) == [AckResult("n1", 1, 0)]
+    # n1's end changes nothing in the store while n2 runs: its result is not acknowledged yet (the agent keeps
+    # it for a restarted controller), though its GPUs are free.
+    assert state.node_finished("n1", ok(1), now=2.0) == []
     assert state.free_gpus(state.nodes["n1"]) == frozenset(range(8))
     assert state.jobs[1].state == JobState.RUNNING
-    state.node_finished("n2", ok(1), now=3.0)
+    assert state.node_finished("n1", ok(1), now=2.5) == []  # reported again (a reconnect): still held
+    assert state.node_finished("n2", ok(1), now=3.0) == [AckResult("n1", 1, 0), AckResult("n2", 1, 0)]
     assert state.jobs[1].state == JobState.COMPLETED and state.jobs[1].exit_code == 0
     # A restarted controller sees the same.
     again = new_state(db)
     assert again.jobs[1].state == JobState.COMPLETED
     assert again.jobs[1].attempts[0].end_time == 3.0
+
+
+def test_a_gang_node_that_ended_first_is_reported_again_to_a_restarted_controller(db: str) -> None:
+    """The controller restarts after one node of a gang has ended (its result held, not acknowledged): the
+    agent reports the result again when it registers, and the gang goes on; it is not requeued as if that
+    node's ranks had been lost (which is what a node running nothing and holding no result means)."""
+    state = new_state(db)
+    connect(state, "n1", "n2")
+    submit(state, 1, nodes=2, gpus_per_node=2)
+    state.start_attempts([(1, two_node_alloc())], now=1.0)
+    state.node_started("n1", 1, 0)
+    state.node_started("n2", 1, 0)
+    assert state.node_finished("n1", ok(1), now=2.0) == []
+    again = new_state(db)
+    assert connect(again, "n1", finished=[ok(1)], now=4.0) == []
+    assert not [i for i in connect(again, "n2", running=[(1, 0)], now=4.0) if isinstance(i, SignalAttempt)]
+    assert again.jobs[1].state == JobState.RUNNING and again.jobs[1].restart_count == 0
+    assert again.node_finished("n2", ok(1), now=5.0) == [AckResult("n1", 1, 0), AckResult("n2", 1, 0)]
+    assert again.jobs[1].state == JobState.COMPLETED and again.jobs[1].restart_count == 0
 
 
 def test_one_failing_rank_stops_the_gang(db: str) -> None:

@@ -86,6 +86,23 @@ def test_a_lease_that_ran_out_is_seen_as_such_and_a_restarted_agent_inherits_it(
     assert core.read_lease_end(str(tmp_path / "garbled")) is None
 
 
+def test_a_refused_connection_extends_the_lease_from_when_it_was_tried_not_from_now(tmp_path: Path) -> None:
+    """The agent tries the controller's port, is refused, then extends its lease; stalled in between (a GC
+    pause, a starved CPU, SIGSTOP), it must not date the extension from when it resumed: a controller may
+    have been listening since, counting this node's silence towards its fence delay."""
+    lease = NodeLease(tmp_path / "lease")
+    assert not lease.extend_while_no_controller(core.boottime())  # no lease held: nothing to extend
+    assert lease.granted(lease.request(), 10.0)
+    end = lease.end
+    assert end is not None
+    # Tried 3 s ago: its length from then ends before the lease held now, which stays as it is.
+    assert not lease.extend_while_no_controller(core.boottime() - 3.0)
+    assert lease.end == end and core.read_lease_end(str(tmp_path / "lease")) == pytest.approx(end, abs=1e-5)
+    tried_at = core.boottime()
+    assert lease.extend_while_no_controller(tried_at)
+    assert lease.end == pytest.approx(tried_at + 10.0, abs=1e-5) and lease.end > end
+
+
 def test_the_supervisors_check_interval_is_the_one_the_controller_counts_on() -> None:
     assert core.LEASE_CHECK_INTERVAL_S == model_lease.SUPERVISOR_LEASE_CHECK_S
     assert model_lease.fence_delay_s(10.0, 5.0) == 10.0 + 1.0 + 5.0 + model_lease.FENCE_MARGIN_S
