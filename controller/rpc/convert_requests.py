@@ -207,7 +207,7 @@ def instruction_to_pb(instruction: AgentInstruction) -> pb.ControllerMessage:
         return pb.ControllerMessage(release=pb.GangRelease(job_id=instruction.job_id, attempt=instruction.attempt))
     if isinstance(instruction, Welcome):
         return pb.ControllerMessage(registered=pb.RegisterAck(heartbeat_interval_s=instruction.heartbeat_interval_s,
-                                                              step_output_acks=True))
+                                                              step_output_acks=True, accepts_batches=True))
     if isinstance(instruction, LaunchStep | SignalStep | StepStdin | AckStep | AckStepOutput):
         return step_instruction_to_pb(instruction)
     raise TypeError(f"no message for {type(instruction).__name__}")

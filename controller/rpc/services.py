@@ -58,6 +58,7 @@ from garrison.tls import (
 )
 from garrison.tokens import TOKEN_METADATA_KEY, TokenRegistry
 from garrison.wire import convert
+from garrison.wire.batching import take_batch
 
 log = logging.getLogger("garrison.controller.rpc")
 
@@ -456,7 +457,12 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             try:
                 async for message in request_iterator:
                     # Grouped: this turn's reports of every agent are written in one transaction.
-                    self.engine.agent_message(session, agent_event_from_pb(message), grouped=True)
+                    if message.WhichOneof("kind") == "batch":
+                        # In their order, as if each had come alone (a batch inside one is only "alive").
+                        for each in message.batch.messages:
+                            self.engine.agent_message(session, agent_event_from_pb(each), grouped=True)
+                    else:
+                        self.engine.agent_message(session, agent_event_from_pb(message), grouped=True)
             except (asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.AbortError):
                 pass
             except MalformedStreamMessage as exc:
@@ -467,12 +473,24 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 session.close()
 
         reader = asyncio.create_task(read())
+        # An agent that reads batches (garrison/wire/batching.py) gets what the engine told it by the time this
+        # generator runs again (a cycle's launches, a group's acknowledgements) as one write; an older one,
+        # every message on its own.
+        batches = register.accepts_batches
         try:
-            while True:
-                message = await session.queue.get()
-                if message is None:
+            held: pb.ControllerMessage | None = None
+            closed = False
+            while not closed:
+                going = held if held is not None else await session.queue.get()
+                held = None
+                if going is None:
                     break
-                yield message
+                if not batches:
+                    yield going
+                    continue
+                messages, held, closed = take_batch(going, session.queue)
+                yield messages[0] if len(messages) == 1 else pb.ControllerMessage(
+                    batch=pb.ControllerMessages(messages=messages))
         finally:
             reader.cancel()
             self.engine.agent_disconnected(session)

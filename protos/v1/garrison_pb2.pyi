@@ -1501,12 +1501,17 @@ class Register(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     LEASE_REQUEST_FIELD_NUMBER: _builtins.int
+    ACCEPTS_BATCHES_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     agent_version: _builtins.str
     address: _builtins.str
     """where other nodes reach this one (MASTER_ADDR when it hosts rank 0)"""
     lease_request: _builtins.int
     """asks for a node lease (NodeLeaseGrant.request echoes it); 0: none"""
+    accepts_batches: _builtins.bool
+    """The agent reads ControllerMessage.batch: the controller may send it several messages as one. An older
+    agent never sets it, and is sent every message on its own, as before.
+    """
     @_builtins.property
     def inventory(self) -> Global___NodeInventory: ...
     @_builtins.property
@@ -1523,10 +1528,11 @@ class Register(_message.Message):
         agent_version: _builtins.str = ...,
         address: _builtins.str = ...,
         lease_request: _builtins.int = ...,
+        accepts_batches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "finished", b"finished", "inventory", b"inventory", "lease_request", b"lease_request", "node_name", b"node_name", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_batches", b"accepts_batches", "address", b"address", "agent_version", b"agent_version", "finished", b"finished", "inventory", b"inventory", "lease_request", b"lease_request", "node_name", b"node_name", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1624,6 +1630,7 @@ class AgentMessage(_message.Message):
     STEP_OUTPUT_FIELD_NUMBER: _builtins.int
     STEP_EXITS_FIELD_NUMBER: _builtins.int
     STEP_RESULT_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def register(self) -> Global___Register: ...
     @_builtins.property
@@ -1644,6 +1651,12 @@ class AgentMessage(_message.Message):
     def step_exits(self) -> Global___StepTaskExits: ...
     @_builtins.property
     def step_result(self) -> Global___StepNodeResult: ...
+    @_builtins.property
+    def batch(self) -> Global___AgentMessages:
+        """Several messages as one write (only to a controller whose RegisterAck set accepts_batches), to be
+        taken in exactly in their order. Never nested, and never the Register.
+        """
+
     def __init__(
         self,
         *,
@@ -1656,16 +1669,37 @@ class AgentMessage(_message.Message):
         step_output: Global___StepOutput | None = ...,
         step_exits: Global___StepTaskExits | None = ...,
         step_result: Global___StepNodeResult | None = ...,
+        batch: Global___AgentMessages | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpointed", b"checkpointed", "finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "running_usage", b"running_usage", "started", b"started", "step_exits", b"step_exits", "step_output", b"step_output", "step_result", b"step_result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "checkpointed", b"checkpointed", "finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "running_usage", b"running_usage", "started", b"started", "step_exits", b"step_exits", "step_output", b"step_output", "step_result", b"step_result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpointed", b"checkpointed", "finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "running_usage", b"running_usage", "started", b"started", "step_exits", b"step_exits", "step_output", b"step_output", "step_result", b"step_result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "checkpointed", b"checkpointed", "finished", b"finished", "heartbeat", b"heartbeat", "kind", b"kind", "register", b"register", "running_usage", b"running_usage", "started", b"started", "step_exits", b"step_exits", "step_output", b"step_output", "step_result", b"step_result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["register", "heartbeat", "started", "finished", "checkpointed", "running_usage", "step_output", "step_exits", "step_result"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["register", "heartbeat", "started", "finished", "checkpointed", "running_usage", "step_output", "step_exits", "step_result", "batch"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___AgentMessage: _TypeAlias = AgentMessage  # noqa: Y015
+
+@_typing.final
+class AgentMessages(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___AgentMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentMessages: _TypeAlias = AgentMessages  # noqa: Y015
 
 @_typing.final
 class ContainmentRunningUsage(_message.Message):
@@ -1701,21 +1735,27 @@ class RegisterAck(_message.Message):
 
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     STEP_OUTPUT_ACKS_FIELD_NUMBER: _builtins.int
+    ACCEPTS_BATCHES_FIELD_NUMBER: _builtins.int
     heartbeat_interval_s: _builtins.float
     step_output_acks: _builtins.bool
     """The controller acknowledges step output by offset (StepOutputAck): the agent sends again, after a
     reconnect, what was not acknowledged. An older controller never does: its agents count output as had
     once it is queued, as before, rather than send it all again on every new link.
     """
+    accepts_batches: _builtins.bool
+    """The controller reads AgentMessage.batch (as Register.accepts_batches says the agent reads the
+    controller's); an older controller never sets it, and its agents send every message on its own.
+    """
     def __init__(
         self,
         *,
         heartbeat_interval_s: _builtins.float = ...,
         step_output_acks: _builtins.bool = ...,
+        accepts_batches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s", "step_output_acks", b"step_output_acks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_batches", b"accepts_batches", "heartbeat_interval_s", b"heartbeat_interval_s", "step_output_acks", b"step_output_acks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1967,6 +2007,7 @@ class ControllerMessage(_message.Message):
     STEP_INPUT_FIELD_NUMBER: _builtins.int
     STEP_ACK_FIELD_NUMBER: _builtins.int
     STEP_OUTPUT_ACK_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def registered(self) -> Global___RegisterAck: ...
     @_builtins.property
@@ -1989,6 +2030,12 @@ class ControllerMessage(_message.Message):
     def step_ack(self) -> Global___StepAck: ...
     @_builtins.property
     def step_output_ack(self) -> Global___StepOutputAck: ...
+    @_builtins.property
+    def batch(self) -> Global___ControllerMessages:
+        """Several messages as one write (only to an agent whose Register set accepts_batches), to be acted on
+        exactly in their order. Never nested.
+        """
+
     def __init__(
         self,
         *,
@@ -2003,16 +2050,37 @@ class ControllerMessage(_message.Message):
         step_input: Global___StepInput | None = ...,
         step_ack: Global___StepAck | None = ...,
         step_output_ack: Global___StepOutputAck | None = ...,
+        batch: Global___ControllerMessages | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "kind", b"kind", "launch", b"launch", "launch_step", b"launch_step", "lease", b"lease", "registered", b"registered", "release", b"release", "signal", b"signal", "signal_step", b"signal_step", "step_ack", b"step_ack", "step_input", b"step_input", "step_output_ack", b"step_output_ack"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "batch", b"batch", "kind", b"kind", "launch", b"launch", "launch_step", b"launch_step", "lease", b"lease", "registered", b"registered", "release", b"release", "signal", b"signal", "signal_step", b"signal_step", "step_ack", b"step_ack", "step_input", b"step_input", "step_output_ack", b"step_output_ack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "kind", b"kind", "launch", b"launch", "launch_step", b"launch_step", "lease", b"lease", "registered", b"registered", "release", b"release", "signal", b"signal", "signal_step", b"signal_step", "step_ack", b"step_ack", "step_input", b"step_input", "step_output_ack", b"step_output_ack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "batch", b"batch", "kind", b"kind", "launch", b"launch", "launch_step", b"launch_step", "lease", b"lease", "registered", b"registered", "release", b"release", "signal", b"signal", "signal_step", b"signal_step", "step_ack", b"step_ack", "step_input", b"step_input", "step_output_ack", b"step_output_ack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["registered", "launch", "signal", "ack", "lease", "release", "launch_step", "signal_step", "step_input", "step_ack", "step_output_ack"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["registered", "launch", "signal", "ack", "lease", "release", "launch_step", "signal_step", "step_input", "step_ack", "step_output_ack", "batch"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___ControllerMessage: _TypeAlias = ControllerMessage  # noqa: Y015
+
+@_typing.final
+class ControllerMessages(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ControllerMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___ControllerMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControllerMessages: _TypeAlias = ControllerMessages  # noqa: Y015
 
 @_typing.final
 class StepSpec(_message.Message):
