@@ -114,7 +114,7 @@ def _mutate(value: object, data: st.DataObject, depth: int = 0) -> object:
 @settings(max_examples=400, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_from_plain_agrees_with_protobufs_json_parser(data: st.DataObject) -> None:
-    """from_plain takes the common forms itself (ParseDict costs ~1 ms for a gsub's request) and leaves the
+    """from_plain takes the common forms itself (ParseDict takes ~0.2 ms for a gsub's request) and leaves the
     rest to json_format.ParseDict: whatever the value, both give the same message or both refuse it."""
     from google.protobuf import json_format
 
