@@ -138,11 +138,14 @@ class Capacity:
         self._matching = index.matching
         self._matching_all = index.matching_all
         # partition -> (free GPUs on its ready nodes, nodes with at least k free GPUs for each k), for the
-        # capacity version it was counted at: might_fit asks it for every job of a deep queue, and the
+        # buckets' version it was counted at: might_fit asks it for every job of a deep queue, and the
         # buckets only change when something starts.
         self._fit_summary: dict[str, tuple[int, list[int]]] = {}
         self._fit_version = 0
         self.version = 0  # bumped by every take and reserve, so callers can cache answers between changes
+        # Bumped by take alone: a reservation (most of a garrison cycle's changes, up to 8 of them) leaves
+        # the buckets as they are, so the fit summaries counted before it still hold after it.
+        self._buckets_version = 0
 
     def _bucket(self, partition: str) -> list[set[int]]:
         found = self.buckets.get(partition)
@@ -176,7 +179,7 @@ class Capacity:
     def might_fit(self, request: Request) -> bool:
         """False only if the job cannot possibly start now (GPU counts alone); True means: look closer."""
         # _summary's cached answer, looked up here: might_fit is asked for nearly every job of the queue.
-        summary = self._fit_summary.get(request.partition) if self._fit_version == self.version else None
+        summary = self._fit_summary.get(request.partition) if self._fit_version == self._buckets_version else None
         if summary is None:
             summary = self._summary(request.partition)
         if summary is None:
@@ -189,9 +192,9 @@ class Capacity:
         return per_node < len(nodes_with_at_least) and nodes_with_at_least[per_node] >= shape.node_count
 
     def _summary(self, partition: str) -> tuple[int, list[int]] | None:
-        if self._fit_version != self.version:
+        if self._fit_version != self._buckets_version:
             self._fit_summary.clear()
-            self._fit_version = self.version
+            self._fit_version = self._buckets_version
         found = self._fit_summary.get(partition)
         if found is None:
             buckets = self.buckets.get(partition)
@@ -266,6 +269,7 @@ class Capacity:
         """A job starts now on ``allocation`` and may run until ``end_time`` (``exclusive``: sharing none
         of its nodes)."""
         self.version += 1
+        self._buckets_version += 1
         for node_alloc in allocation.nodes:
             index = self.index_of[node_alloc.node]
             self.idle[index] = False

@@ -115,15 +115,16 @@ _REQUESTS: dict[
 
 
 class _Key(tuple):  # type: ignore[type-arg]
-    """A placement key (framework.placement_key) that hashes once: the cycle looks each job's key up in
-    several dicts (memo, idle verdicts), and a tuple recomputes its hash, the GangShape's among it, in Python,
-    at every lookup. Equal to, and hashing like, the plain tuple, so dicts keyed by either agree."""
+    """A placement key (framework.placement_key) that hashes by identity, in C: the cycle looks each job's
+    key up in several dicts (memo, idle verdicts), and a tuple recomputes its hash, the GangShape's among
+    it, in Python, at every lookup (a hash kept on the object still cost a Python call per lookup, ~1% of
+    a garrison replay). Keys are interned (_interned), so equal keys are one object and a dict finds it
+    by identity. Equal to the plain tuple, but not hashing like it: a dict that holds plain keys (the idle
+    verdicts of a submission check) does not find them by a _Key, and answers again, as it would the
+    first time (every answer keyed by a placement key is a pure function of it)."""
 
-    def __init__(self, _fields: tuple[object, ...]) -> None:
-        self._hash = tuple.__hash__(self)
-
-    def __hash__(self) -> int:
-        return self._hash
+    __slots__ = ()
+    __hash__ = object.__hash__
 
 
 # One _Key per distinct placement key, so that lookups among equal keys compare by identity. Few: a key
@@ -134,10 +135,17 @@ _KEYS: dict[tuple[object, ...], _Key] = {}
 def _interned(key: tuple[object, ...]) -> _Key:
     found = _KEYS.get(key)
     if found is None:
-        if len(_KEYS) >= 4096:
-            _KEYS.clear()
         found = _KEYS[key] = _Key(key)
     return found
+
+
+def _bound_keys() -> None:
+    """Forget the interned keys past 4,096, between cycles only, and the requests that hold them with them:
+    within a cycle equal keys must stay one object (the look-alike memo finds them by identity), and a job
+    remembered with a key made before would no longer share it with a look-alike interned after."""
+    if len(_KEYS) >= 4096:
+        _KEYS.clear()
+        _REQUESTS.clear()
 
 
 @lru_cache(maxsize=16)
@@ -155,6 +163,7 @@ def _placer(scorer_weights: tuple[tuple[str, int], ...], score_limit: int) -> Pl
 
 def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = None) -> Plan:
     config = config or SchedulerConfig()
+    _bound_keys()
     accounting = snapshot.accounting
     default_qos = accounting.default_qos
     placer = _placer(config.scorer_weights, config.score_limit)

@@ -24,6 +24,8 @@ import enum
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import is_not
 
 from garrison.controller.sched.filters.node_selection import restricted_to_list
 from garrison.controller.sched.framework import Candidate, Code, Filter, Request, placement_key
@@ -111,6 +113,38 @@ def gang_fits(request: Request, rooms: Sequence[int]) -> bool:
 # more rarely than cycles run (a node added, drained or reconfigured). (signature, verdicts) or None.
 _SHARED: tuple[tuple[object, ...], dict[tuple[object, ...], Verdict]] | None = None
 
+NodeClasses = tuple[tuple[str, tuple[object, ...]], ...]
+# The last node list a signature was made for, with its (name, _class_key) per node. Each cycle's
+# IdleCluster is made from a new tuple of views, but of mostly the same view objects (capacity._NodeIndex
+# replaces only the views of nodes whose free GPUs changed), and a view is frozen: its class key is a pure
+# function of the object. The views are kept here, so that their ids are not reused while they are.
+_LAST_CLASSES: tuple[tuple[NodeView, ...], NodeClasses] | None = None
+
+
+def _node_classes_of(nodes: Sequence[NodeView]) -> NodeClasses:
+    """``tuple((view.name, _class_key(view)) for view in nodes)``; the last answer itself (the same object)
+    where every node's name and class key are what they were, so that comparing it with the shared
+    verdicts' signature is an identity test per node, not a compare of every node's key. The views that
+    are not the last list's own are found in C: usually one or two of 54, where making every key cost
+    ~2% of a garrison replay."""
+    global _LAST_CLASSES
+    views = nodes if isinstance(nodes, tuple) else tuple(nodes)
+    last = _LAST_CLASSES
+    if last is not None and len(last[0]) == len(views):
+        old_views, old_classes = last
+        if old_views is views:
+            return old_classes
+        for index in compress(range(len(views)), map(is_not, views, old_views)):
+            view = views[index]
+            if old_classes[index] != (view.name, _class_key(view)):
+                break
+        else:
+            _LAST_CLASSES = (views, old_classes)
+            return old_classes
+    classes = tuple((view.name, _class_key(view)) for view in views)
+    _LAST_CLASSES = (views, classes)
+    return classes
+
 
 class IdleCluster:
     """The nodes of one cycle (or of a submission's partition) as if idle; answers are cached per request
@@ -158,8 +192,7 @@ class IdleCluster:
         """The verdicts cached for these very nodes and filters, by whichever IdleCluster asked first."""
         global _SHARED
         if self._signature is None:
-            self._signature = (self.placer.pipeline, self.placer.score_limit,
-                               tuple((view.name, _class_key(view)) for view in self.nodes))
+            self._signature = (self.placer.pipeline, self.placer.score_limit, _node_classes_of(self.nodes))
         if _SHARED is None or _SHARED[0] != self._signature:
             _SHARED = (self._signature, {})
         return _SHARED[1]

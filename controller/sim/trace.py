@@ -17,7 +17,9 @@ runs, so every policy replays exactly the same jobs.
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import math
 import random
 import re
@@ -222,29 +224,28 @@ def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[T
 def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -> TraceRead:
     """``read_trace``, with the counts of the rows left out."""
     path = Path(path)
-    try:
-        handle = path.open(newline="", encoding="utf-8")
-    except OSError as err:
-        raise TraceError(f"{path}: cannot read trace: {err.strerror or err}") from None
+    text = _trace_text(path)
     without_gpus = never_ran = steps = 0
-    with handle:
+    with io.StringIO(text, newline="") as handle:
+        # The header is the first line with anything on it: a trace written by hand or cut from a larger
+        # file may start with blank lines, and csv reads a blank line as a row of no cells.
+        first = next((line for line in handle if line.strip()), "")
+        handle.seek(0)
+        # sacct -P (--parsable2) separates its fields with '|': such a dump is read as it is. Every cell is
+        # stripped, and skipinitialspace lets a quoted cell follow a separator and a space (``a, "b"``).
+        reader = csv.reader(handle, delimiter="|" if "|" in first and "," not in first else ",",
+                            skipinitialspace=True)
         try:
-            first = handle.readline()
-            handle.seek(0)
-        except UnicodeDecodeError as err:
-            raise TraceError(f"{path}, line 1: unreadable CSV header: {err}") from None
-        # sacct -P (--parsable2) separates its fields with '|': such a dump is read as it is.
-        reader = csv.reader(handle, delimiter="|" if "|" in first and "," not in first else ",")
-        try:
-            header = [h.strip() for h in next(reader)]
+            header = next([h.strip() for h in row] for row in reader if any(cell.strip() for cell in row))
         except StopIteration:
             raise TraceError(f"{path}: the trace is empty") from None
-        except (csv.Error, UnicodeDecodeError) as err:
-            raise TraceError(f"{path}, line 1: unreadable CSV header: {err}") from None
+        except csv.Error as err:
+            raise TraceError(f"{path}, line {reader.line_num}: unreadable CSV header: {err}") from None
+        at_header = f"{path}, line {reader.line_num}"
         if mapping is None:
             if not set(ELASTICFLOW_COLUMNS) <= set(header):
                 raise TraceError(
-                    f"{path}, line 1: not the ElasticFlow format ({','.join(ELASTICFLOW_COLUMNS)}); header is "
+                    f"{at_header}: not the ElasticFlow format ({','.join(ELASTICFLOW_COLUMNS)}); header is "
                     f"{','.join(header)!r}: give a column mapping (--columns arrival=...,duration=...,gpus=...)"
                 )
             mapping = ELASTICFLOW
@@ -254,7 +255,11 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -
             if column is None:
                 continue
             if column not in header:
-                raise TraceError(f"{path}, line 1: no column {column!r} (for {field}) in the header")
+                raise TraceError(f"{at_header}: no column {column!r} (for {field}) in the header")
+            if header.count(column) > 1:
+                # Which of them holds the field is anybody's guess: reading the first could replay the wrong one.
+                raise TraceError(f"{at_header}: column {column!r} (for {field}) appears {header.count(column)} "
+                                 f"times in the header")
             index[field] = header.index(column)
         jobs: list[TraceJob] = []
         arrivals_dated: bool | None = None  # whether the first row gave its arrival as a date
@@ -310,13 +315,32 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -
                         ),
                     )
                 )
-        except (csv.Error, UnicodeDecodeError) as err:
+        except csv.Error as err:
             raise TraceError(f"{path}, line {reader.line_num}: unreadable CSV: {err}") from None
     if not jobs:
         left = TraceRead([], without_gpus, never_ran, steps).left_out_text()
         raise TraceError(f"{path}: the trace has no job with GPUs that ran{f' ({left})' if left else ''}")
     jobs.sort(key=lambda j: j.submit_s)  # stable: simultaneous arrivals keep file order
     return TraceRead(jobs, without_gpus, never_ran, steps)
+
+
+def _trace_text(path: Path) -> str:
+    """The trace file as text: UTF-8 (ASCII included), with or without a byte order mark (spreadsheets and
+    Windows tools write one, and it would otherwise stick to the first column's name); anything else is
+    refused naming the line of the first byte that is not UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise TraceError(f"{path}: cannot read trace: {err.strerror or err}") from None
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # UTF-32's marks begin with these too
+        raise TraceError(f"{path}: UTF-16 or UTF-32 text; a trace must be UTF-8 (convert it: iconv -t UTF-8)")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        before = data[: err.start]
+        line = len(before.splitlines()) + (not before or before.endswith((b"\n", b"\r")))
+        raise TraceError(f"{path}, line {line}: not UTF-8 text (byte 0x{data[err.start]:02x}); a trace must be "
+                         f"UTF-8 (convert it: iconv -t UTF-8)") from None
 
 
 def _run_seconds(text: str, where: str, column: str) -> float:

@@ -8,18 +8,22 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from sched_helpers import NOW, node, running
+from sched_helpers import NOW, node, pending, running
 
 from garrison.controller.sched import capacity as capacity_module
 from garrison.controller.sched import cycle as cycle_module
+from garrison.controller.sched import feasibility as feasibility_module
 from garrison.controller.sched.backfill import Timeline
 from garrison.controller.sched.capacity import Capacity
+from garrison.controller.sched.cycle import SchedulerConfig, schedule
+from garrison.controller.sched.feasibility import Feasibility, IdleCluster
 from garrison.controller.sched.framework import Candidate, Request, placement_key
 from garrison.controller.sched.pipeline import build_pipeline
 from garrison.controller.sched.placement import Placer, request_for
 from garrison.controller.sched.scorers.gpu_topology import GpuTopology, node_affinity
-from garrison.controller.sched.snapshot import NodeView, RunningJob
+from garrison.controller.sched.snapshot import NodeView, RunningJob, Snapshot
 from garrison.controller.sched.topology import best_affinity, gpu_affinity
+from garrison.model.accounts import Accounting
 from garrison.model.domain import JobSpec
 
 
@@ -111,18 +115,68 @@ def test_kept_capacity_and_timeline_answer_as_rebuilt_ones() -> None:
         assert _answers(timeline, requests) == _answers(reference, requests)
 
 
-def test_interned_placement_keys_act_as_the_plain_tuples() -> None:
-    # The cycle interns each job's placement key (one object per distinct key, hashed once); dicts keyed by
-    # plain keys elsewhere (feasibility's shared verdicts) must find it, and it theirs.
+def test_interned_placement_keys_are_one_object_per_key_and_answer_as_the_plain_tuples() -> None:
+    # The cycle interns each job's placement key (one object per distinct key, hashed by identity in C);
+    # equal to the plain tuple, and a dict of them finds the look-alikes' one object.
     first = _request(1, 2, 600)
     second = _request(2, 2, 7200)
     other = _request(3, 4, 600)
     raw = placement_key(first)
     key = cycle_module._interned(raw)
-    assert key == raw and hash(key) == hash(raw)
+    assert key == raw and type(key).__hash__ is object.__hash__
     assert cycle_module._interned(placement_key(second)) is key  # look-alikes share one key
     assert cycle_module._interned(placement_key(other)) != key
-    assert {raw: "verdict"}[key] == "verdict" and {key: "verdict"}[raw] == "verdict"
+    assert {key: "verdict"}[cycle_module._interned(placement_key(second))] == "verdict"
+    # feasibility's shared verdicts hold plain keys (a submission check) beside interned ones (the cycle):
+    # asked either way, in either order, a request gets the same verdict.
+    nodes = [node(f"n{i}", gpus=4) for i in range(3)]
+    placer = Placer(build_pipeline())
+    for request in (first, other, _request(4, 16, 600)):
+        plain = IdleCluster(nodes, placer).verdict(request)
+        interned = IdleCluster(nodes, placer).verdict(request, cycle_module._interned(placement_key(request)))
+        assert interned == plain == IdleCluster(nodes, placer).verdict(request)
+
+
+def test_look_alikes_share_one_key_object_when_the_interned_keys_overflow() -> None:
+    # The look-alike memo finds keys by identity: when the interned keys pass their bound, they are
+    # forgotten between cycles (with the requests that hold them), never in the middle of one, where a job
+    # interned after the clearing would no longer share its look-alike's key.
+    cycle_module._KEYS.clear()
+    cycle_module._KEYS.update({("filler", i): cycle_module._Key(("filler", i)) for i in range(4094)})
+    jobs = tuple(pending(job_id, gpus=gpus, limit=600) for job_id, gpus in ((1, 1), (2, 2), (3, 4), (4, 2), (5, 4)))
+    full = node("a", free=set())  # nothing fits: every job is walked, and interned
+    snapshot = Snapshot(nodes=(full,), pending=jobs, running=(), accounting=Accounting())
+    config = SchedulerConfig(backfill=True, reservations=1)
+    schedule(snapshot, NOW, config)
+    keys = {job_id: cycle_module._REQUESTS[job_id][5] for job_id in (2, 3, 4, 5)}
+    assert keys[2] is keys[4] and keys[3] is keys[5]  # interned past 4,096 in this cycle: still one each
+    schedule(snapshot, NOW + 1, config)  # the next cycle starts afresh
+    assert len(cycle_module._KEYS) == 3
+    assert cycle_module._REQUESTS[2][5] is cycle_module._REQUESTS[4][5] is not keys[2]
+
+
+def test_idle_verdicts_follow_a_node_whose_class_changes_behind_a_view_list_kept_in_part() -> None:
+    # The node classes of the verdicts' signature are kept for the last view list and remade only for the
+    # views that are new objects: a view with other free GPUs keeps the very signature (the verdicts are
+    # shared), one drained or with other GPUs gets another, and its verdicts are judged again.
+    nodes = tuple(node(f"n{i}", gpus=4) for i in range(3))
+    placer = Placer(build_pipeline())
+    four = _request(1, 4, 600)
+    classes = feasibility_module._node_classes_of(nodes)
+    assert classes == tuple((v.name, feasibility_module._class_key(v)) for v in nodes)
+    assert feasibility_module._node_classes_of(tuple(nodes)) is classes
+    busier = (nodes[0], replace(nodes[1], free_gpus=frozenset({0})), nodes[2])
+    assert feasibility_module._node_classes_of(busier) is classes
+    assert IdleCluster(busier, placer).verdict(four).feasibility == Feasibility.RUNS
+    drained = tuple(replace(v, drained=True) for v in busier)
+    assert feasibility_module._node_classes_of(drained) != classes
+    assert IdleCluster(drained, placer).verdict(four).feasibility == Feasibility.NEEDS_DRAINED
+    smaller = (busier[0], node("n1", gpus=2), busier[2])
+    assert feasibility_module._node_classes_of(smaller)[1] != classes[1]
+    assert IdleCluster(smaller, placer).verdict(four).feasibility == Feasibility.RUNS
+    two_only = tuple(node(f"n{i}", gpus=2) for i in range(3))
+    assert IdleCluster(two_only, placer).verdict(four).feasibility == Feasibility.RUNS  # 2 + 2 + 2 GPUs
+    assert IdleCluster(two_only, placer).verdict(_request(2, 8, 600)).feasibility == Feasibility.NEVER
 
 
 def test_node_affinity_follows_the_node_matrices() -> None:

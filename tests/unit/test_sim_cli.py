@@ -106,3 +106,20 @@ def test_bad_input_is_one_line(queue_trace: Path, args: list[str], message: str)
     assert proc.returncode == 2
     assert proc.stderr.startswith(message.format(trace=queue_trace))
     assert proc.stderr.count("\n") == 1
+
+
+def test_a_trace_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) -> None:
+    trace = tmp_path / "latin1.csv"
+    trace.write_bytes(b"job_id,submission_time,duration,num_gpu\na,0,100,1\ncaf\xe9,5,100,1\n")
+    proc = gsim(str(trace), "--cluster", "1x8", "--policy", "fifo")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr == f"gsim: error: {trace}, line 3: not UTF-8 text (byte 0xe9); a trace must be UTF-8 (convert it: iconv -t UTF-8)\n"
+
+
+def test_an_elasticflow_trace_with_a_bom_and_crlf_replays(tmp_path: Path) -> None:
+    trace = tmp_path / "bom.csv"
+    trace.write_bytes(b"\xef\xbb\xbfjob_id,submission_time,duration,num_gpu\r\na,0,100,1\r\nb,5,200,2\r\n")
+    proc = gsim(str(trace), "--cluster", "1x8", "--policy", "fifo", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert '"jobs": 2' in proc.stdout

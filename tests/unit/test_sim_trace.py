@@ -235,3 +235,72 @@ def test_a_bad_date_names_its_line(tmp_path: Path, rows: str, expected: str) -> 
     with pytest.raises(TraceError) as err:
         read_trace(path, ColumnMapping.parse("arrival=submit,duration=run,gpus=gpus,job_id=id"))
     assert str(err.value) == f"{path}, {expected}"
+
+
+# The ElasticFlow ITP traces' shape as other clusters of the family (and the tools that touch them) write
+# it: the same two jobs, each way must read as the plain file does.
+ITP_JOBS = [("a", 0.0, 100.0, 1), ("b", 5.0, 200.0, 2)]
+ITP_VARIANTS = {
+    "plain": b"job_id,submission_time,duration,num_gpu\na,0,100,1\nb,5,200,2\n",
+    "columns in another order": b"num_gpu,duration,job_id,submission_time\n1,100,a,0\n2,200,b,5\n",
+    "extra columns": b"job_id,user,submission_time,duration,num_gpu,vc\na,u1,0,100,1,x\nb,u2,5,200,2,y\n",
+    "blank lines": b"\njob_id,submission_time,duration,num_gpu\n\na,0,100,1\n\n,,,\nb,5,200,2\n\n",
+    "CRLF": b"job_id,submission_time,duration,num_gpu\r\na,0,100,1\r\nb,5,200,2\r\n",
+    "a BOM": b"\xef\xbb\xbfjob_id,submission_time,duration,num_gpu\na,0,100,1\nb,5,200,2\n",
+    "a BOM, CRLF and a blank first line": b"\xef\xbb\xbf\r\njob_id,submission_time,duration,num_gpu\r\na,0,100,1\r\n"
+                                          b"b,5,200,2\r\n",
+    "CR alone": b"job_id,submission_time,duration,num_gpu\ra,0,100,1\rb,5,200,2\r",
+    "quoted cells and spaces": b'"job_id", "submission_time", "duration", "num_gpu"\n"a", 0, 100, 1\n"b", 5, 200, 2\n',
+    "a trailing comma": b"job_id,submission_time,duration,num_gpu,\na,0,100,1,\nb,5,200,2,\n",
+}
+
+
+@pytest.mark.parametrize("variant", list(ITP_VARIANTS))
+def test_elasticflow_traces_of_other_clusters_read_alike(tmp_path: Path, variant: str) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_bytes(ITP_VARIANTS[variant])
+    assert [(j.job_id, j.submit_s, j.duration_s, j.gpus) for j in read_trace(path)] == ITP_JOBS
+
+
+def test_a_bom_does_not_stick_to_a_mapped_column(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"\xef\xbb\xbft,run,g\n0,30,2\n")
+    (job,) = read_trace(path, ColumnMapping.parse("arrival=t,duration=run,gpus=g"))
+    assert (job.line, job.submit_s, job.duration_s, job.gpus) == (2, 0.0, 30.0, 2)
+
+
+def test_submission_times_as_dates_in_the_elasticflow_columns(tmp_path: Path) -> None:
+    path = write(tmp_path, "job_id,submission_time,duration,num_gpu\n"
+                           "b,2020-05-01T10:00:05Z,200,2\n"
+                           "a,2020-05-01 10:00:00,100,1\n")
+    jobs = read_trace(path)
+    assert [(j.job_id, j.submit_s) for j in jobs] == [("a", 1588327200.0), ("b", 1588327205.0)]
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        # Two columns of one name: which one holds the GPUs is a guess, so neither is read.
+        (b"job_id,submission_time,duration,num_gpu,num_gpu\na,0,100,1,4\n",
+         "{path}, line 1: column 'num_gpu' (for gpus) appears 2 times in the header"),
+        (b"\n\njob_id,job_id,submission_time,duration,num_gpu\na,a,0,100,1\n",
+         "{path}, line 3: column 'job_id' (for job_id) appears 2 times in the header"),
+        # A byte that is not UTF-8 (a Latin-1 export), named by its line, not the header's.
+        (b"job_id,submission_time,duration,num_gpu\na,0,100,1\ncaf\xe9,5,100,1\n",
+         "{path}, line 3: not UTF-8 text (byte 0xe9); a trace must be UTF-8 (convert it: iconv -t UTF-8)"),
+        (b"job_id,submission_time,duration,num_gpu\r\n\xff,0,100,1\r\n",
+         "{path}, line 2: not UTF-8 text (byte 0xff); a trace must be UTF-8 (convert it: iconv -t UTF-8)"),
+        ("job_id,submission_time,duration,num_gpu\na,0,100,1\n".encode("utf-16"),
+         "{path}: UTF-16 or UTF-32 text; a trace must be UTF-8 (convert it: iconv -t UTF-8)"),
+        (b"\xef\xbb\xbf\r\n\r\n", "{path}: the trace is empty"),
+        (b"job_id;submission_time;duration;num_gpu\na;0;100;1\n",
+         "{path}, line 1: not the ElasticFlow format (job_id,submission_time,duration,num_gpu); header is "
+         "'job_id;submission_time;duration;num_gpu': give a column mapping (--columns arrival=...,duration=...,gpus=...)"),
+    ],
+)
+def test_traces_read_ambiguously_are_refused_in_one_line(tmp_path: Path, data: bytes, expected: str) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_bytes(data)
+    with pytest.raises(TraceError) as err:
+        read_trace(path)
+    assert str(err.value) == expected.format(path=path)
