@@ -1,4 +1,0 @@
-#!/bin/sh
-# This script was created by sbatch --wrap.
-
-sleep 30
