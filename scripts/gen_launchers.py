@@ -66,12 +66,19 @@ import sys
 
 
 def _put_garrison_on_path() -> None:
-    """Started without site (-S): only the standard library is on sys.path so far."""
-    from os import listdir, path
+    """Started without site (-S): only the standard library is on sys.path so far. posix, not os: os and what
+    it imports cost a quarter of a bare start-up, and a fast path needs none of it (cli/fastpath.py)."""
+    from posix import listdir, stat
 
-    lib = path.join(path.dirname(path.dirname(sys.executable)), "lib",
-                    "python%d.%d" % sys.version_info[:2], "site-packages")
-    if path.isdir(path.join(lib, "garrison")):
+    def is_directory(path: str) -> bool:
+        try:
+            return stat(path).st_mode & 0o170000 == 0o040000  # S_ISDIR, without importing stat
+        except OSError:
+            return False
+
+    prefix = sys.executable.rsplit("/", 2)[0]  # .../bin/python3 -> ...
+    lib = prefix + "/lib/python" + ".".join(map(str, sys.version_info[:2])) + "/site-packages"
+    if is_directory(lib + "/garrison"):
         sys.path.append(lib)  # a wheel's install
         return
     try:
@@ -80,7 +87,7 @@ def _put_garrison_on_path() -> None:
         names = []
     for name in names:
         if name.startswith("__editable__.garrison-") and name.endswith(".pth"):
-            with open(path.join(lib, name), encoding="utf-8") as lines:  # an editable install: the checkout
+            with open(lib + "/" + name, encoding="utf-8") as lines:  # an editable install: the checkout
                 sys.path.extend(line.strip() for line in lines if line.strip() and not line.startswith(("#", "import")))
             sys.path.append(lib)  # and its dependencies, which the full path may import
             return

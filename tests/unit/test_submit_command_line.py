@@ -8,6 +8,7 @@ the installed launcher: it submits, prints and exits as gsub does, and imports n
 
 from __future__ import annotations
 
+import ast
 import errno
 import os
 import subprocess
@@ -275,16 +276,61 @@ def test_the_script_offered_with_the_first_request_is_only_a_guess(controller, t
 
 
 def test_the_launcher_imports_none_of_the_parser(controller, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """What keeps gsub near 20 ms (docs/performance.md): no site, and nothing of the parser, protobuf or re."""
+    """What keeps gsub near 20 ms (docs/performance.md): no site, and nothing of the parser, protobuf or re;
+    not even os (and its _collections_abc), a quarter of a bare interpreter's start-up."""
     gsub = launcher("gsub")
     run(controller, tmp_path, [gsub, "--wrap", "true"])  # warm the endpoint cache
     timed = run(controller, tmp_path, [gsub, "--wrap", "true"], extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert timed.returncode == 0, timed.stderr
     imported = {line.split("|")[-1].strip() for line in timed.stderr.splitlines() if line.startswith("import time:")}
     assert "garrison.cli.fastpath" in imported
-    heavy = {"site", "re", "enum", "argparse", "dataclasses", "garrison.cmdline.submission", "google.protobuf", "grpc"}
+    heavy = {"site", "re", "enum", "argparse", "dataclasses", "garrison.cmdline.submission", "google.protobuf", "grpc",
+             "os", "_collections_abc"}
     assert not heavy & imported, sorted(heavy & imported)
     assert os.path.basename(gsub) == "gsub"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["", "/", "/a", "/a/", "a", "a/b/", "//x"]) | st.text(alphabet="ab/. ", max_size=8),
+       st.sampled_from(["", "x", "/x", "x/", "../y"]) | st.text(alphabet="ab/. ", max_size=8))
+def test_the_fast_paths_join_is_os_path_join(directory: str, name: str) -> None:
+    """cli/fastpath.py does without os (and posixpath): its join is os.path.join, for any two parts."""
+    from garrison.cli.fastpath import _join
+
+    assert _join(directory, name) == os.path.join(directory, name)
+
+
+def test_the_fast_paths_environment_and_home_are_os_s(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Where os is loaded (the full path imports the fast path's module too) its environment is os.environ
+    itself, changes included; the home directory is os.path.expanduser's, with and without $HOME; the cache
+    directory is made with its parents, and making it again is no error."""
+    from garrison.cli import fastpath
+
+    monkeypatch.setenv("GARRISON_TEST_VARIABLE", "set after start-up")
+    assert fastpath._environ().get("GARRISON_TEST_VARIABLE") == "set after start-up"
+    for home in ("/home/someone/", "/", ""):
+        monkeypatch.setenv("HOME", home)
+        assert fastpath._home() == os.path.expanduser("~")
+    monkeypatch.delenv("HOME")
+    assert fastpath._home() == os.path.expanduser("~")
+    deep = tmp_path / "a" / "b" / "c"
+    fastpath._make_directories(str(deep), 0o700)
+    fastpath._make_directories(str(deep), 0o700)
+    assert deep.is_dir() and (deep.stat().st_mode & 0o777) == 0o700
+
+
+def test_without_os_the_environment_is_decoded_as_os_decodes_it(tmp_path: Path) -> None:
+    """In a launcher's interpreter (no site, no os) the environment comes from posix's bytes: the same
+    strings os.environ holds, undecodable bytes included (surrogateescape)."""
+    probe = ("import sys; sys.path[:0] = [sys.argv[1]]; from garrison.cli import fastpath; "
+             "env = fastpath._environ(); assert 'os' not in sys.modules; print(ascii(sorted(env.items())))")
+    env = {"PATH": "/usr/bin:/bin", "ODD": "caf\udce9", "PLAIN": "x=y"}
+    bytes_env = {key.encode(): os.fsencode(value) for key, value in env.items()}
+    out = subprocess.run([sys.executable, "-S", "-c", probe, str(Path(__file__).resolve().parents[2])],
+                         env=bytes_env, capture_output=True, text=True, timeout=60, check=True).stdout  # type: ignore[arg-type]
+    seen = dict(ast.literal_eval(out))
+    for key, value in env.items():
+        assert seen[key] == value
 
 
 def test_the_address_from_the_configuration_file_is_cached_until_the_file_changes(controller, tmp_path) -> None:  # type: ignore[no-untyped-def]
