@@ -18,13 +18,9 @@ what protobuf's JSON mapping takes (json_format.ParseDict), which is a superset.
 
 from __future__ import annotations
 
-# collections.abc's Mapping from where the interpreter keeps it loaded: importing collections.abc itself imports
-# the collections package, ~1-6 ms of a gqueue started without site
-from _collections_abc import Mapping
-
 TYPE_CHECKING = False  # not typing's: importing typing costs a CLI call ~5 ms
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
     from typing import Any, TypeAlias, TypeVar
 
     from google.protobuf.message import Message
@@ -283,10 +279,20 @@ def dump_plain(message: Any) -> bytes:
     return json.dumps(to_plain(message), separators=(",", ":")).encode()
 
 
-class PlainMessage(Mapping["str", "Any"]):
+if TYPE_CHECKING:
+    _ReadOnlyMapping = Mapping[str, Any]
+else:
+    # A Mapping to type checkers, not at run time: collections.abc's Mapping comes with _collections_abc, which
+    # gjob and gqueue launched without site have not loaded (~3 M instructions, callgrind). The methods a
+    # Mapping's mixins would give are written out below.
+    _ReadOnlyMapping = object
+
+
+class PlainMessage(_ReadOnlyMapping):
     """A read-only view of a plain message that reads like the message: ``job.state``, ``job.HasField(...)``,
     ``for a in job.attempts``. A field the plain form leaves out (an unset ``optional``) raises
-    AttributeError on access, so code that reads one without ``HasField`` fails loudly in tests."""
+    AttributeError on access, so code that reads one without ``HasField`` fails loudly in tests. A map field
+    (``env``) reads as a read-only mapping: ``[]``, ``get``, ``in``, ``keys``, ``items``, ``values``, ``==``."""
 
     __slots__ = ("_data",)
 
@@ -311,6 +317,30 @@ class PlainMessage(Mapping["str", "Any"]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return _view(self._data[key]) if key in self._data else default
+
+    def keys(self) -> Any:
+        return self._data.keys()
+
+    def items(self) -> Any:
+        return [(key, _view(value)) for key, value in self._data.items()]
+
+    def values(self) -> Any:
+        return [_view(value) for value in self._data.values()]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PlainMessage):
+            return self._data == other._data
+        if isinstance(other, dict):
+            return dict(self.items()) == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # as a Mapping's: unhashable
 
     def __repr__(self) -> str:
         return f"PlainMessage({self._data!r})"

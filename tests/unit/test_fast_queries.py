@@ -76,7 +76,8 @@ def test_gqueue_folds_on_the_controller_and_imports_nothing_heavy(queue) -> None
     assert len(rows) == 3 and rows[0].split()[0] == f"{queue[2]}_[0-39%4]"
     assert len(run(queue, [launcher("gqueue"), "-h", "-r"])[1].splitlines()) == 42
     assert "garrison.cli.fastpath" in imported
-    for heavy in ("site", "re", "enum", "argparse", "garrison.cli.client", "google.protobuf", "grpc", "json"):
+    for heavy in ("site", "re", "enum", "argparse", "garrison.cli.client", "google.protobuf", "grpc", "json", "os",
+                  "_collections_abc"):
         assert f" {heavy} " not in f" {imported} ", heavy
 
 

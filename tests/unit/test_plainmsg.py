@@ -58,6 +58,22 @@ def test_plain_message_reads_like_the_message() -> None:
     assert job_json(view) == job_json(job)
 
 
+def test_a_map_field_reads_as_a_read_only_mapping() -> None:
+    """PlainMessage is no collections.abc.Mapping at run time (gjob's launcher does not load it): what the
+    Mapping mixins gave is written out, and answers as a dict of the same plain form would."""
+    plain = {"env": {"A": "1", "B": "2"}, "attempts": [{"state": "FAILED"}], "limits": {"gpus": 2}}
+    view = PlainMessage(plain)
+    env = view["env"]  # a map field, as render reads it
+    assert "A" in env and "C" not in env and len(env) == 2 and list(env) == ["A", "B"]
+    assert env.get("A") == "1" and env.get("C") is None and env.get("C", "x") == "x"
+    assert list(env.keys()) == ["A", "B"] and dict(env.items()) == {"A": "1", "B": "2"} and list(env.values()) == ["1", "2"]
+    assert env == {"A": "1", "B": "2"} and env != {"A": "1"} and env == PlainMessage({"A": "1", "B": "2"})
+    assert view.get("limits") == {"gpus": 2} and isinstance(view.get("limits"), PlainMessage)
+    assert {**env} == {"A": "1", "B": "2"}
+    with pytest.raises(TypeError):
+        hash(env)
+
+
 @pytest.mark.parametrize(
     ("body", "problem"),
     [
