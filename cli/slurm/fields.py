@@ -37,6 +37,18 @@ _SIGNALLED_STATES = {"CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREE
 SIGNAL_BASE = 128  # a process killed by signal N exits 128+N in Garrison's records (the shell's habit)
 
 
+def job_output_path(job: Any, pattern: str) -> str:
+    """Where the output pattern ``pattern`` (--output or --error; '' for Slurm's default) of the batch job
+    ``job`` (a GetJob answer) resolves: rank 0 on its first node, as scontrol's StdOut= and squeue --json's
+    standard_output show it."""
+    from garrison.model.outputpath import resolve_output_path
+
+    return resolve_output_path(pattern or None, workdir=job.spec.workdir, job_id=job.job_id, rank=0, node_rank=0,
+                               array_job_id=job.array_job_id if job.HasField("array_job_id") else None,
+                               array_task_id=job.array_task_id if job.HasField("array_task_id") else None,
+                               user=job.user, job_name=job.name)
+
+
 def short_state(state: str) -> str:
     return SHORT_STATES.get(state, state[:2])
 

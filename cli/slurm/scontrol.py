@@ -23,7 +23,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from garrison.cli.slurm import answer_version
-from garrison.cli.slurm.fields import clock, exit_code_text, memory_mb, sacct_duration, slurm_reason
+from garrison.cli.slurm.fields import (
+    clock,
+    exit_code_text,
+    job_output_path,
+    memory_mb,
+    sacct_duration,
+    slurm_reason,
+)
 from garrison.model.arrayfold import index_ranges
 from garrison.model.hostlist import HostListError, compress_hostlist, expand_hostlist
 
@@ -93,8 +100,6 @@ def job_record(job: Any, oneliner: bool = False, details: bool = False) -> str:
     """``scontrol show job``: the Key=Value lines Slurm prints, as far as Garrison keeps the same facts.
     ``details`` (``-d``): also DerivedExitCode, and JOB_GRES with a line per node of what the job holds there
     (``Nodes=node1 CPU_IDs=0-3 Mem=16384 GRES=gpu:2(IDX:0-1)``), which scripts read for their GPUs' indices."""
-    from garrison.model.outputpath import resolve_output_path
-
     spec = job.spec
     allocation = _last_allocation(job)
     running = job.state in ("CONFIGURING", "RUNNING", "COMPLETING")
@@ -110,11 +115,7 @@ def job_record(job: Any, oneliner: bool = False, details: bool = False) -> str:
     array_task = job.array_task_id if job.HasField("array_task_id") else None
 
     def output(pattern: str) -> str:
-        if spec.launch == "allocation":
-            return "(null)"
-        return resolve_output_path(pattern or None, workdir=spec.workdir, job_id=job.job_id, rank=0, node_rank=0,
-                                   array_job_id=array_job, array_task_id=array_task, user=job.user,
-                                   job_name=job.name)
+        return "(null)" if spec.launch == "allocation" else job_output_path(job, pattern)
 
     # Garrison keeps the script's text, not its path: Slurm's Command= (the script and its arguments) as far as known.
     command = "(null)" if spec.launch == "allocation" else " ".join(["(script)", *spec.command])

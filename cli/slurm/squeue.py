@@ -325,11 +325,12 @@ def _show(args: Any, layout: PercentFormat, users: list[str], states: list[str])
 
 def _json(client: Client, jobs: list[Any], explicit_states: bool) -> str:
     """squeue --json's document: each job (array tasks one by one) with its GetJob details."""
+    import functools
     import json
     import os
 
+    from garrison.cli.slurm.fields import job_output_path
     from garrison.cli.slurm.json_views import ENDED_SHOWN_S, job_document, squeue_document
-    from garrison.model.outputpath import resolve_output_path
 
     cluster = os.environ.get("SLURM_CLUSTER_NAME") or "garrison"
     documents = []
@@ -337,16 +338,7 @@ def _json(client: Client, jobs: list[Any], explicit_states: bool) -> str:
         if not explicit_states and job.end_time and job.end_time < job.now - ENDED_SHOWN_S:
             continue  # ended before slurmctld's MinJobAge: Slurm has forgotten it
         detail = client.call_plain("GetJob", {"job_id": str(job.job_id)})
-        spec = detail.spec
-        array_job = job.array_job_id if job.HasField("array_job_id") else None
-        array_task = job.array_task_id if job.HasField("array_task_id") else None
-
-        def output(pattern: str, job: Any = job, spec: Any = spec, array_job: int | None = array_job,
-                   array_task: int | None = array_task) -> str:
-            return resolve_output_path(pattern or None, workdir=spec.workdir, job_id=job.job_id, rank=0,
-                                       node_rank=0, array_job_id=array_job, array_task_id=array_task,
-                                       user=job.user, job_name=job.name)
-
+        output = functools.partial(job_output_path, detail)
         documents.append(job_document(job, detail, cluster, output))
     return json.dumps(squeue_document(documents), indent=2)
 
