@@ -13,10 +13,10 @@ terminal goes raw, every byte (Ctrl-C too) goes to it, and window size changes f
 
 from __future__ import annotations
 
+import _socket  # the local stream is a _socket.socket (cli/client.py says why)
 import os
 import queue
 import signal
-import socket
 import sys
 import threading
 import time
@@ -478,7 +478,7 @@ class StepSession:
         except grpc.RpcError as exc:
             self.answers.put((generation, "error", exc))
 
-    def _read_local(self, generation: int, sock: socket.socket) -> None:
+    def _read_local(self, generation: int, sock: _socket.socket) -> None:
         from garrison.cli.client import _error_for
 
         def exactly(count: int) -> bytes:
@@ -514,7 +514,7 @@ class StepSession:
         call = self.client.stream_call(garrison_pb2_grpc.ControllerStub, "RunStep", self._outgoing(first, self.requests))
         threading.Thread(target=self._read, args=(self.generation, call), daemon=True).start()
 
-    def _write_local(self, sock: socket.socket, requests: queue.Queue[Any]) -> None:
+    def _write_local(self, sock: _socket.socket, requests: queue.Queue[Any]) -> None:
         while True:
             message = requests.get()
             if message is None:

@@ -14,7 +14,7 @@ import re
 import time
 
 from garrison.cli.render import elapsed, format_duration, job_row
-from garrison.cmdline.argparser import UsageError
+from garrison.cmdline.usage import UsageError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs gqueue ~5 ms
 if TYPE_CHECKING:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from garrison.cli.slurm import answer_version
 from garrison.cli.slurm.fields import (
@@ -36,6 +34,7 @@ from garrison.model.hostlist import HostListError, compress_hostlist, expand_hos
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any
 
 PROG = "scontrol"
@@ -369,10 +368,10 @@ def _update(words: Sequence[str], quiet: bool) -> None:
 
 
 def _job(job_id: str) -> Any:
-    from garrison.protos.v1 import garrison_pb2 as pb
-
+    """The job's GetJob answer in its plain form (a PlainMessage, read as the message): on the controller's
+    local socket that imports neither protobuf nor gRPC, most of what `scontrol show job` cost."""
     with _client() as client:
-        return client.call("GetJob", pb.GetJobRequest(job_id=job_id))
+        return client.call_plain("GetJob", {"job_id": job_id})
 
 
 def _show(words: Sequence[str], oneliner: bool, details: bool = False) -> None:
@@ -415,13 +414,14 @@ def _show(words: Sequence[str], oneliner: bool, details: bool = False) -> None:
 
 
 def _jobs_text(rest: Sequence[str], oneliner: bool, details: bool = False) -> str:
-    from garrison.protos.v1 import garrison_pb2 as pb
-
     if rest:
         jobs = [_job(job_id) for job_id in _ids(rest)]
     else:
+        # Every job's full record, as Slurm prints it: ListJobs' rows carry no specification (WorkDir=,
+        # StdOut=, Comment=...), so each job's GetJob answer, on one connection.
         with _client() as client:
-            jobs = list(client.call("ListJobs", pb.ListJobsRequest()).jobs)
+            listed = client.call_plain("ListJobs", {}).jobs
+            jobs = [client.call_plain("GetJob", {"job_id": str(job.job_id)}) for job in listed]
         if not jobs:
             return "No jobs in the system\n"
     return "".join(f"{job_record(job, oneliner, details)}\n" + ("" if oneliner else "\n") for job in jobs)
@@ -479,12 +479,15 @@ USAGE = """usage: scontrol [-o|--oneliner] [-Q|--quiet] COMMAND ...
 """
 
 
-@dataclass
 class Flags:
-    oneliner: bool = False  # -o
-    quiet: bool = False  # -Q
-    details: bool = False  # -d (-dd: the same here)
-    help: bool = False  # -h
+    """The command line's flags. A plain class, not a dataclass: dataclasses imports inspect and re, a fifth
+    of a `scontrol show job`."""
+
+    def __init__(self) -> None:
+        self.oneliner: bool = False  # -o
+        self.quiet: bool = False  # -Q
+        self.details: bool = False  # -d (-dd: the same here)
+        self.help: bool = False  # -h
 
 
 LONG_FLAGS = {"--oneliner": "o", "--quiet": "Q", "--details": "d", "--verbose": "v", "--all": "a", "--help": "h"}

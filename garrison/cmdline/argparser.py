@@ -25,16 +25,12 @@ import argparse
 import os
 import sys
 
+from garrison.cmdline.usage import UsageError as UsageError  # re-exported: raised by Parser
+
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, NoReturn
-
-
-class UsageError(Exception):
-    """A mistake in how a command was called. The message is one line; the CLI exits with ``exit_status``."""
-
-    exit_status = 2
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shlex
 
-from garrison.cmdline.argparser import UsageError
+from garrison.cmdline.usage import UsageError
 
 MAX_TASK = 1 << 20  # a rank list past this is a typo, not a step
 TASK_VARIABLE = "SLURM_PROCID"

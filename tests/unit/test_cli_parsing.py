@@ -834,3 +834,16 @@ def test_gpus_per_task_takes_a_type_as_sbatch_does(tmp_path: Path) -> None:
         parse_submission(["--gpus-per-task=v100:1", "--gpus=a100:4", "job.sh"], {}, str(tmp_path))
     with pytest.raises(UsageError, match="--gpus-per-task"):
         parse_submission(["--gpus-per-task=0", "job.sh"], {}, str(tmp_path))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab-_.0123456789\u00b2\u0663\u00e9["), max_size=10))
+def test_host_names_split_before_their_number_as_the_pattern_splits_them(name: str) -> None:
+    """compress_hostlist splits a name before the decimal digits it ends in without re (scontrol starts lean):
+    as re.fullmatch(r"(.*?)(\\d+)") split it, Unicode decimal digits included, superscripts not; and
+    expand_hostlist's ranges take ASCII digits only, as its [0-9]+ did."""
+    from garrison.model.hostlist import _ascii_digits, trailing_number
+
+    match = re.fullmatch(r"(.*?)(\d+)", name)
+    assert trailing_number(name) == (match.groups() if match else None)
+    assert _ascii_digits(name) == (re.fullmatch("[0-9]+", name) is not None)
