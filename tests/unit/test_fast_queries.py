@@ -107,3 +107,21 @@ def test_listjobs_folds_only_pending_tasks_that_wait_alike(queue) -> None:  # ty
     assert [job.folded_tasks for job in folded.jobs] == [40, 0, 0]
     assert folded.jobs[0].display_id == f"{array}_[0-39%4]" and folded.jobs[0].array_task_id == 0
     assert len(every.jobs) == 42 and all(job.folded_tasks == 0 for job in every.jobs)
+
+
+def test_scontrol_show_job_prints_full_records_without_grpc(queue) -> None:  # type: ignore[no-untyped-def]
+    """scontrol show job on the controller's host asks GetJob in plain form on the local socket: neither gRPC
+    nor protobuf (nor json, re or socket) is imported; without an id every job's full record is printed,
+    its specification's fields included (ListJobs' rows carry none: WorkDir= used to be empty)."""
+    _, _, array_id = queue
+    status, out, err, imported = run(queue, [launcher("garrison-scontrol"), "show", "job"])
+    assert status == 0, err
+    records = [record for record in out.split("\n\n") if record.strip()]
+    assert len(records) == 42
+    workdir = str(queue[1].parent)
+    assert all(f"WorkDir={workdir}\n" in record for record in records), records[0]
+    status, out, err, imported = run(queue, [launcher("garrison-scontrol"), "show", "job", f"{array_id}_3"])
+    assert status == 0, err
+    assert f"ArrayJobId={array_id} ArrayTaskId=3" in out and f"StdOut={workdir}/garrison-{array_id}_3.out" in out
+    for heavy in ("grpc", "google.protobuf", "json", "re", "socket", "dataclasses", "argparse"):
+        assert f" {heavy} " not in f" {imported} ", heavy
