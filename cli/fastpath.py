@@ -595,6 +595,17 @@ def _run_or_fall_back(fast: Callable[[list[str]], bool], full_module: str) -> No
     __import__(full_module, fromlist=["main"]).main()
 
 
+def exit_after(main: Callable[[], object]) -> None:
+    """``sys.exit(main())`` without the interpreter's finalization (``_quick_exit``), for the launchers of
+    commands that make a request or two and print (scripts/gen_launchers.py's QUICK_EXIT). An exception
+    other than SystemExit leaves as Python would (its traceback, status 1)."""
+    try:
+        code = main()
+    except SystemExit as leaving:
+        code = leaving.code
+    _quick_exit(code)
+
+
 def _quick_exit(code: object) -> None:
     """Exit as ``sys.exit(code)`` would, without the interpreter's finalization: tearing down the modules and
     the objects a command made costs as much as a quarter of a bare interpreter's start-up (~5 M
