@@ -101,6 +101,15 @@ def run_command(command: Callable[[list[str]], None], argv: list[str] | None) ->
         sys.exit(1)
 
 
+# call_plain's methods of services other than Controller, which the controller's local socket also serves
+# (controller/rpc/local.py's REQUEST_TYPES): method -> its messages' module, its request's type, its stubs'
+# module and its stub, for the gRPC path.
+OTHER_SERVICES = {
+    "QueueDetails": ("admin_pb2", "QueueDetailsRequest", "admin_pb2_grpc", "AdminStub"),
+    "ListJobRecords": ("accounting_pb2", "JobRecordsRequest", "accounting_pb2_grpc", "AccountingStub"),
+}
+
+
 def _plain_json(request: dict[str, Any]) -> str:
     """``request`` as compact JSON, without importing json (it imports re: ~24 M instructions of a call,
     callgrind) where the fast path's writer takes it, as it takes every request of the plain forms but floats."""
@@ -396,14 +405,19 @@ class Client:
         payload = self._over_local_socket(lambda path: self._local_exchange(method + PLAIN_METHOD_SUFFIX, body, path))
         if payload is not None:
             return PlainMessage(_loads(payload))
-        from garrison.plainmsg import PlainError, from_plain, to_plain
-        from garrison.protos.v1 import garrison_pb2 as pb
+        import importlib
 
+        from garrison.plainmsg import PlainError, from_plain, to_plain
+
+        messages, request_name, stubs, stub_name = OTHER_SERVICES.get(
+            method, ("garrison_pb2", method + "Request", "garrison_pb2_grpc", "ControllerStub"))
+        request_type = getattr(importlib.import_module(f"garrison.protos.v1.{messages}"), request_name)
+        stub_class = getattr(importlib.import_module(f"garrison.protos.v1.{stubs}"), stub_name)
         try:
-            message = from_plain(request, getattr(pb, method + "Request"))
+            message = from_plain(request, request_type)
         except PlainError as err:
             raise CliError(f"malformed request: {err}", EXIT_USAGE) from None
-        return PlainMessage(to_plain(self._grpc_call(method, message)))
+        return PlainMessage(to_plain(self.service_call(stub_class, method, message)))
 
     def _over_local_socket(self, exchange: Callable[[str], T]) -> T | None:
         """``exchange(socket path)`` on this host's local socket, or None when it cannot be used here."""

@@ -124,7 +124,8 @@ async def _serve(config: GarrisonConfig) -> None:
     spb_grpc.add_SecurityServicer_to_server(SecurityService(engine, auth, tokens), server)
     admin_service = AdminService(engine, auth)
     admin_grpc.add_AdminServicer_to_server(admin_service, server)
-    apb_grpc.add_AccountingServicer_to_server(AccountingService(engine.accounting_query, auth, clock, engine.is_admin), server)
+    accounting_service = AccountingService(engine.accounting_query, auth, clock, engine.is_admin)
+    apb_grpc.add_AccountingServicer_to_server(accounting_service, server)
     transport = listen(server, cfg, config.path)  # TLS, or plain text on loopback only
     await server.start()
     state.listening(clock.now())  # nodes' silence counts from here: until now they were refused
@@ -136,6 +137,7 @@ async def _serve(config: GarrisonConfig) -> None:
     )
     local = LocalServer(
         cfg.local_socket, client_service, limits=local_limits, admin_servicer=admin_service,
+        accounting_servicer=accounting_service,
         refused=lambda uid, why: refusals.refused(("RESOURCE_EXHAUSTED", "local socket", "uid", uid),
                                                   f"refused a local connection of uid {uid}: {why}"),
     ) if cfg.local_socket else None

@@ -48,6 +48,7 @@ from google.protobuf.message import DecodeError
 from garrison.auth import principal_for
 from garrison.model.domain import Principal
 from garrison.plainmsg import PLAIN_METHOD_SUFFIX, PlainError, dump_plain, parse_plain
+from garrison.protos.v1 import accounting_pb2 as apb
 from garrison.protos.v1 import admin_pb2 as adminpb
 from garrison.protos.v1 import garrison_pb2 as pb
 
@@ -92,6 +93,9 @@ REQUEST_TYPES: dict[str, type[Any]] = {
     "CancelStep": pb.CancelStepRequest,
     # Of the Admin service, the one gjob asks of a pending job (its explanation), which any user may ask
     "QueueDetails": adminpb.QueueDetailsRequest,
+    # Of the Accounting service, sacct's: scripts poll it (submitit), and over gRPC its import alone cost more
+    # than the rest of the call
+    "ListJobRecords": apb.JobRecordsRequest,
 }
 
 
@@ -174,10 +178,12 @@ class LocalServer:
         limits: LocalLimits | None = None,
         refused: Callable[[int, str], None] | None = None,
         admin_servicer: Any = None,
+        accounting_servicer: Any = None,
     ) -> None:
         self.path = path
         self.servicer = servicer
-        self.admin_servicer = admin_servicer  # serves the Admin methods in REQUEST_TYPES
+        # The servicers of the other services' methods in REQUEST_TYPES, by the file that declares the request
+        self.servicers = {adminpb.DESCRIPTOR: admin_servicer, apb.DESCRIPTOR: accounting_servicer}
         self.principal_of = principal_of
         self.budget = ConnectionBudget(limits or LocalLimits())
         # Told (uid, why) of each refusal past a limit; the controller logs them, rate-limited.
@@ -279,7 +285,7 @@ class LocalServer:
         except Exception:
             return self._frame(_status_byte(grpc.StatusCode.INVALID_ARGUMENT), b"malformed request")
         try:
-            servicer = self.admin_servicer if request_type.DESCRIPTOR.file is adminpb.DESCRIPTOR else self.servicer
+            servicer = self.servicers.get(request_type.DESCRIPTOR.file, self.servicer)
             if servicer is None:
                 return self._frame(_status_byte(grpc.StatusCode.UNIMPLEMENTED), f"no {method} here".encode())
             response = await getattr(servicer, method)(request, LocalContext(principal))

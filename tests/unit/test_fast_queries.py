@@ -125,3 +125,19 @@ def test_scontrol_show_job_prints_full_records_without_grpc(queue) -> None:  # t
     assert f"ArrayJobId={array_id} ArrayTaskId=3" in out and f"StdOut={workdir}/garrison-{array_id}_3.out" in out
     for heavy in ("grpc", "google.protobuf", "json", "re", "socket", "dataclasses", "argparse"):
         assert f" {heavy} " not in f" {imported} ", heavy
+
+
+def test_sacct_reads_job_records_on_the_local_socket_without_grpc(queue) -> None:  # type: ignore[no-untyped-def]
+    """sacct asks ListJobRecords (the Accounting service's) in plain form on the controller's local socket,
+    which serves it as gRPC does: the same records, and neither gRPC nor protobuf imported."""
+    controller, _, array_id = queue
+    argv = [launcher("garrison-sacct"), "-j", f"{array_id}_3", "--parsable2", "-o", "JobID,JobName,State"]
+    status, out, err, imported = run(queue, argv)
+    assert status == 0, err
+    assert out.splitlines() == ["JobID|JobName|State", f"{array_id}_3|sweep|PENDING"]
+    for heavy in ("grpc", "google.protobuf"):
+        assert f" {heavy} " not in f" {imported} ", heavy
+    env_grpc = subprocess.run(argv, env={"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(queue[1]), "USER": "root",
+                                         "GARRISON_CONTROLLER": controller.address, "GARRISON_TRANSPORT": "grpc"},
+                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert env_grpc.returncode == 0 and env_grpc.stdout == out, env_grpc.stderr

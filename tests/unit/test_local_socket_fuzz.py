@@ -18,6 +18,7 @@ from test_rpc_fuzz import messages
 
 from garrison.controller.rpc.local import MAX_FRAME, REQUEST_TYPES
 from garrison.plainmsg import PLAIN_METHOD_SUFFIX, dump_plain, parse_plain
+from garrison.protos.v1 import accounting_pb2 as apb
 from garrison.protos.v1 import admin_pb2 as adminpb
 from garrison.protos.v1 import garrison_pb2 as pb
 
@@ -29,7 +30,8 @@ RESPONSE_TYPES = {"Hello": pb.HelloResponse, "SubmitJob": pb.SubmitJobResponse, 
                   "SubmitCommandLine": pb.SubmitCommandLineResponse, "QueueDetails": adminpb.QueueDetailsResponse,
                   "ListJobs": pb.ListJobsResponse, "GetJob": pb.JobInfo, "ListNodes": pb.ListNodesResponse,
                   "KeepAllocation": pb.AllocationStatusReply, "ReleaseAllocation": pb.ReleaseAllocationReply,
-                  "ListSteps": pb.ListStepsResponse, "CancelStep": pb.CancelStepResponse}
+                  "ListSteps": pb.ListStepsResponse, "CancelStep": pb.CancelStepResponse,
+                  "ListJobRecords": apb.JobRecordsResponse}
 
 
 @pytest.fixture(scope="module")

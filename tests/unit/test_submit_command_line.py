@@ -357,7 +357,8 @@ def test_the_address_from_the_configuration_file_is_cached_until_the_file_change
 
 
 _JSON_VALUES = st.recursive(
-    st.booleans() | st.integers(min_value=-(2**63), max_value=2**64) | st.text(max_size=20),
+    st.booleans() | st.integers(min_value=-(2**63), max_value=2**64) | st.text(max_size=20)
+    | st.floats(allow_nan=False, allow_infinity=False),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )
