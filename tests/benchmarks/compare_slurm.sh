@@ -19,7 +19,7 @@ ROUNDS=${2:-3}
 CALLS=${CLI_CALLS:-20}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 ANCHOR=${ANCHOR:-$HERE/../shared/slurm-anchor}
-PY="$HERE/.venv/bin/python"
+PY=${PY:-$HERE/.venv/bin/python}  # PY=other/venv/bin/python: that venv's interpreter and launchers
 TIMER="$HERE/tests/benchmarks/cli_latency.py"
 [ -x "$ANCHOR/bench.sh" ] || { echo "no slurm-anchor at $ANCHOR" >&2; exit 1; }
 LOG=$(mktemp /tmp/compare-slurm-XXXXXX.log)
