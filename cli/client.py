@@ -13,6 +13,7 @@ import _socket  # not socket: it imports enum and selectors, ~25 M instructions 
 import os
 import struct
 import sys
+import time
 
 from garrison.cli.fastpath import (
     CACHE_FORMAT,
@@ -23,6 +24,7 @@ from garrison.cli.fastpath import (
     config_path,
     controller_address,
     endpoint_cache_file,
+    rate_limit_wait,
     remember_config_address,
     write_cache,
 )
@@ -216,10 +218,17 @@ class Client:
             self._local = self._connect_local(path)
         name = method.encode()
         frame = bytes([len(name)]) + name + body
+        waited = 0.0
         try:
-            self._local.sendall(HEADER.pack(len(frame)) + frame)
-            (length,) = HEADER.unpack(self._recv(HEADER.size))
-            answer = self._recv(length)
+            while True:  # a refusal for the request rate is asked again when the controller says (fastpath.py)
+                self._local.sendall(HEADER.pack(len(frame)) + frame)
+                (length,) = HEADER.unpack(self._recv(HEADER.size))
+                answer = self._recv(length)
+                wait = rate_limit_wait(answer[0], answer[1:], waited)
+                if wait is None:
+                    break
+                time.sleep(wait)
+                waited += wait
         except TimeoutError:
             raise CliError(f"the controller at {path} did not answer in time") from None
         except OSError:
@@ -315,7 +324,9 @@ class Client:
         stub = self._stub(stub_class)
         if authenticated and not self._tls:
             self._check_plaintext_server()
-        for fresh in (False, True):
+        waited = 0.0
+        fresh = False
+        while True:
             identity = self._identity(fresh) if authenticated else None
             metadata = (identity,) if identity is not None else ()
             try:
@@ -324,12 +335,17 @@ class Client:
                 code = exc.code()
                 renewable = identity is not None and identity[0] == CREDENTIAL_METADATA
                 if code == grpc.StatusCode.UNAUTHENTICATED and renewable and not fresh:
+                    fresh = True
                     continue  # a cached credential the controller no longer takes (its key changed): renew it
                 details = exc.details() or ""
+                wait = rate_limit_wait(code.value[0], details, waited)
+                if wait is not None:  # refused for the request rate, nothing done: ask again when told
+                    time.sleep(wait)
+                    waited += wait
+                    continue
                 if code == grpc.StatusCode.UNAVAILABLE and "Socket closed" in details and not self._tls:
                     details += " (a TLS controller? set GARRISON_TLS_CA to the cluster CA certificate)"
                 raise _error_for(code.value[0], details, self.address) from None
-        raise AssertionError("unreachable")
 
     def _check_plaintext_server(self) -> None:
         """Plain text is loopback only (garrison/tls): send a credential there only to a port held by root or

@@ -31,8 +31,12 @@ if TYPE_CHECKING:
 
 CACHE_FORMAT = "garrison-controller-endpoints 1"  # first line of the per-address cache file
 SUBMIT_METHOD = b"SubmitCommandLine+json"
-OK, UNIMPLEMENTED = 0, 12
+OK, RESOURCE_EXHAUSTED, UNIMPLEMENTED = 0, 8, 12
 DEADLINE_S = 30.0
+# controller/ratelimit.py's refusal of a user's request past the request rate: nothing was done, and the
+# controller says when to ask again. A user's loop of sbatch never fails on a rate under Slurm (it has no such
+# default), so the CLI waits and asks again, as Slurm's commands back off when slurmctld rate-limits them.
+RATE_LIMITED = "too many requests from "
 EXIT_USAGE = 2
 # sbatch's differences from gsub (cli/slurm/sbatch.py): its default output files, and every error exits 1
 SBATCH = "sbatch"
@@ -479,13 +483,36 @@ def _connect(path: str) -> Any:
 
 
 def _exchange(connection: Any, method: bytes, request: dict[str, Any]) -> tuple[int, bytes]:
-    """One request and its answer (controller/rpc/local.py's framing): the status and the payload."""
+    """One request and its answer (controller/rpc/local.py's framing): the status and the payload. A request
+    refused for the user's request rate is asked again when the controller says, within the call's deadline."""
     body = _dumps(request).encode()
     frame = bytes([len(method)]) + method + body
-    connection.sendall((len(frame)).to_bytes(4, "big") + frame)
-    length = int.from_bytes(_receive(connection, 4), "big")
-    answer = _receive(connection, length)
-    return answer[0], answer[1:]
+    waited = 0.0
+    while True:
+        connection.sendall((len(frame)).to_bytes(4, "big") + frame)
+        length = int.from_bytes(_receive(connection, 4), "big")
+        answer = _receive(connection, length)
+        wait = rate_limit_wait(answer[0], answer[1:], waited)
+        if wait is None:
+            return answer[0], answer[1:]
+        import time
+
+        time.sleep(wait)
+        waited += wait
+
+
+def rate_limit_wait(status: int, answer: bytes | str, waited: float) -> float | None:
+    """How long to wait before asking again where ``answer`` is the controller's refusal for the request rate
+    and the call's deadline leaves time for it (``waited``: what this call has waited so far); else None."""
+    text = answer.decode(errors="replace") if isinstance(answer, bytes) else answer
+    if status != RESOURCE_EXHAUSTED or not text.startswith(RATE_LIMITED):
+        return None
+    try:
+        wait = float(text.rpartition("retry in ")[2].rstrip("s"))
+    except ValueError:
+        wait = 0.1
+    wait = min(max(wait, 0.005), 1.0)  # at least a token's worth of the rate, at most a second at a time
+    return wait if waited + wait <= DEADLINE_S else None
 
 
 def _receive(connection: Any, count: int) -> bytes:

@@ -375,3 +375,26 @@ def test_the_fast_paths_json_reads_and_writes_as_json_does(value: object) -> Non
 
     assert _dumps(value) == json.dumps(value, separators=(",", ":"))
     assert _loads(json.dumps({"v": value}).encode()) == {"v": value}
+
+
+def test_a_loop_past_the_request_rate_waits_instead_of_failing(tmp_path: Path) -> None:
+    """A user's shell loop of sbatch never fails on a rate under Slurm. Past the controller's per-user rate
+    (here 5/s, bursts of 2) each command waits as the refusal says and asks again (nothing was done by the
+    refused request): every submission lands once, on the fast path, the full path and over gRPC alike."""
+    import time
+
+    root = tmp_path / "ctl"
+    with running_controller(root, extra="request_rate_per_s = 5\nrequest_burst = 2\n", local_socket=True) as ctl:
+        started = time.monotonic()
+        fast = [run(ctl, tmp_path, [launcher("gsub"), "-H", "--parsable", "--wrap", "true"]) for _ in range(4)]
+        full = [run(ctl, tmp_path, [launcher("gsub"), "-H", "--parsable", "--comment", "full", "--wrap", "true"],
+                    extra_env={"GARRISON_TRANSPORT": "grpc"}) for _ in range(2)]
+        listed = run(ctl, tmp_path, [launcher("garrison-scontrol"), "show", "job"])
+        elapsed = time.monotonic() - started
+    for done in [*fast, *full, listed]:
+        assert done.returncode == 0, done.stderr
+    ids = [int(done.stdout) for done in fast + full]
+    assert len(set(ids)) == 6
+    assert listed.stdout.count("JobId=") == 6  # each submitted once: a refused request did nothing
+    requests = len(ids) + 1 + 6  # a request a submission at least; scontrol's ListJobs and a GetJob a job
+    assert elapsed >= (requests - 2) / 5 - 0.2  # the rate held them back: past a burst of 2, 5 a second
