@@ -6,7 +6,6 @@ and are asked for only when the layout has them, so the default layout stays one
 
 from __future__ import annotations
 
-import getpass
 import sys
 
 from garrison.cli.client import EXIT_FAILURE, Client, CliError, fail, run_command
@@ -264,7 +263,7 @@ def squeue(argv: list[str]) -> None:
         _node_filter(args.nodelist)  # a bad host list is a usage error before any call
     except (UsageError, ValueError) as exc:
         fail(PROG, CliError(str(exc), EXIT_FAILURE))
-    users = user_names(args.users) + ([getpass.getuser()] if args.me else [])
+    users = user_names(args.users) + ([_login_name()] if args.me else [])
     import time
 
     if interval is None:
@@ -384,6 +383,14 @@ def _steps(client: Client, jobs: list[Any], layout: PercentFormat, step_ids: lis
             continue
         rows.append(step_values(record, job.partition if job else "", job.time_limit_s if job else 0))
     return layout.render(rows, header)
+
+
+def _login_name() -> str:
+    """``--me``'s user. getpass here, not at the top: it imports contextlib and more, which every other squeue
+    call would pay for."""
+    import getpass
+
+    return getpass.getuser()
 
 
 def main(argv: list[str] | None = None) -> None:
