@@ -44,9 +44,14 @@ def cancel_jobs(prog: str, job_ids: Sequence[str], *, user: str = "", states: Se
                 verbose: bool = False) -> None:
     """gcancel's work, and scancel's (cli/slurm/scancel.py): cancel (or, with ``signal_name``, signal) the jobs
     named by id (``12``, ``12_3``; ``12.3`` is a step) and every job matching the filters. Exits on failure."""
+    from garrison.cli.slurm.fields import state_names
+    from garrison.cmdline.usage import UsageError
     from garrison.protos.v1 import garrison_pb2 as pb
 
-    state_list = _split(states, upper=True)
+    try:  # Slurm's short codes (PD, R, CG) as scancel -t reads them, and the long names
+        state_list = [name for name in state_names(_split(states, upper=True)) if name != "ALL"]
+    except UsageError as exc:
+        fail(prog, CliError(str(exc), usage_exit))
     ids = _split(job_ids)
     name_list, partition_list, account_list = _split(names), _split(partitions), _split(accounts)
     verb = "signal" if signal_name else "cancel"

@@ -15,18 +15,14 @@ import time
 
 from garrison.cli.render import elapsed, format_duration, job_row
 from garrison.cmdline.usage import UsageError
+from garrison.model.state_codes import STATE_CODES
 
 TYPE_CHECKING = False  # not typing's: importing typing costs gqueue ~5 ms
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-# squeue's compact state codes (%t).
-COMPACT_STATES = {
-    "PENDING": "PD", "CONFIGURING": "CF", "RUNNING": "R", "COMPLETING": "CG", "COMPLETED": "CD",
-    "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO", "NODE_FAIL": "NF", "PREEMPTED": "PR",
-    "OUT_OF_MEMORY": "OOM", "REQUEUED": "RQ", "SUSPENDED": "S",
-}
+COMPACT_STATES = STATE_CODES  # squeue's compact state codes (%t)
 FIELD = re.compile(r"%(\.?)(\d*)([A-Za-z%])")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 from garrison.cmdline.usage import UsageError
+from garrison.model.state_codes import STATE_CODES, STATE_NAMES
 
 TYPE_CHECKING = False  # not typing's, nor dataclasses: squeue starts as fast as gqueue (~10 ms less)
 if TYPE_CHECKING:
@@ -24,13 +25,8 @@ if TYPE_CHECKING:
 
     T = TypeVar("T")
 
-# Slurm's compact job state codes (squeue %t).
-SHORT_STATES = {
-    "PENDING": "PD", "CONFIGURING": "CF", "RUNNING": "R", "COMPLETING": "CG", "COMPLETED": "CD",
-    "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO", "NODE_FAIL": "NF", "PREEMPTED": "PR",
-    "OUT_OF_MEMORY": "OOM", "REQUEUED": "RQ", "SUSPENDED": "S", "BOOT_FAIL": "BF", "DEADLINE": "DL",
-}
-LONG_STATES = {short: long for long, short in SHORT_STATES.items()}
+# Slurm's compact job state codes (squeue %t), long name -> code, and back
+SHORT_STATES, LONG_STATES = STATE_CODES, STATE_NAMES
 # The states a job ends in when something stopped it from outside: its exit code is the signal's.
 _SIGNALLED_STATES = {"CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED"}
 SIGNAL_BASE = 128  # a process killed by signal N exits 128+N in Garrison's records (the shell's habit)

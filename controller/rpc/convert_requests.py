@@ -44,6 +44,7 @@ from garrison.controller.step_commands import AckStep, AckStepOutput, LaunchStep
 from garrison.controller.validate import ValidationError
 from garrison.model.domain import JobState
 from garrison.model.launch import LaunchDescription
+from garrison.model.state_codes import long_state_name
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.wire import convert
 
@@ -60,8 +61,9 @@ def submit_command_from_pb(request: pb.SubmitJobRequest) -> SubmitCommand:
 
 
 def job_states(names: Iterable[str]) -> frozenset[JobState]:
-    """State names in any case -> states; ValidationError naming the first unknown one (in sorted order)."""
-    upper = {name.upper() for name in names}
+    """State names in any case, or Slurm's codes (PD, R: what scancel -t and squeue -t take) -> states;
+    ValidationError naming the first unknown one (in sorted order)."""
+    upper = {long_state_name(name) for name in names}
     unknown = upper - {state.value for state in JobState}
     if unknown:
         raise ValidationError(f"unknown job state {sorted(unknown)[0]!r}")

@@ -239,3 +239,16 @@ def test_bad_requests_get_the_same_status_and_message(
     controller: ControllerProcess, stub: Any, method: str, request_message: Any, expected: tuple[Any, str]
 ) -> None:
     assert refused_over_grpc(controller, stub, method, request_message) == expected
+
+
+def test_state_filters_take_slurms_codes_and_long_names() -> None:
+    """squeue -t PD, scancel -t R: the controller reads Slurm's compact codes as it reads the long names, in any
+    case (garrison/model/state_codes.py), and names the first unknown state."""
+    from garrison.controller.rpc.convert_requests import job_states
+    from garrison.controller.validate import ValidationError
+    from garrison.model.domain import JobState
+
+    assert job_states(["pd", "R", "completing", "OOM"]) == {
+        JobState.PENDING, JobState.RUNNING, JobState.COMPLETING, JobState.OUT_OF_MEMORY}
+    with pytest.raises(ValidationError, match="'XX'"):
+        job_states(["PD", "xx"])

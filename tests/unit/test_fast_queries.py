@@ -141,3 +141,23 @@ def test_sacct_reads_job_records_on_the_local_socket_without_grpc(queue) -> None
                                          "GARRISON_CONTROLLER": controller.address, "GARRISON_TRANSPORT": "grpc"},
                               capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert env_grpc.returncode == 0 and env_grpc.stdout == out, env_grpc.stderr
+
+
+def test_gcancel_reads_slurms_state_codes(tmp_path: Path) -> None:
+    """gcancel -t takes Slurm's codes (PD, R) as scancel -t does, and the long names; an unknown state is a
+    one-line usage error and cancels nothing."""
+    with running_controller(tmp_path / "ctl", extra="request_rate_per_s = 0\n", local_socket=True) as controller:
+        env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path / "cache"),
+               "GARRISON_CONTROLLER": controller.address}
+
+        def gcli(*argv: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([launcher(argv[0]), *argv[1:]], env=env, capture_output=True, text=True, timeout=60,
+                                  stdin=subprocess.DEVNULL, cwd=tmp_path)
+
+        for name in ("alpha", "beta"):
+            assert gcli("gsub", "-J", name, "--wrap", "true").returncode == 0
+        bad = gcli("gcancel", "-t", "bogus")
+        assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1 and "BOGUS" in bad.stderr
+        assert gcli("gcancel", "-n", "alpha", "-t", "PD").returncode == 0
+        left = gcli("gqueue", "-h", "-t", "PD")
+        assert [row.split()[2] for row in left.stdout.splitlines()] == ["beta"]
