@@ -430,6 +430,9 @@ def test_reserve_every_overdue_gives_each_overdue_job_a_reservation_besides_easy
     assert plan.order == (1, 2, 4, 6, 3, 5)
     assert sorted(r.job_id for r in plan.reservations) == [1, 2, 3, 4]
     assert 6 not in plan.estimated_starts and 5 not in plan.estimated_starts
+    # With no reservation for the rest, only the overdue jobs get one.
+    only_overdue = schedule(snap(nodes, jobs, [run]), NOW, replace(easy_like, reservations=0))
+    assert sorted(r.job_id for r in only_overdue.reservations) == [1, 2, 3]
     # Without it, the one reservation goes to the top job and the overdue jobs behind it get none.
     plain = schedule(snap(nodes, jobs, [run]), NOW, replace(easy_like, reserve_every_overdue=False))
     assert [r.job_id for r in plain.reservations] == [1]
