@@ -45,6 +45,8 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         weights=weights,
         backfill=base.backfill if settings.backfill is None else settings.backfill,
         reservations=base.reservations if settings.backfill_reservations is None else settings.backfill_reservations,
+        reserve_every_overdue=(base.reserve_every_overdue if settings.backfill_reserve_every_overdue is None
+                               else settings.backfill_reserve_every_overdue),
         max_job_test=settings.backfill_max_job_test,
         window_s=float(settings.backfill_window_s),
         resolution_s=float(settings.backfill_resolution_s),

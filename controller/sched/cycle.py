@@ -15,8 +15,9 @@ pipeline.py, one small file each under phases/, sharing one CycleState (cycle_st
    higher-priority job unless it ends before that reservation starts (the backfill rule);
 3. never_here: otherwise, if it can never run on the nodes that are up (feasibility.py), say why and move on;
 4. preempt_for: otherwise, with preemption enabled and a QoS that may preempt, pick victims (preemption.py);
-5. reserve_later: otherwise, while reservations remain, reserve the earliest time and GPUs it could have
-   (backfill.py); without backfill the first blocked job holds back its whole partition (strict FIFO).
+5. reserve_later: otherwise, while reservations remain (with ``reserve_every_overdue``, for every overdue job
+   besides), reserve the earliest time and GPUs it could have (backfill.py); without backfill the first
+   blocked job holds back its whole partition (strict FIFO).
 """
 
 from __future__ import annotations
@@ -84,6 +85,11 @@ class SchedulerConfig:
     # may preempt running jobs in the low queue (those that have had the threshold of GPU time), as well as
     # those its QoS may preempt. Needs the attained_service weight, which defines the queues.
     preempt_attained: bool = False
+    # With it, ``reservations`` counts only the blocked jobs that are not overdue (PriorityWeights.overdue),
+    # and every blocked overdue job gets a reservation besides: EASY's one reservation for the queue's order
+    # (reservations = 1) without holding GPUs idle for further jobs that have not waited long, and still the
+    # bound on the longest waits. Without the overdue weight nothing is overdue and it changes nothing.
+    reserve_every_overdue: bool = False
 
     def __post_init__(self) -> None:
         for name in ("reservations", "max_job_test", "max_starts_per_cycle", "max_preemptions_per_cycle",
@@ -196,6 +202,11 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
     settled, reservations = config.backfill and not config.preemption, config.reservations
     preempting = config.backfill and config.preemption
     max_job_test, max_starts, backfill = config.max_job_test, config.max_starts_per_cycle, config.backfill
+    # With reserve_every_overdue an overdue job still gets a reservation past the others' (phases/reserve.py),
+    # so it never takes the look-alike shortcut below.
+    overdue_after = state.overdue_after
+    every_overdue = config.reserve_every_overdue and overdue_after is not None
+    overdue_after = overdue_after if overdue_after is not None else float("inf")
     for job_id in queue:
         if state.failed >= max_job_test or len(starts) >= max_starts:
             # The cycle's bounded work is done: the rest get their gates' reasons, once per shape of job.
@@ -228,7 +239,8 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
             waiting[job_id] = gated
             continue
         end = now + limit
-        if (len(state.reservations) >= reservations
+        if (len(state.reservations) - state.overdue_reservations >= reservations
+                and not (every_overdue and now - job.submit_time > overdue_after)
                 and (settled or (preempting and preemption_ruled_out(state, job, key, end)))):
             # Past the reservations, with preemption off (or unable to act for this job), a job whose look-alike (same placement key) already
             # failed to start for a run ending no later, and was told why it waits, fails the same way and

@@ -94,6 +94,8 @@ class CycleState:
     blocked_by: dict[int, int] = field(default_factory=dict)  # job -> the job whose reservation is in its way
     estimated: dict[int, float] = field(default_factory=dict)
     reservations: list[Reservation] = field(default_factory=list)
+    # Of those, the ones made for overdue jobs beyond config.reservations (SchedulerConfig.reserve_every_overdue)
+    overdue_reservations: int = 0
     preempts: list[Preempt] = field(default_factory=list)
     victims_taken: set[tuple[int, int]] = field(default_factory=set)
     preempting_jobs: int = 0

@@ -114,6 +114,8 @@ class SchedulerSettings:
     quota_period_s: int = 30 * 86400
     backfill: bool | None = None
     backfill_reservations: int | None = None
+    # backfill_reservations counts only jobs that are not overdue; every overdue job gets a reservation too.
+    backfill_reserve_every_overdue: bool | None = None  # None: the preset's
     backfill_max_job_test: int = 500
     backfill_window_s: int = 2 * 86400
     backfill_resolution_s: int = 60

@@ -261,6 +261,8 @@ def read_scheduler(table: Mapping[str, Any] | None, where: str) -> SchedulerSett
         quota_period_s=s.get_duration("quota_period", d.quota_period_s),
         backfill=s.get_bool("backfill", False) if "backfill" in s.table else None,
         backfill_reservations=weight("backfill_reservations"),
+        backfill_reserve_every_overdue=(s.get_bool("backfill_reserve_every_overdue", False)
+                                        if "backfill_reserve_every_overdue" in s.table else None),
         backfill_max_job_test=s.get_int("backfill_max_job_test", d.backfill_max_job_test, 1),
         backfill_window_s=s.get_duration("backfill_window", d.backfill_window_s),
         backfill_resolution_s=s.get_duration("backfill_resolution", d.backfill_resolution_s),

@@ -94,6 +94,8 @@ FRONTIER = (
 OLDEST = (("overdue_after_s", 3600.0),)
 LAS_WEIGHTS = (("attained_service", 50_000), ("attained_starvation", 8.0))
 LAS_PREEMPTION = (("preemption", True), ("preempt_attained", True))
+EASY_OVERDUE = (("reservations", 1), ("reserve_every_overdue", True))
+OVERDUE_ONLY = (("reservations", 0), ("reserve_every_overdue", True))
 CANDIDATES = {v.name: v for v in (
     Variant("oldest90-1r", (*OLDEST, ("overdue_share", 0.9)), (("reservations", 1),)),
     Variant("oldest90-2r", (*OLDEST, ("overdue_share", 0.9)), (("reservations", 2),)),
@@ -120,6 +122,16 @@ CANDIDATES = {v.name: v for v in (
     # running jobs that have had more; a job that waited 8 times its last run is promoted back. gsim charges
     # each preemption its restart cost (300 s) and the work since the last hourly checkpoint. The smaller the
     # threshold, the more preemptions and the slower the replay (docs/gsim.md: las-1h too slow to run).
+    # One reservation as in EASY for the queue's order plus one for every overdue job (reserve_every_overdue):
+    # fewer GPUs held idle for jobs that have not waited long, the bound on the longest waits kept.
+    Variant("easy-overdue", (), EASY_OVERDUE),
+    Variant("easy-overdue-small-30d", (("small_job", 30_000),), EASY_OVERDUE),
+    # The same with no reservation for jobs that are not overdue (greedy backfill until the bound), and with
+    # the bound following the load (half the longest wait now, at least a day).
+    Variant("overdue-only", (), OVERDUE_ONLY),
+    Variant("overdue-only-small-30d", (("small_job", 30_000),), OVERDUE_ONLY),
+    Variant("easy-overdue-small-30d-half1d", (("small_job", 30_000), ("overdue_after_s", DAY), ("overdue_share", 0.5)),
+            EASY_OVERDUE),
     Variant("las-1h", LAS_WEIGHTS + (("attained_threshold_gpu_s", 3600.0),), LAS_PREEMPTION),
     Variant("las-16h", LAS_WEIGHTS + (("attained_threshold_gpu_s", 16 * 3600.0),), LAS_PREEMPTION),
     Variant("las-64h", LAS_WEIGHTS + (("attained_threshold_gpu_s", 64 * 3600.0),), LAS_PREEMPTION),

@@ -7,13 +7,15 @@ from dataclasses import replace
 import pytest
 from sched_helpers import NOW, busy, node, pending, running
 
-from garrison.config import PRESET_TIME_LIMIT_LONG_S, PRESET_TIME_LIMIT_SHORT_S
+from garrison.config import PRESET_TIME_LIMIT_LONG_S, PRESET_TIME_LIMIT_SHORT_S, ConfigError
+from garrison.config.loading import parse_config
 from garrison.controller.sched.cycle import Reason, SchedulerConfig, schedule
 from garrison.controller.sched.dependencies import DependencyItem, DependencyKind, JobDependencies
 from garrison.controller.sched.fairshare import accrued, decay, fair_share_factors, normalised_shares
 from garrison.controller.sched.presets import policy_presets, preset
 from garrison.controller.sched.priority import PriorityContext, PriorityWeights, time_limit_factor
 from garrison.controller.sched.snapshot import NodeView, RunningJob, Snapshot, UsageView
+from garrison.controller.sched_settings import scheduler_config
 from garrison.model.accounts import Account, Accounting, Limits, PartitionDef, Qos, User
 from garrison.model.domain import Allocation, JobState, NodeAllocation
 
@@ -407,6 +409,47 @@ def test_an_overdue_job_gets_its_reservation_beyond_the_window() -> None:
     jobs[0] = replace(jobs[0], submit_time=NOW - overdue_after - 60)
     plan = schedule(snap(nodes, jobs, run), NOW, replace(GARRISON, window_s=500))
     assert [r.job_id for r in plan.reservations] == [1] and plan.estimated_starts[1] >= NOW + 1000
+
+
+def test_reserve_every_overdue_gives_each_overdue_job_a_reservation_besides_easys_one() -> None:
+    """With reserve_every_overdue, ``reservations`` counts only jobs that are not overdue: one reservation as
+    in EASY for the queue's order, and one for every overdue job besides, even one ranked behind a blocked
+    look-alike that was told it waits (job 3 behind jobs 4 and 6: high QoS, not overdue)."""
+    day = 86400.0
+    run = running(9, {"a": tuple(range(8))}, start=NOW - 100, limit=1100)
+    nodes = [busy(node("a"), run)]
+    overdue_after = GARRISON.weights.overdue_after_s
+    jobs = [pending(1, gpus=8, limit=3600, submit=NOW - overdue_after - 3 * day),  # overdue, the longest wait
+            pending(2, gpus=8, limit=3600, submit=NOW - overdue_after - 2 * day),  # overdue
+            pending(3, gpus=8, limit=80_000, submit=NOW - overdue_after - 60, qos="low"),  # overdue, lowest tier
+            pending(4, gpus=8, limit=3600, submit=NOW - 120, qos="high"),  # EASY's one reservation
+            pending(6, gpus=8, limit=3600, submit=NOW - 60, qos="high"),  # blocked, no reservation left
+            pending(5, gpus=8, limit=3600, submit=NOW - 60)]  # the same
+    easy_like = replace(GARRISON, reservations=1, reserve_every_overdue=True)
+    plan = schedule(snap(nodes, jobs, [run]), NOW, easy_like)
+    assert plan.order == (1, 2, 4, 6, 3, 5)
+    assert sorted(r.job_id for r in plan.reservations) == [1, 2, 3, 4]
+    assert 6 not in plan.estimated_starts and 5 not in plan.estimated_starts
+    # With no reservation for the rest, only the overdue jobs get one.
+    only_overdue = schedule(snap(nodes, jobs, [run]), NOW, replace(easy_like, reservations=0))
+    assert sorted(r.job_id for r in only_overdue.reservations) == [1, 2, 3]
+    # Without it, the one reservation goes to the top job and the overdue jobs behind it get none.
+    plain = schedule(snap(nodes, jobs, [run]), NOW, replace(easy_like, reserve_every_overdue=False))
+    assert [r.job_id for r in plain.reservations] == [1]
+    # Nothing is overdue without the overdue weight: the option then changes nothing.
+    unbounded = replace(easy_like, weights=replace(GARRISON.weights, overdue=0, overdue_after_s=0.0))
+    assert len(schedule(snap(nodes, jobs, [run]), NOW, unbounded).reservations) == 1
+
+
+def test_the_reserve_every_overdue_key_reaches_the_core() -> None:
+    def config_of(**keys: object) -> SchedulerConfig:
+        return scheduler_config(parse_config({"controller": {"scheduler": keys}}, "t.toml").controller.scheduler)
+
+    on = config_of(backfill_reservations=1, backfill_reserve_every_overdue=True)
+    assert (on.reservations, on.reserve_every_overdue) == (1, True)
+    assert config_of().reserve_every_overdue is False  # off in the preset
+    with pytest.raises(ConfigError, match="backfill_reserve_every_overdue"):
+        config_of(backfill_reserve_every_overdue="yes")
 
 
 def test_bounded_work_leaves_the_rest_waiting_on_priority() -> None:

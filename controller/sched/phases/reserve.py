@@ -21,10 +21,14 @@ def reserve_later(state: CycleState, c: Candidacy) -> bool:
         state.waiting[job.job_id] = Reason.RESOURCES
         state.blocked_partitions.update((job.partition, *job.other_partitions))
         return True
-    if len(state.reservations) < config.reservations:
+    overdue = state.overdue_after is not None and state.now - job.submit_time > state.overdue_after
+    # With reserve_every_overdue, ``reservations`` counts only the jobs that are not overdue: EASY's one
+    # reservation (say) for the queue's order, and one for every overdue job on top of it.
+    extra = overdue and config.reserve_every_overdue
+    if extra or len(state.reservations) - state.overdue_reservations < config.reservations:
         timeline = state.ensure_timeline()
         window = config.window_s
-        if state.overdue_after is not None and state.now - job.submit_time > state.overdue_after:
+        if overdue:
             # The window bounds the work of reserving for the many; an overdue job (one of the longest
             # waiters) gets its reservation however far away its start is, or backfill could push it back
             # for ever. The sweep stays bounded by its placement attempts.
@@ -36,6 +40,8 @@ def reserve_later(state: CycleState, c: Candidacy) -> bool:
             state.capacity.reserve(reserved, begin, job.job_id, timeline.memory_room(reserved, begin))
             timeline.hold(reserved, begin + c.limit)
             state.estimated[job.job_id] = begin
+            if extra:
+                state.overdue_reservations += 1
         state.waiting[job.job_id] = Reason.RESOURCES
         return True
     memo = state.memo
