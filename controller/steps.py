@@ -241,11 +241,24 @@ class StepManager:
     def node_connected(self, node: str) -> None:
         """A node's agent has a new link: the launches it may have missed go again (the steps still waiting
         for its result; a step recovered after a controller restart was launched by the old one, and its
-        agent has it unless the node lost its disk)."""
+        agent has it unless the node lost its disk), and so does a rewind it has not answered yet: gsrun may
+        take its step up again before the node's agent is back with the restarted controller, and a rewind
+        sent then went nowhere (the agent would only send again from the old controller's acknowledgement,
+        past what gsrun has, and that output would be dropped as sent before the rewind)."""
         for running in self.running.values():
+            if node not in running.pending_nodes:
+                continue
             description = running.launches.get(node)
-            if description is not None and node in running.pending_nodes:
+            if description is not None:
                 self.send(node, LaunchStep(description))
+            if running.rewinding and node not in running.rewind_heard:
+                streams = tuple((task, stream, running.rewinding[(task, stream)])
+                                for step_node in running.step.layout.nodes if step_node.node == node
+                                for task in step_node.tasks for stream in STREAMS
+                                if (task, stream) in running.rewinding)
+                if streams and self.send(node, AckStepOutput(running.step.job_id, running.step.step_id, streams,
+                                                             rewind=True)):
+                    running.rewound_at = self.now()  # REWIND_WAIT_S counts from a rewind the agent can read
 
     def attach(self, principal: Principal, job_id: int, step_id: int, client: StepClient,
                have: dict[tuple[int, int], int] | None) -> Step:

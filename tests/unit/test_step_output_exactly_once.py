@@ -378,3 +378,54 @@ def test_a_step_that_ended_while_gsrun_was_away_is_taken_up_as_ended(tmp_path: P
     step = manager.attach(ANN, 7, 0, Stream(Gsrun()), {})
     assert step.state == StepState.CANCELLED and step.end_time is not None
     store.close()
+
+
+def test_a_rewind_sent_before_the_nodes_agent_is_back_goes_again_when_it_connects(tmp_path: Path) -> None:
+    """gsrun takes its step up again before the node's agent has reconnected to the restarted controller: the
+    rewind sent then reaches nobody. When the agent connects it is sent again, the output the agent resends
+    from the old controller's acknowledgement (past what gsrun has) is dropped as sent before the rewind, the
+    output from gsrun's offset reaches gsrun, and the wait for an agent too old to rewind counts from then.
+    (Seen in CI under load: gsrun ended its step with 80% of the output missing.)"""
+    from garrison.controller.step_commands import StepOutputReceived
+    from garrison.controller.steps import REWIND_WAIT_S
+
+    now = [100.0]
+    store = open_store(f"sqlite:///{tmp_path / 'steps.db'}")
+    store.save_jobs([running()])
+    connected: set[str] = {"n2"}
+    sent: list[tuple[str, StepInstruction]] = []
+
+    def send(node: str, instruction: StepInstruction) -> bool:
+        if node not in connected:
+            return False
+        sent.append((node, instruction))
+        return True
+
+    first = StepManager(store, lambda: {7: running()}, lambda n, i: True, lambda n: n, lambda: now[0], 5.0,
+                        lambda principal: False)
+    first.start(ANN, 7, StepRequest(argv=("x",), cwd="/"), Stream(Gsrun()))
+    manager = StepManager(store, lambda: {7: running()}, send, lambda n: n, lambda: now[0], 5.0,
+                          lambda principal: False)
+    manager.recover()
+    gsrun = Gsrun()
+    gsrun.got[(0, 1)], gsrun.have[(0, 1)] = b"0123456789ab", 12
+    stream = Stream(gsrun)
+    manager.attach(ANN, 7, 0, stream, dict(gsrun.have))
+    assert not [i for node, i in sent if node == "n1"]  # the rewind for n1 went nowhere
+    now[0] += REWIND_WAIT_S - 1
+    connected.add("n1")
+    manager.node_connected("n1")
+    rewinds = [i for node, i in sent if node == "n1" and isinstance(i, AckStepOutput)]
+    assert len(rewinds) == 1 and rewinds[0].rewind and rewinds[0].streams == ((0, 1, 12), (0, 2, 0))
+    # What the agent sends on its new link before it reads the rewind, from the old controller's
+    # acknowledgement: the output past gsrun's offset, dropped (it comes again from gsrun's offset)
+    manager.agent_event("n1", StepOutputReceived(7, 0, 0, 1, b"OLD", offset=20))
+    now[0] += 2  # past REWIND_WAIT_S from the attach, within it from the rewind the agent could read
+    manager.check_jobs()
+    manager.agent_event("n1", StepOutputReceived(7, 0, 0, 1, b"cdefghijXYZ", offset=12))
+    manager.agent_event("n1", StepNodeFinished(7, 0, ((0, 0),)))
+    manager.agent_event("n2", StepNodeFinished(7, 0, ((1, 0),)))
+    stream.deliver(len(stream.queued))
+    assert gsrun.got[(0, 1)] == b"0123456789abcdefghijXYZ"
+    assert gsrun.end is not None and gsrun.end[0].state == StepState.COMPLETED
+    store.close()
