@@ -24,6 +24,7 @@ from garrison.cli.fastpath import (
     config_path,
     controller_address,
     endpoint_cache_file,
+    patiently,
     rate_limit_wait,
     remember_config_address,
     write_cache,
@@ -218,17 +219,15 @@ class Client:
             self._local = self._connect_local(path)
         name = method.encode()
         frame = bytes([len(name)]) + name + body
-        waited = 0.0
+        local = self._local
+
+        def once() -> bytes:
+            local.sendall(HEADER.pack(len(frame)) + frame)
+            (length,) = HEADER.unpack(self._recv(HEADER.size))
+            return self._recv(length)
+
         try:
-            while True:  # a refusal for the request rate is asked again when the controller says (fastpath.py)
-                self._local.sendall(HEADER.pack(len(frame)) + frame)
-                (length,) = HEADER.unpack(self._recv(HEADER.size))
-                answer = self._recv(length)
-                wait = rate_limit_wait(answer[0], answer[1:], waited)
-                if wait is None:
-                    break
-                time.sleep(wait)
-                waited += wait
+            answer = patiently(once)  # a refusal for the request rate is asked again when the controller says
         except TimeoutError:
             raise CliError(f"the controller at {path} did not answer in time") from None
         except OSError:

@@ -487,14 +487,26 @@ def _exchange(connection: Any, method: bytes, request: dict[str, Any]) -> tuple[
     refused for the user's request rate is asked again when the controller says, within the call's deadline."""
     body = _dumps(request).encode()
     frame = bytes([len(method)]) + method + body
-    waited = 0.0
-    while True:
+
+    def once() -> bytes:
         connection.sendall((len(frame)).to_bytes(4, "big") + frame)
         length = int.from_bytes(_receive(connection, 4), "big")
-        answer = _receive(connection, length)
+        return _receive(connection, length)
+
+    answer = patiently(once)
+    return answer[0], answer[1:]
+
+
+def patiently(exchange: Callable[[], bytes]) -> bytes:
+    """``exchange()``: one request on the local socket and its answer (a status byte, then the payload), made
+    again while the answer is the controller's refusal for the user's request rate, when it says
+    (``rate_limit_wait``)."""
+    waited = 0.0
+    while True:
+        answer = exchange()
         wait = rate_limit_wait(answer[0], answer[1:], waited)
         if wait is None:
-            return answer[0], answer[1:]
+            return answer
         import time
 
         time.sleep(wait)
