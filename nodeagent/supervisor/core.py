@@ -60,9 +60,10 @@ import time
 # The cgroup part of the supervisor: a sibling module, imported as the package's when we are part of it
 # (the fork server) and as a top-level module when client.spawn() starts us with this directory on sys.path.
 try:
-    from . import cgroup_runtime
+    from . import cgroup_runtime, rankexec
 except ImportError:
     import cgroup_runtime  # type: ignore[no-redef]
+    import rankexec  # type: ignore[no-redef]
 
 # typing costs ~5 ms of start-up and the annotations here are never evaluated at run
 # time (postponed annotations), so it is imported for the type checker only. (mypy
@@ -771,17 +772,29 @@ class Supervisor:
         return True
 
     def _start_ranks(self) -> None:
-        ignored_signals = _ignored_signals()
+        ignored_signals: list[int] | None = None  # for a forked rank only
         cgroup_procs = None if self.launch.cgroup is None else cgroup_runtime.procs_files(self.launch.cgroup)
         self.started_at = time.time()
         exec_results: list[tuple[RankProcess, int]] = []
-        # Fork every rank before waiting for any exec, so ranks start in parallel.
+        # Start every rank before waiting for any exec's outcome, so ranks start in parallel. vfork (rankexec)
+        # returns once its child has exec'd or failed, which takes well under a millisecond; a fork's child
+        # sets itself up meanwhile.
         for rank in self.ranks:
             read_end, write_end = os.pipe()  # close-on-exec: EOF means exec succeeded
-            pid = os.fork()
-            if pid == 0:
-                _become_rank(rank, self.launch, write_end, ignored_signals, cgroup_procs)
-            os.close(write_end)
+            try:
+                if rankexec.can_spawn(rank):
+                    pid = rankexec.spawn(rank, self.launch, write_end, cgroup_procs)
+                else:
+                    if ignored_signals is None:
+                        ignored_signals = _ignored_signals()
+                    pid = os.fork()
+                    if pid == 0:
+                        _become_rank(rank, self.launch, write_end, ignored_signals, cgroup_procs)
+            except BaseException:
+                os.close(read_end)
+                raise
+            finally:
+                os.close(write_end)
             rank.pid = pid
             rank.leader_start_ticks = read_start_ticks(pid)
             self._rank_by_leader_pid[pid] = rank
