@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import lru_cache
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from garrison.controller.dependency import parse_dependency, typed_dependencies
+from garrison.controller.dependency import DependencyList, parse_dependency, typed_dependencies
 from garrison.controller.sched.attained import Service
 from garrison.controller.sched.dependencies import JobDependencies
 from garrison.controller.sched.snapshot import (
@@ -77,13 +78,27 @@ def _warning_lead_s(job: Job) -> int | None:
     return parse_signal_request(job.spec.signal).seconds if job.spec.signal else None
 
 
+# What a pending job's typed dependencies are made of: its -d text, and its (user, name) for a singleton.
+DependencyKey = tuple[str, str, str]
+
+
+@lru_cache(maxsize=4096)
+def _parsed_dependency(text: str) -> DependencyList:
+    """parse_dependency, once per distinct -d text (validated at submission; the result is immutable)."""
+    return parse_dependency(text)
+
+
 class SnapshotCache:
     def __init__(self) -> None:
         self._pending: dict[int, PendingJob] | None = None  # None until the first build reads every job
         # The job ids whose first views are still to be made (make_first_views): jobs of the state as it was
         # loaded, viewed a chunk at a time while the controller already serves; the next build makes the rest.
         self._unviewed: Iterator[int] = iter(())
-        self._dependent: set[int] = set()  # pending jobs with a -d dependency
+        # Pending jobs with a -d dependency, by what their typed dependencies are made of: the -d text and the
+        # (user, name) of a singleton. Every task of an array shares one, so a build types each once.
+        self._dependency_key: dict[int, DependencyKey] = {}
+        self._by_dependency: dict[DependencyKey, set[int]] = {}
+        self._typed: dict[DependencyKey, JobDependencies] = {}  # as the last build typed them
         # Held and dependent jobs' views as the last build patched them, with the view each came from.
         self._patched: dict[int, tuple[PendingJob, PendingJob]] = {}
         # What the core is given: each pending job's view, patched where it is held or has a dependency. Kept in
@@ -126,10 +141,10 @@ class SnapshotCache:
                 self.job_changed(None, job)
         else:
             self._view_jobs(state, self._unviewed)
-        dependencies = self._dependencies(state)
-        self._repatch(state.held, dependencies)
+        changed_dependencies = self._type_dependencies(state)
+        self._repatch(state.held, changed_dependencies)
         pending = list(self._given.values())
-        singletons = any(d.singleton_key is not None for d in dependencies.values())
+        singletons = any(d.singleton_key is not None for d in self._typed.values())
         return Snapshot(
             nodes=nodes,
             pending=tuple(pending),
@@ -140,25 +155,27 @@ class SnapshotCache:
             if singletons else frozenset(),
         )
 
-    def _repatch(self, held: set[int], dependencies: dict[int, JobDependencies]) -> None:
+    def _repatch(self, held: set[int], changed_dependencies: list[DependencyKey]) -> None:
         """Bring _given up to date: each pending job's view, held and with its typed dependencies where it has
         them. Only the jobs that may differ from the last build are looked at: those whose view changed, those
-        held or released since (a set difference, in C), and those with a dependency (typed anew each build:
-        they follow other jobs' states)."""
+        held or released since (a set difference, in C), and those whose typed dependencies changed."""
         views = self._pending
         assert views is not None
         changed_holds = held ^ self._held_before
         if changed_holds:
             self._held_before = set(held)
         # (A job patched for a dependency it no longer has was changed, so it is in _unpatched.)
-        suspects = self._unpatched | changed_holds | dependencies.keys()
+        suspects = self._unpatched | changed_holds
+        for key in changed_dependencies:
+            suspects.update(self._by_dependency.get(key, ()))
         self._unpatched = set()
         for job_id in suspects:
             base = views.get(job_id)
             if base is None:  # no longer pending (job_changed has dropped its view)
                 self._patched.pop(job_id, None)
                 continue
-            typed, is_held = dependencies.get(job_id), job_id in held
+            dependency = self._dependency_key.get(job_id)
+            typed, is_held = None if dependency is None else self._typed[dependency], job_id in held
             if not is_held and typed is None:
                 self._patched.pop(job_id, None)
                 self._given[job_id] = base
@@ -195,23 +212,49 @@ class SnapshotCache:
                 self.job_changed(None, job)
         return seen
 
-    def _dependencies(self, state: ClusterState) -> dict[int, JobDependencies]:
-        """The typed -d list of each pending job that has one (few jobs do), for the core to decide on: the
-        states of the jobs each reference stands for now, and the (user, name) of a singleton."""
-        assert self._pending is not None
-        typed: dict[int, JobDependencies] = {}
+    def _type_dependencies(self, state: ClusterState) -> list[DependencyKey]:
+        """Type every pending job's -d list anew, for the core to decide on: the states of the jobs each
+        reference stands for now, and the (user, name) of a singleton. Once per distinct list (an array's tasks
+        share theirs), each reference looked up once; a typing equal to the last build's keeps its object.
+        Returns the keys whose typing changed (their jobs' views are patched again)."""
         lookup = JobLookup(state.jobs)
+        found: dict[str, list[Job]] = {}
 
         def jobs_for(ref: str) -> list[Job]:
-            return lookup.find(*parse_job_ref(ref))
+            jobs = found.get(ref)
+            if jobs is None:
+                jobs = found[ref] = lookup.find(*parse_job_ref(ref))
+            return jobs
 
-        for job_id in self._dependent:
-            view = self._pending.get(job_id)
-            if view is None or view.spec.dependency is None:
-                continue
-            typed[job_id] = typed_dependencies(parse_dependency(view.spec.dependency), jobs_for,
-                                               (view.user, view.spec.name))
-        return typed
+        before, self._typed = self._typed, {}
+        changed: list[DependencyKey] = []
+        for key in self._by_dependency:
+            text, user, name = key
+            typed = typed_dependencies(_parsed_dependency(text), jobs_for, (user, name))
+            old = before.get(key)
+            if old is not None and old == typed:
+                typed = old
+            else:
+                changed.append(key)
+            self._typed[key] = typed
+        return changed
+
+    def _index_dependency(self, job: Job | None, job_id: int) -> None:
+        """Keep _dependency_key and _by_dependency in step with pending job ``job`` (None: no longer pending)."""
+        key = None if job is None or job.spec.dependency is None else (job.spec.dependency, job.user, job.spec.name)
+        old = self._dependency_key.get(job_id)
+        if old == key:
+            return
+        if old is not None:
+            members = self._by_dependency[old]
+            members.discard(job_id)
+            if not members:
+                del self._by_dependency[old]
+        if key is None:
+            del self._dependency_key[job_id]
+        else:
+            self._dependency_key[job_id] = key
+            self._by_dependency.setdefault(key, set()).add(job_id)
 
     def job_changed(self, before: Job | None, job: Job) -> None:
         """ClusterState's job observer: keep the pending views in step with the jobs."""
@@ -221,10 +264,9 @@ class SnapshotCache:
             self._pending.pop(job.job_id, None)
             self._given.pop(job.job_id, None)
             self._patched.pop(job.job_id, None)
-            self._dependent.discard(job.job_id)
+            self._index_dependency(None, job.job_id)
             return
-        if job.spec.dependency is not None:
-            self._dependent.add(job.job_id)
+        self._index_dependency(job, job.job_id)
         view = pending_view(job)
         self._pending[job.job_id] = view
         # Unpatched until the next build looks at it (_repatch): a new job is added at the end of both.
