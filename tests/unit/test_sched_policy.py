@@ -503,6 +503,22 @@ def test_a_job_waiting_on_a_dependency_neither_starts_nor_holds_gpus() -> None:
     assert (plan.waiting[1], plan.waiting[2]) == (Reason.DEPENDENCY, Reason.DEPENDENCY_NEVER_SATISFIED)
 
 
+def test_jobs_sharing_one_dependencies_object_are_decided_alike_and_others_on_their_own() -> None:
+    """The controller gives every task of an array one typed-dependencies object, and a cycle decides each
+    object once: tasks sharing a waiting one wait, an equal-looking but separate satisfied one does not, and
+    the next cycle decides again (the referenced job ended)."""
+    waiting = JobDependencies((DependencyItem(DependencyKind.AFTEROK, ((JobState.RUNNING,),)),))
+    satisfied = JobDependencies((DependencyItem(DependencyKind.AFTEROK, ((JobState.COMPLETED,),)),))
+    jobs = [replace(pending(job_id, gpus=1, submit=float(job_id)), dependencies=waiting) for job_id in (1, 2, 3)]
+    jobs.append(replace(pending(4, gpus=1, submit=4.0), dependencies=satisfied))
+    plan = schedule(snap([node("a", gpus=8)], jobs), NOW, GARRISON)
+    assert [s.job_id for s in plan.starts] == [4]
+    assert [plan.waiting[job_id] for job_id in (1, 2, 3)] == [Reason.DEPENDENCY] * 3
+    ended = JobDependencies((DependencyItem(DependencyKind.AFTEROK, ((JobState.COMPLETED,),)),))
+    plan = schedule(snap([node("a", gpus=8)], [replace(job, dependencies=ended) for job in jobs[:3]]), NOW, GARRISON)
+    assert sorted(s.job_id for s in plan.starts) == [1, 2, 3]
+
+
 def test_excluded_nodes_are_never_used_not_even_for_a_reservation() -> None:
     # Node a is free, b is busy for an hour: the job that excludes a waits for b (and reserves b, not a);
     # a job that excludes every node can never run.

@@ -13,11 +13,19 @@ from garrison.model.accounts import PartitionDef
 
 
 def dependency_wait(state: CycleState, dependencies: JobDependencies) -> str | None:
+    """Why a job with these dependencies waits this cycle (None: they are satisfied). The same for every job
+    given the same object within a cycle, so decided once per object."""
+    found = state.dependency_waits.get(id(dependencies))
+    if found is not None and found[0] is dependencies:
+        return found[1]
     key = dependencies.singleton_key
     status = dependency_status(dependencies, key is not None and key in state.snapshot.running_names)
     if status == DependencyStatus.SATISFIED:
-        return None
-    return Reason.DEPENDENCY if status == DependencyStatus.WAITING else Reason.DEPENDENCY_NEVER_SATISFIED
+        reason = None
+    else:
+        reason = Reason.DEPENDENCY if status == DependencyStatus.WAITING else Reason.DEPENDENCY_NEVER_SATISFIED
+    state.dependency_waits[id(dependencies)] = (dependencies, reason)
+    return reason
 
 
 def policy_reason(state: CycleState, job: PendingJob, partition: PartitionDef | None, limit: int) -> str | None:
