@@ -10,6 +10,8 @@ the controller's default of 5 s rather than garrison up's 1 s, whose heartbeats 
 --pending one-GPU jobs as arrays of up to 10,000 tasks through the client library (what gsub sends). None
 of them can start. Then it measures, and prints even when the figures are bad:
 
+- waiting: why the pending jobs cannot start (--waiting): resources (every GPU taken by long jobs), held
+  (submitted held, gsub -H), or dependency (-d afterok: on one of the running long jobs);
 - idle_cpu_pct: the controller's CPU (user + system, all its threads) over --idle-s seconds in which
   nothing happens, as a percentage of one core (the goal: under 1); idle_cycles: the cycles it ran then;
   idle_cpu_pct_without_pending: the same before the pending jobs are submitted (heartbeats, timers);
@@ -19,7 +21,7 @@ of them can start. Then it measures, and prints even when the figures are bad:
   (garrison_scheduling_cycle_cpu_seconds), which a machine loaded by others does not stretch;
 - gqueue_all_ms: `gqueue` listing every job, as a user runs it (a fresh process, output to /dev/null),
   the median of 3; gqueue_one_ms, gjob_one_ms: `gqueue -j ID` and `gjob ID` of one pending task among them
-  (the goal: within 25 ms whatever the queue's size), the median of 5;
+  (the goal: within 25 ms whatever the queue's size), the median of 21;
 - rss_mb_before_restart, rss_mb_after_restart: the controller's resident memory, settled, before a restart
   and after it (the restarted one loads every job from the store); rss_kb_per_pending_job_*: the same, less
   the controller's memory before the pending jobs were submitted (rss_mb_without_pending), per pending job
@@ -184,6 +186,9 @@ def main() -> int:
     parser.add_argument("--idle-s", type=float, default=60.0, help="how long the idle CPU is measured")
     parser.add_argument("--cycles", type=int, default=7, help="cycles forced and timed one at a time")
     parser.add_argument("--restarts", type=int, default=1, help="restarts timed one after the other (medians)")
+    parser.add_argument("--waiting", choices=("resources", "held", "dependency"), default="resources",
+                        help="why the pending jobs wait: every GPU taken (the default), held (gsub -H), or a "
+                             "dependency on a running job (-d afterok)")
     parser.add_argument("--heartbeat-interval", type=float, default=5.0,
                         help="the agents' heartbeat interval, s (default: the controller's default; garrison up's is 1)")
     args = parser.parse_args()
@@ -220,6 +225,7 @@ def main() -> int:
 
         controller = psutil.Process(controller_pid(state_dir))
         print(f"cluster: {args.agents} agents x 8 GPUs, controller {address}, SQLite, {args.pending} pending")
+        print(f"waiting: {args.waiting}")
         with Client(address) as client:
             filler = [client.call("SubmitJob", pb.SubmitJobRequest(spec=spec(8))).job_id for _ in range(args.agents)]
             running = pb.ListJobsRequest(states=["RUNNING"], job_ids=[str(j) for j in filler])
@@ -232,9 +238,13 @@ def main() -> int:
             print(f"idle_cpu_pct_without_pending: {cpu_pct_over(controller, args.idle_s):.2f}")
             started = time.monotonic()
             left = args.pending
+            waiting = spec(1)
+            if args.waiting == "dependency":
+                waiting.dependency = f"afterok:{filler[0]}"
             while left > 0:
                 count = min(ARRAY_CHUNK, left)
-                client.call("SubmitJob", pb.SubmitJobRequest(spec=spec(1), array_indices=list(range(count))))
+                client.call("SubmitJob", pb.SubmitJobRequest(spec=waiting, array_indices=list(range(count)),
+                                                             hold=args.waiting == "held"))
                 left -= count
             print(f"submit_s: {time.monotonic() - started:.1f}")
             settle(controller)
@@ -273,7 +283,7 @@ def main() -> int:
             one = str(next(row for row in reversed(folded) if row.folded_tasks).job_id + 1)
             for name, argv in (("gqueue_one_ms", ["gqueue", "-j", one]), ("gjob_one_ms", ["gjob", one])):
                 times = []
-                for _ in range(5):
+                for _ in range(21):  # one slow call among 5 moved the median: 21, as cli_latency.py's runs
                     began = time.perf_counter()
                     subprocess.run([str(BIN / argv[0]), *argv[1:]], env=env, check=True, stdout=subprocess.DEVNULL,
                                    timeout=60)
