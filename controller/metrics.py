@@ -114,12 +114,12 @@ class _Histogram:
 _CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SCHEDULING_CYCLE_SECONDS = _Histogram(
     "garrison_scheduling_cycle_seconds",
-    "Time of one scheduling cycle: computing the plan on a snapshot and applying it.",
+    "Time of one scheduling cycle: taking the snapshot, computing the plan on it and applying it.",
     _CYCLE_BUCKETS,
 )
 SCHEDULING_CYCLE_CPU_SECONDS = _Histogram(
     "garrison_scheduling_cycle_cpu_seconds",
-    "CPU time of one scheduling cycle (the plan's thread and applying it): unlike its wall time, not "
+    "CPU time of one scheduling cycle (the snapshot, the plan's thread and applying it): unlike its wall time, not "
     "stretched by other processes or by requests sharing the interpreter.",
     _CYCLE_BUCKETS,
 )

@@ -16,8 +16,8 @@ of them can start. Then it measures, and prints even when the figures are bad:
   nothing happens, as a percentage of one core (the goal: under 1); idle_cycles: the cycles it ran then;
   idle_cpu_pct_without_pending: the same before the pending jobs are submitted (heartbeats, timers);
 - cycle_median_ms, cycle_max_ms: --cycles cycles forced one at a time by a submission of one more job that
-  cannot start, each timed by the controller itself (its garrison_scheduling_cycle_seconds histogram: plan
-  and apply, read before and after each cycle; the goal: under 50 ms); cycle_cpu_median_ms: their CPU time
+  cannot start, each timed by the controller itself (its garrison_scheduling_cycle_seconds histogram:
+  snapshot, plan and apply, read before and after each cycle; the goal: under 50 ms); cycle_cpu_median_ms: their CPU time
   (garrison_scheduling_cycle_cpu_seconds), which a machine loaded by others does not stretch;
 - gqueue_all_ms: `gqueue` listing every job, as a user runs it (a fresh process, output to /dev/null),
   the median of 3; gqueue_one_ms, gjob_one_ms: `gqueue -j ID` and `gjob ID` of one pending task among them
