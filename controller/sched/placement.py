@@ -80,6 +80,15 @@ def matching_gpus(view: NodeView, gpu_type: str | None, gpu_mem_mib: int) -> fro
     return frozenset(out)
 
 
+# The empty set most jobs' --exclude and --nodelist are: one object, not two new ones per pending job (the core
+# keeps each pending job's request between cycles; 432 bytes a job at 50,000 pending).
+_NONE: frozenset[str] = frozenset()
+
+
+def _names(names: tuple[str, ...] | frozenset[str]) -> frozenset[str]:
+    return frozenset(names) if names else _NONE
+
+
 def request_for(job_id: int, spec: JobSpec, partition: str, duration_s: float) -> Request:
     return Request(
         job_id=job_id,
@@ -93,10 +102,10 @@ def request_for(job_id: int, spec: JobSpec, partition: str, duration_s: float) -
         mem_per_gpu_mb=spec.mem_per_gpu_mb,
         mem_whole_node=spec.mem_whole_node,
         duration_s=duration_s,
-        exclude=frozenset(spec.exclude),
+        exclude=_names(spec.exclude),
         constraint=parse_constraint(spec.constraint) if spec.constraint else (),
         constraint_matching=bool(spec.constraint) and is_matching_or(spec.constraint or ""),
-        nodelist=frozenset(spec.nodelist),
+        nodelist=_names(spec.nodelist),
         exclusive=spec.exclusive,
     )
 
