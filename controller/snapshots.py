@@ -99,7 +99,7 @@ class SnapshotCache:
         self._dependency_key: dict[int, DependencyKey] = {}
         self._by_dependency: dict[DependencyKey, set[int]] = {}
         self._typed: dict[DependencyKey, JobDependencies] = {}  # as the last build typed them
-        # Held and dependent jobs' views as the last build patched them, with the view each came from.
+        # Dependent jobs' views as the last build patched them, with the view each came from.
         self._patched: dict[int, tuple[PendingJob, PendingJob]] = {}
         # What the core is given: each pending job's view, patched where it is held or has a dependency. Kept in
         # step with _pending (the same keys in the same order) and patched again only where something changed
@@ -174,19 +174,24 @@ class SnapshotCache:
             if base is None:  # no longer pending (job_changed has dropped its view)
                 self._patched.pop(job_id, None)
                 continue
+            is_held = job_id in held
+            if base.held != is_held:
+                # The job's own view carries its hold: one view per held job, not a patched second one (the
+                # 2 KB a pending job may cost, issue 23).
+                base = views[job_id] = replace(base, held=is_held)
             dependency = self._dependency_key.get(job_id)
-            typed, is_held = None if dependency is None else self._typed[dependency], job_id in held
-            if not is_held and typed is None:
+            typed = None if dependency is None else self._typed[dependency]
+            if typed is None:
                 self._patched.pop(job_id, None)
                 self._given[job_id] = base
                 continue
             # The same view object as last cycle while nothing about it changed: the core keeps its place in
             # the ranked queue by identity (sched/queue.py).
             found = self._patched.get(job_id)
-            if found is not None and found[0] is base and found[1].held == is_held and found[1].dependencies == typed:
+            if found is not None and found[0] is base and found[1].dependencies == typed:
                 view = found[1]
             else:
-                view = replace(base, held=is_held, dependencies=typed)
+                view = replace(base, dependencies=typed)
             self._patched[job_id] = (base, view)
             self._given[job_id] = view
 
