@@ -369,6 +369,30 @@ static char **string_array(PyObject *sequence, PyObject *keep, Py_ssize_t *count
     return array;
 }
 
+/* A sequence of ints as a C array (freed with PyMem_Free), or NULL with the exception set. */
+static long *long_array(PyObject *sequence, const char *what, Py_ssize_t *count)
+{
+    PyObject *items = PySequence_Fast(sequence, what);
+    if (items == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    long *array = PyMem_Calloc((size_t)n + 1, sizeof(long));
+    if (array == NULL) {
+        Py_DECREF(items);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        array[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(items, i));
+    Py_DECREF(items);
+    if (PyErr_Occurred()) {
+        PyMem_Free(array);
+        return NULL;
+    }
+    *count = n;
+    return array;
+}
+
 static const char *optional_string(PyObject *object, PyObject *keep)
 {
     if (object == Py_None)
@@ -406,7 +430,7 @@ static PyObject *spawn(PyObject *module, PyObject *args)
     memset(&r, 0, sizeof(r));
     char **argv = NULL, **envp = NULL, **path_dirs = NULL, **procs = NULL, **cgroup_prefixes = NULL;
     char **prefixes = NULL;
-    long *cpus = NULL;
+    long *cpus = NULL, *group_numbers = NULL;
     gid_t *groups = NULL;
     PyObject *result = NULL;
     Py_ssize_t argc = 0, cgroup_count = 0, prefix_count = 0, cgroup_prefix_count = 0;
@@ -444,34 +468,16 @@ static PyObject *spawn(PyObject *module, PyObject *args)
         if ((prefixes[prefix_count] = (char *)optional_string(item, keep)) == NULL)
             goto done;
     }
-    PyObject *cpu_items = PySequence_Fast(cpus_o, "cpus: a sequence of ints");
-    if (cpu_items == NULL)
+    if ((cpus = long_array(cpus_o, "cpus: a sequence of ints", &r.cpu_count)) == NULL ||
+        (group_numbers = long_array(groups_o, "groups: a sequence of ints", &r.group_count)) == NULL)
         goto done;
-    r.cpu_count = PySequence_Fast_GET_SIZE(cpu_items);
-    cpus = PyMem_Calloc((size_t)r.cpu_count + 1, sizeof(long));
-    for (Py_ssize_t i = 0; cpus != NULL && i < r.cpu_count; i++)
-        cpus[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(cpu_items, i));
-    Py_DECREF(cpu_items);
-    if (cpus == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (PyErr_Occurred())
-        goto done;
-    PyObject *group_items = PySequence_Fast(groups_o, "groups: a sequence of ints");
-    if (group_items == NULL)
-        goto done;
-    r.group_count = PySequence_Fast_GET_SIZE(group_items);
     groups = PyMem_Calloc((size_t)r.group_count + 1, sizeof(gid_t));
-    for (Py_ssize_t i = 0; groups != NULL && i < r.group_count; i++)
-        groups[i] = (gid_t)PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(group_items, i));
-    Py_DECREF(group_items);
     if (groups == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    if (PyErr_Occurred())
-        goto done;
+    for (Py_ssize_t i = 0; i < r.group_count; i++)
+        groups[i] = (gid_t)group_numbers[i];
     if (!PyBytes_Check(cwd_o) || !PyBytes_Check(stdout_o)) {
         PyErr_SetString(PyExc_TypeError, "cwd and stdout: bytes");
         goto done;
@@ -540,6 +546,7 @@ done:
     PyMem_Free(cgroup_prefixes);
     PyMem_Free(prefixes);
     PyMem_Free(cpus);
+    PyMem_Free(group_numbers);
     PyMem_Free(groups);
     Py_DECREF(keep);
     return result;
