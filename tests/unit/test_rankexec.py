@@ -55,7 +55,7 @@ print(json.dumps({"exit": os.waitstatus_to_exitcode(status), "error": b"".join(c
 # What a rank that starts reports of itself (one line each, compared between the two paths).
 REPORT = (
     "id -u; id -g; id -G; pwd; umask; cat; echo \"FOO=$FOO\"; "
-    "grep -E '^(SigIgn|SigBlk|Cpus_allowed_list)' /proc/self/status; "
+    "grep -E '^(SigIgn|SigBlk|Cpus_allowed_list)' /proc/$$/status; "
     "ps -o sid= -o pgid= -p $$ | awk -v me=$$ '{print ($1 == me), ($2 == me)}'"
 )
 
@@ -110,8 +110,18 @@ def test_a_rank_that_starts_is_set_up_alike(tmp_path: Path) -> None:
     lines = files["out"].splitlines()
     assert lines[:5] == [str(os.getuid()), str(os.getgid()), lines[2], "DIR", "0027"]
     assert "FOO=bar" in lines
-    assert "SigIgn:\t0000000000000000" in lines and "SigBlk:\t0000000000000000" in lines
     assert lines[-1] == "1 1"  # its own session and process group
+
+
+def test_a_rank_starts_with_no_signal_ignored_or_blocked(tmp_path: Path) -> None:
+    """Ignored dispositions survive exec, and the supervisor blocks the signals it waits for: the rank itself
+    (here `cat`, exec'd directly, reading its own status) starts with none ignored and none blocked."""
+    results = both(tmp_path, lambda d: launch_document(d, argv=["/bin/cat", "/proc/self/status"]),
+                   ignore=[signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR2])
+    for outcome, files in results:
+        assert outcome == {"exit": 0, "error": ""}
+        signals = sorted(line for line in files["out"].splitlines() if line.startswith(("SigIgn", "SigBlk")))
+        assert signals == ["SigBlk:\t0000000000000000", "SigIgn:\t0000000000000000"], signals
 
 
 @pytest.mark.parametrize("case", [
