@@ -115,13 +115,19 @@ def test_a_rank_that_starts_is_set_up_alike(tmp_path: Path) -> None:
 
 def test_a_rank_starts_with_no_signal_ignored_or_blocked(tmp_path: Path) -> None:
     """Ignored dispositions survive exec, and the supervisor blocks the signals it waits for: the rank itself
-    (here `cat`, exec'd directly, reading its own status) starts with none ignored and none blocked."""
+    (here `cat`, exec'd directly, reading its own status) starts with none ignored and none blocked.
+
+    Save signals 32 and 33, which glibc keeps for itself (thread cancellation, set*id) and whose disposition
+    neither path can change through it (sigaction refuses them): they keep whatever the supervisor inherited.
+    CI's full run had 32 ignored in pytest's process, from something earlier in it."""
+    glibc_internal = (1 << 31) | (1 << 32)  # bit N-1 is signal N
     results = both(tmp_path, lambda d: launch_document(d, argv=["/bin/cat", "/proc/self/status"]),
                    ignore=[signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR2])
     for outcome, files in results:
         assert outcome == {"exit": 0, "error": ""}
-        signals = sorted(line for line in files["out"].splitlines() if line.startswith(("SigIgn", "SigBlk")))
-        assert signals == ["SigBlk:\t0000000000000000", "SigIgn:\t0000000000000000"], signals
+        masks = dict(line.split(":\t") for line in files["out"].splitlines() if line.startswith(("SigIgn", "SigBlk")))
+        assert int(masks["SigBlk"], 16) == 0, masks
+        assert int(masks["SigIgn"], 16) & ~glibc_internal == 0, masks
 
 
 @pytest.mark.parametrize("case", [
