@@ -38,11 +38,11 @@ def available() -> bool:
 
 def can_spawn(rank: Any) -> bool:
     """Whether spawn() can start this rank. An environment variable whose name is empty or holds '=', or any
-    NUL byte, is refused by exec: the fork path then says so, as it always has."""
+    NUL byte in a string it passes on, is refused by Python: the fork path then says so, as it always has."""
     if _rankexec is None:
         return False
-    if any("\0" in arg for arg in rank.argv):
-        return False
+    if any("\0" in text for text in (*rank.argv, rank.cwd, rank.stdout, rank.stderr)):
+        return False  # C would cut the string at the NUL (the working directory is not refused before this)
     return all(name and "=" not in name and "\0" not in name and "\0" not in value
                for name, value in rank.env.items())
 

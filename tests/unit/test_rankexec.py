@@ -215,3 +215,13 @@ def test_a_path_search_reports_the_first_error_that_is_not_absence(tmp_path: Pat
     document = launch_document(tmp_path, argv=["tool"], env={"PATH": f"{tmp_path}/none:{first}:/usr/bin"})
     outcome = start("vfork", document)
     assert outcome == {"exit": 126, "error": f"exec '{first}/tool': Permission denied"}
+
+
+def test_a_nul_in_a_path_leaves_the_rank_to_the_forked_path(tmp_path: Path) -> None:
+    """C would end the string at the NUL and use what comes before it; the forked path refuses it, as before."""
+    from garrison.nodeagent.supervisor import core
+
+    for field in ("cwd", "stdout", "stderr"):
+        document = launch_document(tmp_path, **{field: f"{tmp_path}/a\0b"})
+        assert not rankexec.can_spawn(core.Launch(document).ranks[0])
+    assert rankexec.can_spawn(core.Launch(launch_document(tmp_path)).ranks[0])
