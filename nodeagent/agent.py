@@ -145,7 +145,7 @@ class Agent:
         # Job steps (gsrun): their own supervisors, output streamed from their files (nodeagent/steps.py).
         self.steps = StepRunner(self.state_dir, allow_root_jobs, self._send, self._outbox_size,
                                 lambda: self.jobs.forkserver, self.jobs.step_cgroup, self.jobs.slurm_path,
-                                controller=config.controller)
+                                controller=config.controller, visible_gpus=self.jobs.visible_gpus)
 
     def _in_background(self, work: Callable[..., object], *args: object) -> None:
         """Run ``work`` on the cleanup thread; nobody waits for it, so its failure is logged here."""

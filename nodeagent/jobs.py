@@ -22,7 +22,7 @@ from pathlib import Path
 
 from garrison.config.schema import DEFAULT_CONFIG_PATH
 from garrison.model.launch import LaunchDescription
-from garrison.nodeagent.containment.interface import AttemptLimits, Containment, ContainmentError
+from garrison.nodeagent.containment.interface import DEVICES, AttemptLimits, Containment, ContainmentError
 from garrison.nodeagent.containment.unconfined import Unconfined
 from garrison.nodeagent.jobfiles import owner_of_directory, read_job_file, remove_tree
 from garrison.nodeagent.launch.env import (
@@ -168,12 +168,15 @@ class JobManager:
         )
         # Unbound ranks may use every CPU the agent may (SLURM_CPUS_ON_NODE).
         ranks = plan_ranks(launch, paths, argv, cpus_on_node=len(os.sched_getaffinity(0)),
-                           slurm_path=self.slurm_path, defaults=node_defaults(launch.user, self.controller))
+                           slurm_path=self.slurm_path, defaults=node_defaults(launch.user, self.controller),
+                           devices_constrained=self.containment.capabilities.can(DEVICES))
         if not ranks:
             # No process runs here (yet): the attempt's cgroup is still made, with its limits, so that the job
-            # steps started in it (gsrun) are contained as the attempt would be; acknowledge removes it.
+            # steps started in it (gsrun) are contained as the attempt would be; acknowledge removes it. The
+            # placeholder names the attempt's GPUs here, which its steps' tasks see (visible_gpus).
             self._create_cgroup(launch)
-            (staging / PLACEHOLDER).touch()
+            gpus = list(launch.allocation.nodes[launch.node_rank].gpus)
+            (staging / PLACEHOLDER).write_text(json.dumps({"gpus": gpus}))
             staging.rename(job_dir)
             return
         cgroup = self._create_cgroup(launch)
@@ -251,6 +254,28 @@ class JobManager:
                 return dict(self.containment.create_child(dirs, f"step_{step_id}"))
             except ContainmentError as exc:
                 raise RuntimeError(str(exc)) from None
+        return None
+
+    def visible_gpus(self, job_id: int) -> tuple[int, ...] | None:
+        """The GPUs the job's running attempt here lets its processes open (its devices cgroup's), which its
+        steps' tasks see numbered from 0 (launch/env.py's cuda_device_numbers); None where its devices are not
+        constrained, where it does not run here, or where that is not known (a placeholder of an older agent)."""
+        for running_job, attempt in self.attempts():
+            if running_job != job_id or self.result(running_job, attempt) is not None:
+                continue
+            job_dir = self.job_dir(job_id, attempt)
+            try:
+                if self.is_placeholder(job_id, attempt):
+                    dirs = self.containment.attempt_dirs(attempt_cgroup_name(job_id, attempt))
+                    gpus = json.loads((job_dir / PLACEHOLDER).read_bytes() or b"{}").get("gpus")
+                else:
+                    spec = LaunchSpec.from_json((job_dir / supervisor_core.LAUNCH_FILE).read_bytes())
+                    dirs, gpus = spec.cgroup, spec.gpus
+            except (OSError, ValueError, AttributeError):
+                return None
+            if not dirs or DEVICES not in dirs or not isinstance(gpus, list):
+                return None
+            return tuple(int(gpu) for gpu in gpus)
         return None
 
     def is_placeholder(self, job_id: int, attempt: int) -> bool:

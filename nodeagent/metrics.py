@@ -58,8 +58,9 @@ class JobOnNode:
 def running_jobs(jobs_dir: Path) -> list[JobOnNode]:
     """Attempts whose supervisor has not reported the end of every rank, with their GPUs.
 
-    A rank's CUDA_VISIBLE_DEVICES lists every GPU the attempt holds on this node (see launch/env.py). Nodes
-    of an allocation with no ranks here (``--launch single``) have no launch.json and are not listed.
+    launch.json names the GPUs the attempt holds on this node by the node's indices (its ranks'
+    CUDA_VISIBLE_DEVICES may number them from 0: see launch/env.py). Nodes of an allocation with no ranks
+    here (``--launch single``) have no launch.json and are not listed.
     """
     found: list[JobOnNode] = []
     try:
@@ -78,12 +79,7 @@ def running_jobs(jobs_dir: Path) -> list[JobOnNode]:
             spec = LaunchSpec.from_json((job_dir / "launch.json").read_bytes())
         except (OSError, ValueError):
             continue  # no launch here, or the directory went away (acknowledged) as we read it
-        gpus: set[int] = set()
-        for rank in spec.ranks:
-            for item in rank.env.get("CUDA_VISIBLE_DEVICES", "").split(","):
-                if item.strip().isdigit():
-                    gpus.add(int(item))
-        found.append(JobOnNode(spec.job_id, spec.attempt, spec.user, tuple(sorted(gpus))))
+        found.append(JobOnNode(spec.job_id, spec.attempt, spec.user, tuple(sorted(set(spec.gpus)))))
     return found
 
 

@@ -3,7 +3,8 @@
 Per-rank mode gives every rank exactly the environment torchrun gives its workers (RANK, LOCAL_RANK,
 GROUP_RANK, WORLD_SIZE, MASTER_ADDR, ... see docs/), so a scheduler-launched gang needs no torchrun.
 CUDA_VISIBLE_DEVICES lists the node's allocated GPUs in local-rank order: entry LOCAL_RANK is the rank's
-own GPU, as under torchrun (scripts call torch.cuda.set_device(LOCAL_RANK)).
+own GPU, as under torchrun (scripts call torch.cuda.set_device(LOCAL_RANK)). Behind a devices cgroup it numbers
+them as the job's processes see them, from 0 (``cuda_device_numbers``).
 
 Every launch also gets Slurm's variables (SLURM_JOB_ID, SLURM_JOB_NODELIST, ... as sbatch sets them, see
 docs/quickstart.md), so Slurm batch scripts run unchanged. TORCHELASTIC_* are set only where Garrison stands in
@@ -13,7 +14,7 @@ for torchrun's agent (per-rank launches): Lightning takes their presence for a t
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from garrison.model.domain import Allocation, JobSpec, LaunchMode
@@ -88,14 +89,35 @@ def with_node_defaults(env: Mapping[str, str], defaults: Mapping[str, str]) -> d
     return result
 
 
+def cuda_device_numbers(gpus: Sequence[int], visible: Collection[int] | None) -> str:
+    """CUDA_VISIBLE_DEVICES (and GPU_DEVICE_ORDINAL) naming ``gpus``, the node's GPU indices, in their order,
+    for processes that can open only the GPUs of ``visible`` (their devices cgroup's); None: every GPU of
+    the node, which they then see under the node's own indices.
+
+    Why: CUDA (and NVML, nvidia-smi) numbers the devices a process can open from 0, in the node's order. A job
+    given GPUs 2 and 5 behind its devices cgroup has CUDA devices 0 and 1, and CUDA_VISIBLE_DEVICES=2,5 would
+    name devices it does not have ("no CUDA-capable device is detected"). Slurm numbers them the same way
+    under ConstrainDevices=yes (its gres_use_local_device_index), and keeps the node's indices in
+    SLURM_JOB_GPUS and SLURM_STEP_GPUS, as Garrison does."""
+    if visible is None:
+        return ",".join(str(gpu) for gpu in gpus)
+    position = {gpu: index for index, gpu in enumerate(sorted(set(visible)))}
+    missing = [gpu for gpu in gpus if gpu not in position]
+    if missing:  # never, by construction: a step's GPUs are its job's
+        raise ValueError(f"GPU {missing[0]} is not one of those the job may open on this node "
+                         f"({','.join(str(gpu) for gpu in sorted(position)) or 'none'})")
+    return ",".join(str(position[gpu]) for gpu in gpus)
+
+
 def plan_ranks(
     launch: LaunchDescription, paths: AttemptPaths, argv: Sequence[str], cpus_on_node: int = 0,
-    slurm_path: str | None = None, defaults: Mapping[str, str] | None = None,
+    slurm_path: str | None = None, defaults: Mapping[str, str] | None = None, devices_constrained: bool = False,
 ) -> list[RankPlan]:
     """Every rank this node starts for the attempt, with its complete environment. ``cpus_on_node``: the
     node's CPUs, for SLURM_CPUS_ON_NODE when the scheduler bound none; ``slurm_path``: the directory of Slurm's
     command names (garrison.slurmpath), put first on the PATH; ``defaults``: what the node supplies where the
-    job's environment lacks it (``with_node_defaults``)."""
+    job's environment lacks it (``with_node_defaults``); ``devices_constrained``: the attempt's devices cgroup
+    lets its processes open only its GPUs (``cuda_device_numbers``)."""
     spec = launch.spec
     nodes = launch.allocation.nodes
     counts = [ranks_on_node(spec, launch.allocation, i) for i in range(len(nodes))]
@@ -126,7 +148,7 @@ def plan_ranks(
             "GARRISON_GPUS_ON_NODE": str(len(gpus)),
             "GARRISON_TIME_LIMIT": str(launch.time_limit_s),
             "GARRISON_SUBMIT_DIR": spec.workdir,
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+            "CUDA_VISIBLE_DEVICES": cuda_device_numbers(gpus, gpus if devices_constrained else None),
             "MASTER_ADDR": launch.master_addr,
             "MASTER_PORT": str(launch.master_port),
         }
@@ -194,12 +216,15 @@ BATCH_TASK_VARIABLES = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID
 
 
 def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | None = None,
-                    defaults: Mapping[str, str] | None = None) -> list[RankPlan]:
+                    defaults: Mapping[str, str] | None = None,
+                    visible_gpus: Collection[int] | None = None) -> list[RankPlan]:
     """This node's tasks of a step, each with the environment srun gives a task: gsrun's (as --export
     resolved it), then Slurm's step variables and torchrun's worker variables (RANK, LOCAL_RANK, WORLD_SIZE,
     LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT of the step's first node unless the job's environment sets
     them), and CUDA_VISIBLE_DEVICES for
-    the task's GPUs. Output goes to ``io_dir`` (out-TASK, err-TASK), from where the agent streams it."""
+    the task's GPUs, numbered as its processes see them: ``visible_gpus`` are the GPUs the job's devices cgroup
+    lets them open on this node, None where every GPU is visible (``cuda_device_numbers``). Output goes to
+    ``io_dir`` (out-TASK, err-TASK), from where the agent streams it."""
     layout = step.layout
     here = step.here
     counts = layout.tasks_per_node()
@@ -252,7 +277,7 @@ def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | 
         env.update({
             "SLURM_PROCID": str(task), "SLURM_LOCALID": str(local), "RANK": str(task), "LOCAL_RANK": str(local),
             "GARRISON_PROCID": str(task), "GARRISON_LOCALID": str(local),
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in here.task_gpus[local]),
+            "CUDA_VISIBLE_DEVICES": cuda_device_numbers(here.task_gpus[local], visible_gpus),
         })
         if here.task_gpus[local]:
             env["GPU_DEVICE_ORDINAL"] = env["CUDA_VISIBLE_DEVICES"]

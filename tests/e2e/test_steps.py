@@ -471,6 +471,23 @@ def test_a_step_wanting_gpus_other_steps_hold_is_refused_at_once(cluster: Cluste
     cluster.run("gcancel", job_id)
 
 
+def test_behind_the_devices_cgroup_a_job_and_its_steps_number_their_gpus_from_0(cluster: Cluster) -> None:
+    """CUDA numbers the GPUs a process may open from 0 in the node's order, so behind the attempt's devices
+    cgroup a job on node1's last GPU is told CUDA_VISIBLE_DEVICES=0 (7 would name a device it cannot see), as
+    Slurm's are under ConstrainDevices=yes; SLURM_JOB_GPUS and SLURM_STEP_GPUS keep the node's indices."""
+    filler = running_job(cluster, "-w", "node1", "-G", "7")
+    job_id = cluster.submit("-w", "node1", "-G", "1", "-t", "5:00", "--wrap",
+                            'echo "batch $CUDA_VISIBLE_DEVICES $GPU_DEVICE_ORDINAL $SLURM_JOB_GPUS"; '
+                            'gsrun bash -c \'echo "step $CUDA_VISIBLE_DEVICES $SLURM_STEP_GPUS"\'; '
+                            'gsrun --gpus-per-task 1 bash -c \'echo "held $CUDA_VISIBLE_DEVICES $SLURM_STEP_GPUS"\'')
+    assert cluster.wait_done(job_id, timeout=60)["state"] == "COMPLETED", output_of(cluster, job_id)
+    cluster.run("gcancel", filler)
+    lines = dict(line.split(" ", 1) for line in output_of(cluster, job_id).splitlines())
+    cuda, ordinal, job_gpus = lines["batch"].split()
+    assert (cuda, ordinal) == ("0", "0") and job_gpus != "0", lines  # GPU 0 is the filler's
+    assert lines["step"].split() == ["0", job_gpus] and lines["held"].split() == ["0", job_gpus], lines
+
+
 def test_a_steps_tasks_are_in_a_child_of_the_jobs_cgroup_on_every_node(cluster: Cluster) -> None:
     """Issue 18's containment holds steps too: on the batch script's node (its attempt has a supervisor) and
     on a node the job only holds (a placeholder), each task is in `<the attempt's cgroup>/step_N`, so the

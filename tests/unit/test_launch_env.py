@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from garrison.model.domain import Allocation, JobSpec, LaunchMode, NodeAllocation
 from garrison.model.launch import LaunchDescription
-from garrison.nodeagent.launch.env import AttemptPaths, RankPlan, plan_ranks
+from garrison.nodeagent.launch.env import AttemptPaths, RankPlan, cuda_device_numbers, plan_ranks
 
 TORCHRUN_KEYS = {
     "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_WORLD_SIZE",
@@ -51,6 +53,28 @@ def test_rank_mode_gives_torchruns_worker_environment() -> None:
     assert env["GARRISON_CHECKPOINT_DIR"] == "/home/u/.garrison/checkpoints/12"
     assert env["GARRISON_CHECKPOINT_MARK"] == "/var/job/user/checkpoint-mark"
     assert env["HOME"] == "/home/u" and env["GARRISON_JOB_ID"] == "12" and env["GARRISON_RESTART_COUNT"] == "2"
+
+
+def test_behind_a_devices_cgroup_the_gpus_are_numbered_as_the_job_sees_them() -> None:
+    """CUDA numbers the devices a process can open from 0, in the node's order: a job given GPUs 7 and 2 behind
+    its devices cgroup has CUDA devices 0 (GPU 2) and 1 (GPU 7), so LOCAL_RANK 0's GPU 7 is "1". SLURM_JOB_GPUS
+    keeps the node's indices, as Slurm's do under ConstrainDevices=yes."""
+    for launch in (context(), context(LaunchMode.NODE), context(LaunchMode.SINGLE)):
+        constrained = plan_ranks(launch, PATHS, ["train"], devices_constrained=True)
+        for rank in constrained:
+            assert rank.env["CUDA_VISIBLE_DEVICES"] == rank.env["GPU_DEVICE_ORDINAL"] == "1,0"
+            assert rank.env["SLURM_JOB_GPUS"] == "2,7"
+    first_node = plan_ranks(context(node_rank=0), PATHS, ["train"], devices_constrained=True)
+    assert [r.env["CUDA_VISIBLE_DEVICES"] for r in first_node] == ["0,1", "0,1"]  # GPUs 4 and 5
+
+
+def test_device_numbers_follow_what_is_visible() -> None:
+    assert cuda_device_numbers((7, 2), None) == "7,2"  # unconfined: the node's own indices
+    assert cuda_device_numbers((5,), (2, 5)) == "1"
+    assert cuda_device_numbers((), (2, 5)) == ""
+    assert cuda_device_numbers((6, 3, 6), [6, 3]) == "1,0,1"
+    with pytest.raises(ValueError, match="GPU 4 is not one of those the job may open on this node"):
+        cuda_device_numbers((4,), (2, 5))
 
 
 def test_a_job_exported_nothing_gets_its_users_login_variables_and_its_own_stand() -> None:

@@ -172,6 +172,22 @@ def test_slurm_step_gpus_names_the_steps_gpus_on_each_node() -> None:
         assert [p.env["SLURM_STEP_GPUS"] for p in plan_step_tasks(step, "/io")] == [expected]
 
 
+def test_behind_the_jobs_devices_cgroup_step_tasks_see_gpus_numbered_from_0() -> None:
+    """A step's cgroup is a child of its job's: its tasks can open the job's GPUs on the node, which CUDA
+    numbers from 0 in the node's order; SLURM_STEP_GPUS keeps the node's indices."""
+    (task,) = plan_step_tasks(launch(1), "/io", visible_gpus=(4, 5, 6, 7))  # task 2 holds GPU 4
+    assert (task.env["CUDA_VISIBLE_DEVICES"], task.env["GPU_DEVICE_ORDINAL"], task.env["SLURM_STEP_GPUS"]) == (
+        "0", "0", "4")
+    first = plan_step_tasks(launch(0), "/io", visible_gpus=(0, 1, 2, 3))
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in first] == ["0", "1"]
+    # Holding none, a step's tasks see the job's GPUs here: on n2 (GPUs 4-7) they are 0-3.
+    step = replace(launch(1), layout=place(ntasks=2))
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plan_step_tasks(step, "/io", visible_gpus=(4, 5, 6, 7))] == [
+        "0,1,2,3"]
+    with pytest.raises(ValueError, match="not one of those the job may open"):
+        plan_step_tasks(launch(1), "/io", visible_gpus=(5, 6))
+
+
 def test_step_launch_and_request_survive_the_wire() -> None:
     description = launch(1, pty=True)
     assert step_launch_from_pb(step_launch_to_pb(description)) == description
