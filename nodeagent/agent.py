@@ -113,9 +113,12 @@ class Agent:
         self.health = StateDirHealth(self.state_dir)  # a full or failing state directory drains the node
         # Slurm's command names (srun, scontrol, ...) first on every job's and step's PATH, as scripts expect.
         slurm_path = ensure_slurm_path()
+        # Every GPU of the node, so that those a job was not given are denied to it (NVML's minors where known).
+        minors = {gpu.index: (gpu_minors or {}).get(gpu.index, gpu.index) for gpu in inventory.gpus}
         self.jobs = JobManager(self.state_dir, self.notify_path, allow_root_jobs, lease_file=self.lease.path,
-                               containment=containment, pids_max=config.job_pids_max, gpu_minors=gpu_minors,
-                               slurm_path=str(slurm_path) if slurm_path else None, controller=config.controller)
+                               containment=containment, pids_max=config.job_pids_max, gpu_minors=minors,
+                               slurm_path=str(slurm_path) if slurm_path else None, controller=config.controller,
+                               job_devices=config.job_devices)
         self._registered = False  # in the current session: the controller accepted the registration
         self.active: set[tuple[int, int]] = set()
         self.checkpoints: dict[tuple[int, int], float] = {}  # last reported checkpoint-mark time

@@ -92,6 +92,7 @@ class JobManager:
         lease_file: Path | None = None,
         slurm_path: str | None = None,
         controller: str = "",
+        job_devices: str = "gpus",
     ) -> None:
         self.jobs_dir = state_dir / JOBS_DIR
         self.slurm_path = slurm_path  # Slurm's command names, first on every job's PATH (garrison.slurmpath)
@@ -105,7 +106,10 @@ class JobManager:
         self.lease_file = lease_file  # the node lease every supervisor honours (nodeagent/lease.py); None: none
         self.containment: Containment = containment or Unconfined()
         self.pids_max = pids_max
-        self.gpu_minors = dict(gpu_minors or {})  # GPU index -> /dev/nvidiaN minor (NVML's); absent: the index
+        # Every GPU of the node: its index -> its /dev/nvidiaN minor (NVML's); absent: the index. Those a job
+        # was not given are the device files it may not open (containment/devices.py).
+        self.gpu_minors = dict(gpu_minors or {})
+        self.job_devices = job_devices  # the agent's device policy: "gpus" or "allowlist" (AgentConfig)
         self._cgroups: dict[tuple[int, int], dict[str, str] | None] = {}  # running attempts' cgroups, as read
         # Until acknowledged: each attempt's GPUs (from its launch, so that its result needs no second parse of
         # launch.json) and, once asked, NVML's figures for them (a result is read again until acknowledged).
@@ -204,11 +208,14 @@ class JobManager:
     def _create_cgroup(self, launch: LaunchDescription) -> dict[str, str] | None:
         """The attempt's cgroup, with its limits, before any of its processes exists."""
         mine = launch.allocation.nodes[launch.node_rank]
+        given = tuple(self.gpu_minors.get(gpu, gpu) for gpu in mine.gpus)
         limits = AttemptLimits(
             memory_bytes=mine.mem_mb << 20,
             cpus=mine.cpus,
-            gpu_minors=tuple(self.gpu_minors.get(gpu, gpu) for gpu in mine.gpus),
+            gpu_minors=given,
             pids_max=self.pids_max,
+            other_gpu_minors=tuple(sorted(set(self.gpu_minors.values()) - set(given))),
+            only_listed_devices=self.job_devices == "allowlist",
         )
         try:
             dirs = self.containment.create(attempt_cgroup_name(launch.job_id, launch.attempt), limits)

@@ -5,7 +5,7 @@ heartbeat, agent address and token settings agree with each other."""
 from __future__ import annotations
 
 from garrison.config.errors import ConfigError
-from garrison.config.schema import AgentConfig, ControllerConfig
+from garrison.config.schema import JOB_DEVICE_POLICIES, AgentConfig, ControllerConfig
 from garrison.model.features import ConstraintError, check_feature_names
 
 
@@ -41,6 +41,9 @@ def check_agent(cfg: AgentConfig, where: str) -> None:
     check_tls_files(cfg.tls_cert, cfg.tls_key, cfg.tls_ca, where)
     if cfg.metrics_address:
         check_address(cfg.metrics_address, f"{where}.metrics_address")
+    if cfg.job_devices not in JOB_DEVICE_POLICIES:
+        raise ConfigError(f"{where}.job_devices: one of {', '.join(repr(p) for p in JOB_DEVICE_POLICIES)} "
+                          f"(not {cfg.job_devices!r})")
     if not cfg.cgroup_root.strip("/") or ".." in cfg.cgroup_root.split("/"):
         raise ConfigError(f"{where}.cgroup_root: must name a directory below a cgroup (not {cfg.cgroup_root!r})")
     try:

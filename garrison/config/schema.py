@@ -230,6 +230,13 @@ class AgentConfig:
     cgroup_root: str = "garrison"
     allow_unconfined: bool = False
     job_pids_max: int = 10_000
+    # Which device files a job may open (JOB_DEVICE_POLICIES): "gpus", every device but the node's GPUs it
+    # was not given (Slurm's ConstrainDevices=yes: InfiniBand, FUSE and the rest work as on the host), or
+    # "allowlist", only its GPUs, the driver's control devices and the standard ones (null, zero, tty, ...).
+    job_devices: str = "gpus"
+
+
+JOB_DEVICE_POLICIES = ("gpus", "allowlist")
 
 
 @dataclass(frozen=True)

@@ -229,10 +229,16 @@ class CgroupV1:
             mems = self._numa_nodes_of(cpus) & host_mems or host_mems
             _write(os.path.join(directory, "cpuset.cpus"), format_cpu_list(cpus))
             _write(os.path.join(directory, "cpuset.mems"), format_cpu_list(mems))
-        elif controller == DEVICES:
+        elif controller == DEVICES and limits.only_listed_devices:
             _write(os.path.join(directory, "devices.deny"), "a")
             _write(os.path.join(directory, "devices.allow"),
                    *devices.allowed_devices(limits.gpu_minors, self._gpu_driver_majors()))
+        elif controller == DEVICES:
+            # A new cgroup starts with its parent's list (the agent's subtree: normally every device); the
+            # node's other GPUs are taken from it. Nothing is allowed here: a child cannot widen its parent's.
+            denied = devices.denied_gpus(set(limits.other_gpu_minors) - set(limits.gpu_minors))
+            if denied:
+                _write(os.path.join(directory, "devices.deny"), *denied)
         elif controller == PIDS:
             _write(os.path.join(directory, "pids.max"), str(limits.pids_max))
         # (A new freezer cgroup is THAWED already; were the agent's subtree frozen, writing THAWED here would

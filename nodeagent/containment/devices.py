@@ -1,7 +1,11 @@
-"""The device files a job may open: its own GPUs, what CUDA needs beside them, and the standard ones.
+"""The device files a job may open, by the agent's job_devices policy.
 
-Everything else (other GPUs, disks, the host's consoles) answers EPERM, whatever the file's mode says:
-the devices cgroup checks the device number, not the path, so a job cannot get around it with mknod.
+"gpus" (the default, Slurm's ConstrainDevices=yes): every device but the node's GPUs the job was not given, so
+what a job needs beside its GPUs (InfiniBand's uverbs and rdma_cm for NCCL across nodes, /dev/fuse for
+squashfs and enroot images, GPUDirect Storage's nvidia-fs) works as on the host, under the files' own modes.
+"allowlist": only its own GPUs, what CUDA needs beside them, and the standard ones; everything else (other
+GPUs, disks, InfiniBand, the host's consoles) answers EPERM. Either way the devices cgroup checks the device
+number, not the path, so a job cannot get around it with mknod.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ def dynamic_majors(proc_devices: Path = Path("/proc/devices"), dev: Path = Path(
         if stat.S_ISCHR(info.st_mode):
             majors.add(os.major(info.st_rdev))
     return majors
+
+
+def denied_gpus(other_gpu_minors: Iterable[int]) -> list[str]:
+    """devices.deny lines for the "gpus" policy: the node's GPUs the job was not given (read, write, mknod)."""
+    return [f"c {NVIDIA_MAJOR}:{minor} rwm" for minor in sorted(set(other_gpu_minors))]
 
 
 def allowed_devices(gpu_minors: Iterable[int], uvm_majors: Iterable[int]) -> list[str]:

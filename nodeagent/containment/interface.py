@@ -41,6 +41,11 @@ class AttemptLimits:
     cpus: tuple[int, ...] = ()  # the scheduler's choice; () = any CPU of the agent's cpuset
     gpu_minors: tuple[int, ...] = ()  # /dev/nvidiaN minor numbers of the allocated GPUs
     pids_max: int = DEFAULT_PIDS_MAX
+    # The node's other GPUs' minors: the device files the attempt may not open (the agent's job_devices =
+    # "gpus", as Slurm's ConstrainDevices denies the GPUs a job was not given and leaves every other device).
+    other_gpu_minors: tuple[int, ...] = ()
+    # job_devices = "allowlist": no device file but its GPUs, the driver's control devices and the standard ones.
+    only_listed_devices: bool = False
 
 
 @dataclass(frozen=True, slots=True)

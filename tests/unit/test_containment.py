@@ -222,12 +222,17 @@ def test_the_cpuset_cannot_be_widened(attempts: Attempts, tmp_path: Path) -> Non
     assert second == f"refused {errno.EINVAL}"
 
 
-def test_only_the_allocated_gpus_device_files_open(attempts: Attempts, tmp_path: Path) -> None:
-    # A fake machine's device nodes: NVIDIA's major 195, no driver behind them (ENXIO when allowed).
+@pytest.mark.parametrize("only_listed", [False, True], ids=["gpus", "allowlist"])
+def test_only_the_allocated_gpus_device_files_open(attempts: Attempts, tmp_path: Path, only_listed: bool) -> None:
+    """job_devices = "gpus" (Slurm's ConstrainDevices=yes) denies the node's other GPUs and nothing else, so an
+    InfiniBand verbs device (as NCCL opens across nodes) opens; "allowlist" denies every device not listed."""
+    # A fake machine's device nodes: NVIDIA's major 195, and InfiniBand's uverbs (231:192), no driver behind
+    # them (ENXIO where the cgroup lets them open).
     devices = tmp_path / "dev"
     devices.mkdir()
-    for minor in (0, 1, 255):
-        os.mknod(devices / f"nvidia{minor}", 0o666 | 0o020000, os.makedev(195, minor))
+    for name, major, minor in (("nvidia0", 195, 0), ("nvidia1", 195, 1), ("nvidia255", 195, 255),
+                               ("uverbs0", 231, 192)):
+        os.mknod(devices / name, 0o666 | 0o020000, os.makedev(major, minor))
     probe_script = (
         "import os, sys\n"
         "for name in sys.argv[1:]:\n"
@@ -235,13 +240,16 @@ def test_only_the_allocated_gpus_device_files_open(attempts: Attempts, tmp_path:
         "    except OSError as e:\n        print(os.path.basename(name), e.errno)\n"
     )
     (tmp_path / "probe.py").write_text(probe_script)
+    paths = " ".join(str(devices / name) for name in ("nvidia0", "nvidia1", "nvidia255", "uverbs0"))
     job_dir, _ = attempts.run(
-        f"{PYTHON} {tmp_path / 'probe.py'} {devices / 'nvidia0'} {devices / 'nvidia1'} {devices / 'nvidia255'} "
-        f"/dev/null", AttemptLimits(gpu_minors=(0,)), name="devices",
+        f"{PYTHON} {tmp_path / 'probe.py'} {paths} /dev/null",
+        AttemptLimits(gpu_minors=(0,), other_gpu_minors=(1,), only_listed_devices=only_listed), name="devices",
     )
     attempts.wait_finished(job_dir)
+    uverbs = errno.EPERM if only_listed else errno.ENXIO
     assert (tmp_path / "devices.out").read_text().splitlines() == [
-        f"nvidia0 {errno.ENXIO}", f"nvidia1 {errno.EPERM}", f"nvidia255 {errno.ENXIO}", "/dev/null opened",
+        f"nvidia0 {errno.ENXIO}", f"nvidia1 {errno.EPERM}", f"nvidia255 {errno.ENXIO}", f"uverbs0 {uverbs}",
+        "/dev/null opened",
     ]
 
 

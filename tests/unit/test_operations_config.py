@@ -71,6 +71,7 @@ def test_operations_keys_are_validated(tmp_path: Path) -> None:
         ('[controller]\ndatabase_pool_size = "5"\n', "controller.database_pool_size: expected int"),
         ('[controller]\nmetrics_address = "9817"\n', "controller.metrics_address: expected HOST:PORT"),
         ('[agent]\nmetrics_address = "host:port"\n', "agent.metrics_address: expected HOST:PORT"),
+        ('[agent]\njob_devices = "all"\n', "agent.job_devices: one of 'gpus', 'allowlist' (not 'all')"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(write(tmp_path, text), environ={})
