@@ -146,6 +146,34 @@ def test_a_job_cannot_widen_its_cpus(node: Cluster) -> None:
     assert widened.strip() == mine + "]", widened
 
 
+def test_a_job_opens_its_gpus_and_other_devices_but_not_the_nodes_other_gpus(node: Cluster) -> None:
+    """The node's eight GPUs as device files (major 195, NVML's minors; no driver behind them, so an allowed
+    open fails with ENXIO): a two-GPU job opens its two, gets EPERM for the other six, and opens a device that
+    is not a GPU (an InfiniBand verbs node, as NCCL opens across nodes), as under Slurm's ConstrainDevices."""
+    devices = node.work / "dev"
+    devices.mkdir(exist_ok=True)
+    names = [f"nvidia{minor}" for minor in range(8)] + ["uverbs0"]
+    for name, number in zip(names, [*(os.makedev(195, m) for m in range(8)), os.makedev(231, 192)], strict=True):
+        if not (devices / name).exists():
+            os.mknod(devices / name, 0o666 | 0o020000, number)
+    probe = node.work / "devices.py"
+    probe.write_text(
+        "import errno, os, sys\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n        os.close(os.open(path, os.O_RDWR)); print(os.path.basename(path), 'opened')\n"
+        "    except OSError as e:\n        print(os.path.basename(path), errno.errorcode[e.errno])\n"
+        "print('gpus', os.environ['SLURM_JOB_GPUS'], os.environ['CUDA_VISIBLE_DEVICES'])\n"
+    )
+    job_id = node.submit("-G", "2", "-o", "devices-%j.out", "--wrap",
+                         f"{PYTHON} {probe} " + " ".join(str(devices / name) for name in names))
+    assert node.wait_done(job_id, timeout=120)["state"] == "COMPLETED"
+    lines = dict(line.split(" ", 1) for line in (node.work / f"devices-{job_id}.out").read_text().splitlines())
+    job_gpus, cuda = lines.pop("gpus").split()
+    given = {int(gpu) for gpu in job_gpus.split(",")}
+    assert len(given) == 2 and cuda == "0,1"
+    assert lines == {**{f"nvidia{m}": "ENXIO" if m in given else "EPERM" for m in range(8)}, "uverbs0": "ENXIO"}
+
+
 def test_gacct_shows_peak_memory_and_cpu_time_within_ten_percent(node: Cluster) -> None:
     job = node.work / "use.py"
     job.write_text(
