@@ -104,7 +104,10 @@ def parser() -> Parser:
 
 
 def _cpus(allocation: Sequence[Any]) -> int:
-    return sum(len(node.cpus) for node in allocation)
+    """AllocCPUS: the CPUs bound on each node, and 1 on a node where the job asked for none (it is bound to
+    none and shares the node's): Slurm's smallest allocation, one CPU, so that what divides by AllocCPUS
+    (seff's CPU efficiency, CPUTime) has a figure, as it would have under Slurm for the same script."""
+    return sum(len(node.cpus) or 1 for node in allocation)
 
 
 def _hostlist(names: Sequence[str]) -> str:

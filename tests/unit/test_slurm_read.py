@@ -267,6 +267,15 @@ def test_sacct_lines_job_batch_steps() -> None:
     assert (line["Start"], line["Timelimit"], line["ElapsedRaw"]) == (clock(NOW - 100), "01:00:00", "90")
 
 
+def test_a_job_bound_to_no_cpus_counts_one_per_node_as_slurms_smallest_allocation() -> None:
+    record = finished()
+    for node in record.attempts[0].allocation:
+        del node.cpus[:]
+    job, batch = sacct.job_lines(record, [], NOW)
+    assert (job["AllocCPUS"], job["CPUTimeRAW"], batch["AllocCPUS"]) == ("2", "180", "1")
+    assert job["AllocTRES"] == "billing=2,cpu=2,gres/gpu=4,mem=64G,node=2"
+
+
 def test_sacct_spec_fields_and_slurms_other_fields_blank() -> None:
     """Comment, WorkDir, Constraints, QOS, GID and Group come from the job's record; AveRSS and AveCPU of the
     batch line are its one task's; a field Slurm 22.05 knows and Garrison has no figure for (MaxVMSize, UserCPU,
