@@ -109,6 +109,12 @@ def cuda_device_numbers(gpus: Sequence[int], visible: Collection[int] | None) ->
     return ",".join(str(position[gpu]) for gpu in gpus)
 
 
+# CUDA's own order is fastest first; NVML's indices (and so the numbers above) follow the PCI bus. Told to
+# follow the bus too, CUDA numbers a node's GPUs as NVML does even where they are not all alike (an A100 beside
+# a T4). A job's own setting stands.
+CUDA_DEVICE_ORDER = ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+
+
 def plan_ranks(
     launch: LaunchDescription, paths: AttemptPaths, argv: Sequence[str], cpus_on_node: int = 0,
     slurm_path: str | None = None, defaults: Mapping[str, str] | None = None, devices_constrained: bool = False,
@@ -157,6 +163,7 @@ def plan_ranks(
         common["GARRISON_CHECKPOINT_DIR"] = paths.checkpoint_dir
     if gpus:  # ROCm's and OpenCL's name for the same list, as Slurm sets it beside CUDA_VISIBLE_DEVICES
         common["GPU_DEVICE_ORDINAL"] = common["CUDA_VISIBLE_DEVICES"]
+        common.setdefault(*CUDA_DEVICE_ORDER)
     else:
         common.pop("GPU_DEVICE_ORDINAL", None)  # a submitting job's, exported: this one has no GPUs
     if paths.checkpoint_mark:
@@ -268,6 +275,7 @@ def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | 
     step_gpus = here.held_gpus or sorted({g for gpus in here.task_gpus for g in gpus})
     if step_gpus:
         common["SLURM_STEP_GPUS"] = ",".join(str(g) for g in step_gpus)
+        common.setdefault(*CUDA_DEVICE_ORDER)
     else:  # a step without GPUs (srun --gres=none) is not told the job's count, as slurmstepd does not
         for name in ("SLURM_GPUS_ON_NODE", "GARRISON_GPUS_ON_NODE"):
             common.pop(name, None)

@@ -66,6 +66,10 @@ def test_behind_a_devices_cgroup_the_gpus_are_numbered_as_the_job_sees_them() ->
             assert rank.env["SLURM_JOB_GPUS"] == "2,7"
     first_node = plan_ranks(context(node_rank=0), PATHS, ["train"], devices_constrained=True)
     assert [r.env["CUDA_VISIBLE_DEVICES"] for r in first_node] == ["0,1", "0,1"]  # GPUs 4 and 5
+    # CUDA told to number them in the bus order NVML's indices follow, unless the job chose an order itself.
+    assert {r.env["CUDA_DEVICE_ORDER"] for r in first_node} == {"PCI_BUS_ID"}
+    own = plan_ranks(context(env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}), PATHS, ["train"], devices_constrained=True)
+    assert own[0].env["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
 
 
 def test_device_numbers_follow_what_is_visible() -> None:

@@ -180,6 +180,7 @@ def test_behind_the_jobs_devices_cgroup_step_tasks_see_gpus_numbered_from_0() ->
         "0", "0", "4")
     first = plan_step_tasks(launch(0), "/io", visible_gpus=(0, 1, 2, 3))
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in first] == ["0", "1"]
+    assert {p.env["CUDA_DEVICE_ORDER"] for p in first} == {"PCI_BUS_ID"}
     # Holding none, a step's tasks see the job's GPUs here: on n2 (GPUs 4-7) they are 0-3.
     step = replace(launch(1), layout=place(ntasks=2))
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plan_step_tasks(step, "/io", visible_gpus=(4, 5, 6, 7))] == [
