@@ -299,7 +299,14 @@ def _request(job_dir: Path, request_file: str, wake_up: int) -> bool:
     path = Path(job_dir) / request_file
     if not path.exists():
         path.touch(mode=0o600)
-    return _signal_supervisor(job_dir, wake_up)
+    if _signal_supervisor(job_dir, wake_up):
+        return True
+    # It ended between the two looks: a supervisor awake for another reason may have read this very request
+    # first (a gang held at its start barrier ends "not started" on a terminate). It was alive when the
+    # request was left and it left its final status: the request did not go unheard. One that died without a
+    # status did not take it.
+    status = read_status(job_dir)
+    return status is not None and status.finished
 
 
 def terminate(job_dir: Path) -> bool:
