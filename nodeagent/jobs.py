@@ -246,44 +246,49 @@ class JobManager:
     def step_cgroup(self, job_id: int, step_id: int) -> dict[str, str] | None:
         """A cgroup for job step ``step_id``, a child of the job's running attempt's here (its limits, and
         killed with it); None where the attempt is unconfined or not running here."""
+        attempt = self._running_attempt(job_id)
+        if attempt is None:
+            return None
+        if self.is_placeholder(job_id, attempt):
+            dirs = self.containment.attempt_dirs(attempt_cgroup_name(job_id, attempt))
+            if dirs is not None and not all(os.path.isdir(path) for path in dirs.values()):
+                dirs = None
+        else:
+            dirs = launch_cgroup(self.job_dir(job_id, attempt))
+        if dirs is None:
+            return None
+        try:
+            return dict(self.containment.create_child(dirs, f"step_{step_id}"))
+        except ContainmentError as exc:
+            raise RuntimeError(str(exc)) from None
+
+    def _running_attempt(self, job_id: int) -> int | None:
+        """The job's attempt running here (a step joins it), or None."""
         for running_job, attempt in self.attempts():
-            if running_job != job_id or self.result(running_job, attempt) is not None:
-                continue
-            if self.is_placeholder(job_id, attempt):
-                dirs = self.containment.attempt_dirs(attempt_cgroup_name(job_id, attempt))
-                if dirs is not None and not all(os.path.isdir(path) for path in dirs.values()):
-                    dirs = None
-            else:
-                dirs = launch_cgroup(self.job_dir(job_id, attempt))
-            if dirs is None:
-                return None
-            try:
-                return dict(self.containment.create_child(dirs, f"step_{step_id}"))
-            except ContainmentError as exc:
-                raise RuntimeError(str(exc)) from None
+            if running_job == job_id and self.result(running_job, attempt) is None:
+                return attempt
         return None
 
     def visible_gpus(self, job_id: int) -> tuple[int, ...] | None:
         """The GPUs the job's running attempt here lets its processes open (its devices cgroup's), which its
         steps' tasks see numbered from 0 (launch/env.py's cuda_device_numbers); None where its devices are not
         constrained, where it does not run here, or where that is not known (a placeholder of an older agent)."""
-        for running_job, attempt in self.attempts():
-            if running_job != job_id or self.result(running_job, attempt) is not None:
-                continue
-            job_dir = self.job_dir(job_id, attempt)
-            try:
-                if self.is_placeholder(job_id, attempt):
-                    dirs = self.containment.attempt_dirs(attempt_cgroup_name(job_id, attempt))
-                    gpus = json.loads((job_dir / PLACEHOLDER).read_bytes() or b"{}").get("gpus")
-                else:
-                    spec = LaunchSpec.from_json((job_dir / supervisor_core.LAUNCH_FILE).read_bytes())
-                    dirs, gpus = spec.cgroup, spec.gpus
-            except (OSError, ValueError, AttributeError):
-                return None
-            if not dirs or DEVICES not in dirs or not isinstance(gpus, list):
-                return None
-            return tuple(int(gpu) for gpu in gpus)
-        return None
+        attempt = self._running_attempt(job_id)
+        if attempt is None:
+            return None
+        job_dir = self.job_dir(job_id, attempt)
+        try:
+            if self.is_placeholder(job_id, attempt):
+                dirs = self.containment.attempt_dirs(attempt_cgroup_name(job_id, attempt))
+                gpus = json.loads((job_dir / PLACEHOLDER).read_bytes() or b"{}").get("gpus")
+            else:
+                spec = LaunchSpec.from_json((job_dir / supervisor_core.LAUNCH_FILE).read_bytes())
+                dirs, gpus = spec.cgroup, spec.gpus
+        except (OSError, ValueError, AttributeError):
+            return None
+        if not dirs or DEVICES not in dirs or not isinstance(gpus, list):
+            return None
+        return tuple(int(gpu) for gpu in gpus)
 
     def is_placeholder(self, job_id: int, attempt: int) -> bool:
         return (self.job_dir(job_id, attempt) / PLACEHOLDER).exists()

@@ -236,9 +236,8 @@ class CgroupV1:
         elif controller == DEVICES:
             # A new cgroup starts with its parent's list (the agent's subtree: normally every device); the
             # node's other GPUs are taken from it. Nothing is allowed here: a child cannot widen its parent's.
-            denied = devices.denied_gpus(set(limits.other_gpu_minors) - set(limits.gpu_minors))
-            if denied:
-                _write(os.path.join(directory, "devices.deny"), *denied)
+            if limits.other_gpu_minors:
+                _write(os.path.join(directory, "devices.deny"), *devices.denied_gpus(limits.other_gpu_minors))
         elif controller == PIDS:
             _write(os.path.join(directory, "pids.max"), str(limits.pids_max))
         # (A new freezer cgroup is THAWED already; were the agent's subtree frozen, writing THAWED here would
