@@ -40,7 +40,7 @@ from garrison.nodeagent.jobs import AttemptResult, JobManager, RefusedLaunch
 from garrison.nodeagent.lease import LEASE_FILE, NodeLease
 from garrison.nodeagent.steps import StepRunner
 from garrison.nodeagent.supervisor.core import boottime
-from garrison.nodeagent.supervisor.forkserver import start_forkserver
+from garrison.nodeagent.supervisor.forkserver import MAX_IDLE_SUPERVISORS, start_forkserver
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 from garrison.slurmpath import ensure_slurm_path
@@ -203,7 +203,9 @@ class Agent:
         """Start the supervisor fork server; jobs still start without it, only slower."""
         path = self.state_dir / "forkserver.sock"
         try:
-            server = start_forkserver(path)
+            # As many idle supervisors as one-GPU jobs can end together here, so that their replacements
+            # reuse them rather than fork (MAX_IDLE_SUPERVISORS at least, for CPU-only jobs).
+            server = start_forkserver(path, max_idle=max(MAX_IDLE_SUPERVISORS, len(self.inventory.gpus)))
         except (OSError, RuntimeError) as exc:
             log.warning("supervisor fork server did not start (%s); starting supervisors as new interpreters", exc)
             return None

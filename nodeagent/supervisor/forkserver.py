@@ -20,8 +20,9 @@ request to an idle supervisor, the job_dir and the lock descriptor as above; the
 (``ok``) before it does anything else, and only then does the server write its pid and answer. A supervisor
 that dies before its acknowledgement ran nothing, so the server forks one instead. The fork, the page copies
 that follow it and the teardown of a ~13 MB interpreter are then paid once per supervisor, not per attempt
-(tests/benchmarks/supervisor_spawn.py; docs/performance.md). At most MAX_IDLE_SUPERVISORS wait; one more is
-told to exit (its socket closed). An idle supervisor exits when the server has gone (EOF: the agent
+(tests/benchmarks/supervisor_spawn.py; docs/performance.md). At most ``max_idle`` wait (the agent passes its
+node's GPU count, MAX_IDLE_SUPERVISORS at least: as many as the jobs that end together and are replaced
+together, or their replacements are forked after all); one more is told to exit (its socket closed). An idle supervisor exits when the server has gone (EOF: the agent
 restarted); a busy one finishes its attempt first. A supervisor is reused only when nothing of its attempt is
 left in it: its process state (cwd, umask, environment, rlimits, descriptors, signal dispositions and mask,
 ids, CPU affinity, cgroups) must be what it was before its first attempt, it has no child, and its attempt
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
 MAX_REQUEST_BYTES = 64 * 1024
 READY_LINE = b"ready\n"
 _PR_SET_PDEATHSIG = 1
-MAX_IDLE_SUPERVISORS = 4
+MAX_IDLE_SUPERVISORS = 8
 # A bound on what one process may accumulate unseen (its heap, its modules): after this many attempts it
 # exits and the next one is forked, which costs one fork in this many.
 MAX_ATTEMPTS_PER_SUPERVISOR = 256
@@ -195,6 +196,7 @@ _pid_by_channel_fd: dict[int, int] = {}
 # no descriptor, so the supervisors forked with a copy of it inherit nothing.)
 _poller = select.poll()
 _idle: list[int] = []
+_max_idle = MAX_IDLE_SUPERVISORS
 
 
 def _drop(pid: int) -> None:
@@ -218,7 +220,7 @@ def _hear_from_supervisor(pid: int) -> None:
         _drop(pid)
         return
     _idle.append(pid)
-    while len(_idle) > MAX_IDLE_SUPERVISORS:
+    while len(_idle) > _max_idle:
         _drop(_idle[0])
 
 
@@ -329,8 +331,13 @@ def _handle_request(connection: socket.socket, listener: socket.socket) -> None:
     connection.send(json.dumps(reply).encode())
 
 
-def serve(socket_path: str | os.PathLike[str], *, exit_with_parent: bool = True) -> NoReturn:
-    """Listen on socket_path and fork a supervisor per request, forever."""
+def serve(
+    socket_path: str | os.PathLike[str], *, exit_with_parent: bool = True, max_idle: int = MAX_IDLE_SUPERVISORS
+) -> NoReturn:
+    """Listen on socket_path and fork a supervisor per request (or hand it to an idle one), forever; keep at
+    most ``max_idle`` idle supervisors."""
+    global _max_idle
+    _max_idle = max_idle
     if exit_with_parent:
         _exit_when_parent_dies()
     else:
@@ -369,9 +376,11 @@ def serve(socket_path: str | os.PathLike[str], *, exit_with_parent: bool = True)
 
 
 def start_forkserver(
-    socket_path: Path, *, python: str = sys.executable, timeout_s: float = 30.0
+    socket_path: Path, *, python: str = sys.executable, timeout_s: float = 30.0,
+    max_idle: int = MAX_IDLE_SUPERVISORS,
 ) -> subprocess.Popen[bytes]:
-    """Start a fork server listening on socket_path; return once it accepts requests.
+    """Start a fork server listening on socket_path, keeping at most ``max_idle`` idle supervisors; return
+    once it accepts requests.
 
     The caller owns the process (stop it with terminate() and wait()). It exits by
     itself when the thread that started it exits (PR_SET_PDEATHSIG).
@@ -380,7 +389,7 @@ def start_forkserver(
     import time
 
     server = subprocess.Popen(
-        [python, "-I", "-m", "garrison.nodeagent.supervisor.forkserver", str(socket_path)],
+        [python, "-I", "-m", "garrison.nodeagent.supervisor.forkserver", str(socket_path), str(max_idle)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         start_new_session=True,
@@ -401,11 +410,20 @@ def start_forkserver(
     return server
 
 
+USAGE = "usage: python -m garrison.nodeagent.supervisor.forkserver SOCKET_PATH [MAX_IDLE]"
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m garrison.nodeagent.supervisor.forkserver SOCKET_PATH", file=sys.stderr)
+    if len(argv) not in (1, 2):
+        print(USAGE, file=sys.stderr)
         return 2
-    serve(argv[0])
+    max_idle = MAX_IDLE_SUPERVISORS
+    if len(argv) == 2:
+        if not argv[1].isdigit():
+            print(f"forkserver: error: MAX_IDLE must be a whole number, not {argv[1]!r}", file=sys.stderr)
+            return 2
+        max_idle = int(argv[1])
+    serve(argv[0], max_idle=max_idle)
 
 
 if __name__ == "__main__":

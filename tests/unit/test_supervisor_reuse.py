@@ -12,6 +12,8 @@ import json
 import os
 import platform
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,8 +174,22 @@ def test_idle_supervisors_exit_with_their_server_and_busy_ones_finish_first(jobs
             server.wait()
 
 
-def test_at_most_a_few_wait_and_a_dead_idle_one_is_replaced(jobs: Jobs, forkserver: Path) -> None:
-    count = MAX_IDLE_SUPERVISORS + 2
+def test_at_most_max_idle_wait_and_a_dead_idle_one_is_replaced(jobs: Jobs) -> None:
+    """The bound is the server's argument (the agent passes its GPU count): with 3, the first two of five
+    supervisors to be idle are told to exit."""
+    max_idle = 3
+    assert max_idle < MAX_IDLE_SUPERVISORS  # below the default, so that the argument is what holds it
+    forkserver = jobs.root / "forkserver-small.sock"
+    server = start_forkserver(forkserver, max_idle=max_idle)
+    try:
+        _at_most_max_idle_wait(jobs, forkserver, max_idle)
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def _at_most_max_idle_wait(jobs: Jobs, forkserver: Path, max_idle: int) -> None:
+    count = max_idle + 2
     releases, dirs, pids = [], [], []
     for job_id in range(1, count + 1):
         script, ready, release = released_rank(jobs, f"job{job_id}")
@@ -186,7 +202,7 @@ def test_at_most_a_few_wait_and_a_dead_idle_one_is_replaced(jobs: Jobs, forkserv
     for release, job_dir in zip(releases, dirs, strict=True):
         release.touch()
         jobs.wait_finished(job_dir)
-    # The first ones to be idle are the ones told to exit once more than MAX_IDLE_SUPERVISORS wait.
+    # The first ones to be idle are the ones told to exit once more than max_idle wait.
     wait_until(lambda: all(process_is_gone(pid) for pid in pids[:2]), DEADLINE_S, what="two supervisors to exit")
     kept = pids[2:]
     wait_until(lambda: all(waiting_for_an_attempt(pid) for pid in kept), DEADLINE_S, what="the rest to be idle")
@@ -277,3 +293,12 @@ def test_the_reuse_check_sees_what_an_attempt_could_leave_behind() -> None:
     os.chdir(cwd)
     assert server_module._process_state() == before
     assert all(change != before for change in changes)
+
+
+def test_a_bad_idle_bound_is_a_one_line_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-I", "-m", "garrison.nodeagent.supervisor.forkserver", str(tmp_path / "s.sock"), "many"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2
+    assert result.stderr == "forkserver: error: MAX_IDLE must be a whole number, not 'many'\n"
