@@ -4,9 +4,9 @@ Every attempt gets a directory under jobs/ with a handful of files, and loses it
 result: hundreds of inodes created and freed a second on a busy node. ext4 places a new directory near its
 parent's block group, and its files in the directory's group, so they all land in one group; and ext4
 without a journal will not reuse an inode freed in the last ~30 s (``recently_deleted``), so every new inode
-there scans past all the recently freed ones first. `perf record -a` over a run of 1,000 one-GPU array tasks
-on this project's machines (ext4, no journal) put 20% of the whole machine's CPU in that scan
-(``find_inode_bit``), under the open() and mkdir() of job files.
+there scans past all the recently freed ones first. `perf record -a` on one of this project's machines (ext4,
+no journal), on a cluster that had run a few thousand one-GPU jobs, put 20% of the whole machine's CPU in that
+scan (``find_inode_bit``), under the open() and mkdir() of job files.
 
 The "top of directory hierarchy" flag (``chattr +T``, FS_TOPDIR_FL) tells ext4's Orlov allocator that the
 directories created in this one are unrelated trees, to be spread over the block groups as it spreads the
@@ -42,7 +42,7 @@ def mark_top_of_hierarchy(directory: Path) -> bool:
         fcntl.ioctl(fd, FS_IOC_SETFLAGS, flags, True)
         fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
         return bool(flags[0] & FS_TOPDIR_FL)
-    except OSError:  # ENOTTY/EOPNOTSUPP: no such flags here (tmpfs, overlayfs, NFS...)
+    except OSError:  # ENOTTY/EOPNOTSUPP: no such flag here (tmpfs, NFS, ...)
         return False
     finally:
         os.close(fd)

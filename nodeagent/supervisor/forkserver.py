@@ -22,11 +22,12 @@ that dies before its acknowledgement ran nothing, so the server forks one instea
 that follow it and the teardown of a ~13 MB interpreter are then paid once per supervisor, not per attempt
 (tests/benchmarks/supervisor_spawn.py; docs/performance.md). At most ``max_idle`` wait (the agent passes its
 node's GPU count, MAX_IDLE_SUPERVISORS at least: as many as the jobs that end together and are replaced
-together, or their replacements are forked after all); one more is told to exit (its socket closed). An idle supervisor exits when the server has gone (EOF: the agent
-restarted); a busy one finishes its attempt first. A supervisor is reused only when nothing of its attempt is
-left in it: its process state (cwd, umask, environment, rlimits, descriptors, signal dispositions and mask,
-ids, CPU affinity, cgroups) must be what it was before its first attempt, it has no child, and its attempt
-ended without an error; otherwise, and after MAX_ATTEMPTS_PER_SUPERVISOR attempts, it exits.
+together, or their replacements are forked after all); one more is told to exit (its socket closed). An
+idle supervisor exits when the server has gone (EOF: the agent restarted); a busy one finishes its attempt
+first. A supervisor is reused only when nothing of its attempt is left in it: its process state (cwd, umask,
+environment, rlimits, descriptors, signal dispositions and mask, ids, CPU affinity, cgroups) must be what it
+was before its first attempt, it has no child, and its attempt ended without an error; otherwise, and after
+MAX_ATTEMPTS_PER_SUPERVISOR attempts, it exits.
 
 What a fork costs is mostly the child's copy-on-write faults (every object the supervisor touches, if only to
 count a reference, copies its page) and the page tables copied and torn down. So the server imports only what
