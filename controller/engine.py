@@ -141,6 +141,9 @@ class Engine:
         self.due = CycleDue(config.schedule_interval_s)
         state.generation_listeners.append(self._wake.set)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sched")
+        # Clear while a plan is computed on the planning thread (between_plans()).
+        self._no_plan_in_flight = asyncio.Event()
+        self._no_plan_in_flight.set()
         self._tasks: list[asyncio.Task[None]] = []
         self.cycle_count = 0
         self.last_cycle_ms = 0.0
@@ -264,9 +267,13 @@ class Engine:
             # long enough that requests must be answered meanwhile.
             plan, cpu_s = self._compute_plan_timed(snapshot, now, self.policy.scheduler)
         else:
-            plan, cpu_s = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._compute_plan_timed, snapshot, now, self.policy.scheduler
-            )
+            self._no_plan_in_flight.clear()
+            try:
+                plan, cpu_s = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, self._compute_plan_timed, snapshot, now, self.policy.scheduler
+                )
+            finally:
+                self._no_plan_in_flight.set()
         self._last_plan_cpu_s = cpu_s
         self.last_cycle_ms = (time.perf_counter() - started) * 1000
         applying = time.thread_time()
@@ -280,6 +287,13 @@ class Engine:
         metrics.observe_scheduling_cycle(time.perf_counter() - started, cpu_s)
         await self._record_wait_reasons(plan.waiting)
         return plan
+
+    async def between_plans(self) -> None:
+        """Return once no plan is being computed on the planning thread. For work on the event loop that can
+        wait a cycle and would otherwise take the GIL from the plan: a metrics scrape's pass over 50,000 jobs
+        during a cycle doubled that cycle's time (scale.py --waiting dependency: 54-57 ms against 27-30 ms of
+        CPU)."""
+        await self._no_plan_in_flight.wait()
 
     @staticmethod
     def _compute_plan(snapshot: Snapshot, now: float, config: SchedulerConfig) -> Plan:

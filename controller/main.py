@@ -19,6 +19,7 @@ from garrison.logs import setup_logging
 
 if TYPE_CHECKING:
     from garrison.controller.clock import Clock
+    from garrison.controller.engine import Engine
     from garrison.controller.state import ClusterState
     from garrison.controller.store import PoolSettings
     from garrison.metrics_server import MetricsEndpoint
@@ -148,7 +149,7 @@ async def _serve(config: GarrisonConfig) -> None:
     # loaded machine does not stretch as it stretches the wall-clock time (tests/benchmarks/scale.py).
     log.info("controller listening: %s (database %s; %.2f s of CPU since start)", transport,
              cfg.database.split("://")[0], time.process_time())
-    metrics_endpoint = await _serve_metrics(config, state, clock)
+    metrics_endpoint = await _serve_metrics(config, state, clock, engine)
     # Ready once every endpoint configured answers (the metrics' too).
     sdnotify.ready(f"serving on {cfg.address}: {len(state.jobs)} jobs, {len(state.nodes)} nodes known")
 
@@ -181,7 +182,8 @@ def _pool_settings(cfg: ControllerConfig) -> PoolSettings:
     )
 
 
-async def _serve_metrics(config: GarrisonConfig, state: ClusterState, clock: Clock) -> MetricsEndpoint | None:
+async def _serve_metrics(config: GarrisonConfig, state: ClusterState, clock: Clock,
+                         engine: Engine) -> MetricsEndpoint | None:
     """The Prometheus endpoint on [controller] metrics_address, if set; the cluster gauges are sampled on
     this (the event loop's) thread.
 
@@ -195,7 +197,7 @@ async def _serve_metrics(config: GarrisonConfig, state: ClusterState, clock: Clo
     await asyncio.to_thread(_import_metrics_endpoint)
     from garrison.metrics_server import serve_metrics
 
-    metrics.install_cluster_collector(state, clock, asyncio.get_running_loop())
+    metrics.install_cluster_collector(state, clock, asyncio.get_running_loop(), engine.between_plans)
     try:
         endpoint = serve_metrics(address, metrics.registry())
     except OSError as exc:

@@ -26,7 +26,7 @@ import math
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -298,18 +298,41 @@ def cluster_metrics(sample: ClusterSample) -> list[Metric]:
 
 
 class ClusterCollector:
-    """Gauges of the cluster's state; create it on the event loop thread that owns the state."""
+    """Gauges of the cluster's state; create it on the event loop thread that owns the state.
 
-    def __init__(self, state: ClusterState, clock: Clock, loop: asyncio.AbstractEventLoop) -> None:
+    ``between_plans``, when given, is awaited on the loop before each sample (Engine.between_plans): a
+    sample is a pass over every job in memory, and taken while a plan is computed on the planning thread it
+    would take the GIL from it, every switch interval, for as long as the pass lasts."""
+
+    def __init__(self, state: ClusterState, clock: Clock, loop: asyncio.AbstractEventLoop,
+                 between_plans: Callable[[], Awaitable[None]] | None = None) -> None:
         self.state = state
         self.clock = clock
         self.loop = loop
         self.loop_thread = threading.get_ident()
+        self.between_plans = between_plans
         self.failed_samples = 0
+
+    async def _sample_between_plans(self) -> ClusterSample:
+        if self.between_plans is not None:
+            await self.between_plans()
+        return sample_cluster(self.state, self.clock.now())
 
     def _sample_on_loop(self) -> ClusterSample:
         if threading.get_ident() == self.loop_thread:
             return sample_cluster(self.state, self.clock.now())
+        if self.between_plans is not None:
+            sampling = self._sample_between_plans()
+            try:
+                future = asyncio.run_coroutine_threadsafe(sampling, self.loop)
+            except RuntimeError:  # the loop is closed
+                sampling.close()
+                raise
+            try:
+                return future.result(timeout=SAMPLE_TIMEOUT_S)
+            except concurrent.futures.TimeoutError:
+                future.cancel()
+                raise
         result: concurrent.futures.Future[ClusterSample] = concurrent.futures.Future()
 
         def take() -> None:
@@ -342,8 +365,11 @@ class ClusterCollector:
         return iter(())  # the families depend on the cluster; registering must not take a sample
 
 
-def install_cluster_collector(state: ClusterState, clock: Clock, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+def install_cluster_collector(
+    state: ClusterState, clock: Clock, loop: asyncio.AbstractEventLoop,
+    between_plans: Callable[[], Awaitable[None]] | None = None,
+) -> Callable[[], None]:
     """Register a ClusterCollector for ``state``; returns the function that unregisters it."""
-    collector = ClusterCollector(state, clock, loop)
+    collector = ClusterCollector(state, clock, loop, between_plans)
     registry().register(collector)  # type: ignore[arg-type]  # prometheus-client's Collector, by its methods
     return lambda: registry().unregister(collector)  # type: ignore[arg-type]

@@ -359,3 +359,35 @@ def test_fake_usage_is_validated(fake_node: fake_nvml.FakeNvmlLibrary) -> None:
         fake_node.set_usage(9, gpu_percent=1, memory_percent=1, memory_used_mib=1)
     with pytest.raises(ValueError, match="out of range"):
         fake_node.set_usage(0, gpu_percent=101, memory_percent=1, memory_used_mib=1)
+
+
+def test_a_scrape_during_a_plan_samples_once_the_plan_is_done(state: ClusterState) -> None:
+    """The cluster sample waits for ``between_plans`` (Engine.between_plans: no plan on the planning thread),
+    so it never takes the GIL from a plan: what it shows is the state when the plan was done."""
+    clock = ManualClock(1000.0)
+    state.add_jobs([job(1, 2)])
+    state.wait_reasons[1] = "Resources"
+
+    async def scrape_during_a_plan() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        loop = asyncio.get_running_loop()
+        asked, plan_done = asyncio.Event(), asyncio.Event()
+
+        async def between_plans() -> None:
+            asked.set()
+            await plan_done.wait()
+
+        unregister = metrics.install_cluster_collector(state, clock, loop, between_plans)
+        endpoint = serve_metrics("127.0.0.1:0", metrics.registry())
+        try:
+            scraping = loop.run_in_executor(None, scrape, endpoint.port)
+            await asked.wait()  # the scrape asked for its sample while the "plan" is in flight
+            state.wait_reasons[1] = "Priority"  # what the plan decided
+            plan_done.set()
+            return await scraping
+        finally:
+            endpoint.stop()
+            unregister()
+
+    samples = asyncio.run(scrape_during_a_plan())
+    assert value(samples, "garrison_jobs", state="PENDING", reason="Priority") == 1
+    assert value(samples, "garrison_jobs", state="PENDING", reason="Resources") is None
