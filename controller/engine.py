@@ -20,8 +20,9 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from garrison.config import ControllerConfig
 from garrison.controller import metrics
@@ -84,6 +85,7 @@ from garrison.model.launch import LaunchDescription
 from garrison.model.partitions import in_partition
 
 log = logging.getLogger("garrison.controller")
+_T = TypeVar("_T")
 # A job with its wait reason: the first cycle after a restart (or after a large array's submission) sets
 # 50,000 of them, 0.33 s through dataclasses.replace, 0.09 s copied slot by slot.
 _with_reason = replacer(Job, "reason")
@@ -141,7 +143,8 @@ class Engine:
         self.due = CycleDue(config.schedule_interval_s)
         state.generation_listeners.append(self._wake.set)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sched")
-        # Clear while a plan is computed on the planning thread (between_plans()).
+        # Plans given to the planning thread and not done yet (_on_planning_thread, between_plans()).
+        self._plans_in_flight = 0
         self._no_plan_in_flight = asyncio.Event()
         self._no_plan_in_flight.set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -267,13 +270,9 @@ class Engine:
             # long enough that requests must be answered meanwhile.
             plan, cpu_s = self._compute_plan_timed(snapshot, now, self.policy.scheduler)
         else:
-            self._no_plan_in_flight.clear()
-            try:
-                plan, cpu_s = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, self._compute_plan_timed, snapshot, now, self.policy.scheduler
-                )
-            finally:
-                self._no_plan_in_flight.set()
+            plan, cpu_s = await self._on_planning_thread(
+                self._compute_plan_timed, snapshot, now, self.policy.scheduler
+            )
         self._last_plan_cpu_s = cpu_s
         self.last_cycle_ms = (time.perf_counter() - started) * 1000
         applying = time.thread_time()
@@ -294,6 +293,17 @@ class Engine:
         during a cycle doubled that cycle's time (scale.py --waiting dependency: 54-57 ms against 27-30 ms of
         CPU)."""
         await self._no_plan_in_flight.wait()
+
+    async def _on_planning_thread(self, plan: Callable[..., _T], *args: object) -> _T:
+        """``plan(*args)`` on the planning thread, counted as in flight until it is done (between_plans())."""
+        self._plans_in_flight += 1
+        self._no_plan_in_flight.clear()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, plan, *args)
+        finally:
+            self._plans_in_flight -= 1
+            if not self._plans_in_flight:
+                self._no_plan_in_flight.set()
 
     @staticmethod
     def _compute_plan(snapshot: Snapshot, now: float, config: SchedulerConfig) -> Plan:
@@ -617,7 +627,7 @@ class Engine:
         config = self.policy.scheduler
         config = replace(config, reservations=max(config.reservations, depth),
                          max_job_test=max(config.max_job_test, depth))
-        plan = await asyncio.get_running_loop().run_in_executor(self._pool, self._compute_plan, snapshot, now, config)
+        plan = await self._on_planning_thread(self._compute_plan, snapshot, now, config)
         reason = ""
         allocation = next((s.allocation for s in plan.starts if s.job_id == TEST_JOB_ID), None)
         if allocation is None:

@@ -26,7 +26,7 @@ import math
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -305,7 +305,7 @@ class ClusterCollector:
     would take the GIL from it, every switch interval, for as long as the pass lasts."""
 
     def __init__(self, state: ClusterState, clock: Clock, loop: asyncio.AbstractEventLoop,
-                 between_plans: Callable[[], Awaitable[None]] | None = None) -> None:
+                 between_plans: Callable[[], Coroutine[object, object, None]] | None = None) -> None:
         self.state = state
         self.clock = clock
         self.loop = loop
@@ -313,26 +313,9 @@ class ClusterCollector:
         self.between_plans = between_plans
         self.failed_samples = 0
 
-    async def _sample_between_plans(self) -> ClusterSample:
-        if self.between_plans is not None:
-            await self.between_plans()
-        return sample_cluster(self.state, self.clock.now())
-
     def _sample_on_loop(self) -> ClusterSample:
         if threading.get_ident() == self.loop_thread:
             return sample_cluster(self.state, self.clock.now())
-        if self.between_plans is not None:
-            sampling = self._sample_between_plans()
-            try:
-                future = asyncio.run_coroutine_threadsafe(sampling, self.loop)
-            except RuntimeError:  # the loop is closed
-                sampling.close()
-                raise
-            try:
-                return future.result(timeout=SAMPLE_TIMEOUT_S)
-            except concurrent.futures.TimeoutError:
-                future.cancel()
-                raise
         result: concurrent.futures.Future[ClusterSample] = concurrent.futures.Future()
 
         def take() -> None:
@@ -341,7 +324,13 @@ class ClusterCollector:
             except BaseException as exc:  # noqa: B036 - handed to the waiting scrape thread
                 result.set_exception(exc)
 
-        self.loop.call_soon_threadsafe(take)
+        def take_between_plans() -> None:
+            if self.between_plans is None:
+                take()
+            else:
+                self.loop.create_task(self.between_plans()).add_done_callback(lambda _waited: take())
+
+        self.loop.call_soon_threadsafe(take_between_plans)
         return result.result(timeout=SAMPLE_TIMEOUT_S)
 
     def collect(self) -> Iterator[Metric]:
@@ -367,7 +356,7 @@ class ClusterCollector:
 
 def install_cluster_collector(
     state: ClusterState, clock: Clock, loop: asyncio.AbstractEventLoop,
-    between_plans: Callable[[], Awaitable[None]] | None = None,
+    between_plans: Callable[[], Coroutine[object, object, None]] | None = None,
 ) -> Callable[[], None]:
     """Register a ClusterCollector for ``state``; returns the function that unregisters it."""
     collector = ClusterCollector(state, clock, loop, between_plans)
