@@ -98,14 +98,12 @@ class SnapshotCache:
         # (user, name) of a singleton. Every task of an array shares one, so a build types each once.
         self._dependency_key: dict[int, DependencyKey] = {}
         self._by_dependency: dict[DependencyKey, set[int]] = {}
+        self._key_objects: dict[DependencyKey, DependencyKey] = {}  # one tuple per key, not one per job (64 bytes)
         self._typed: dict[DependencyKey, JobDependencies] = {}  # as the last build typed them
-        # Dependent jobs' views as the last build patched them, with the view each came from.
-        self._patched: dict[int, tuple[PendingJob, PendingJob]] = {}
-        # What the core is given: each pending job's view, patched where it is held or has a dependency. Kept in
-        # step with _pending (the same keys in the same order) and patched again only where something changed
-        # (_repatch), so that a cycle over 50,000 held jobs does not make 50,000 views again: it did, ~50 ms of
-        # the controller's CPU for every submission that triggered a cycle.
-        self._given: dict[int, PendingJob] = {}
+        # Each job's view carries its hold and its typed dependencies itself, patched in place (_repatch) where
+        # something changed: one view per pending job, not a second, patched one beside it (the 2 KB a pending
+        # job may cost, issue 23), and a cycle over 50,000 held or dependent jobs does not make 50,000 views
+        # again (it did, ~50 ms of the controller's CPU for every submission that triggered a cycle).
         self._unpatched: set[int] = set()  # pending jobs whose view changed since the last build
         self._held_before: set[int] = set()  # state.held as the last build saw it
         self._nodes: dict[str, tuple[tuple[object, ...], NodeView]] = {}
@@ -143,7 +141,7 @@ class SnapshotCache:
             self._view_jobs(state, self._unviewed)
         changed_dependencies = self._type_dependencies(state)
         self._repatch(state.held, changed_dependencies)
-        pending = list(self._given.values())
+        pending = list(self._pending.values())
         singletons = any(d.singleton_key is not None for d in self._typed.values())
         return Snapshot(
             nodes=nodes,
@@ -156,44 +154,31 @@ class SnapshotCache:
         )
 
     def _repatch(self, held: set[int], changed_dependencies: list[DependencyKey]) -> None:
-        """Bring _given up to date: each pending job's view, held and with its typed dependencies where it has
-        them. Only the jobs that may differ from the last build are looked at: those whose view changed, those
-        held or released since (a set difference, in C), and those whose typed dependencies changed."""
+        """Bring the views up to date: each pending job's view held and with its typed dependencies where it
+        has them. Only the jobs that may differ from the last build are looked at: those whose view changed,
+        those held or released since (a set difference, in C), and those whose typed dependencies changed."""
         views = self._pending
         assert views is not None
         changed_holds = held ^ self._held_before
         if changed_holds:
             self._held_before = set(held)
-        # (A job patched for a dependency it no longer has was changed, so it is in _unpatched.)
+        # (A job whose dependency was removed was changed, so it is in _unpatched.)
         suspects = self._unpatched | changed_holds
         for key in changed_dependencies:
             suspects.update(self._by_dependency.get(key, ()))
         self._unpatched = set()
+        typed_by_key, dependency_key = self._typed, self._dependency_key
         for job_id in suspects:
-            base = views.get(job_id)
-            if base is None:  # no longer pending (job_changed has dropped its view)
-                self._patched.pop(job_id, None)
+            view = views.get(job_id)
+            if view is None:  # no longer pending (job_changed has dropped its view)
                 continue
             is_held = job_id in held
-            if base.held != is_held:
-                # The job's own view carries its hold: one view per held job, not a patched second one (the
-                # 2 KB a pending job may cost, issue 23).
-                base = views[job_id] = replace(base, held=is_held)
-            dependency = self._dependency_key.get(job_id)
-            typed = None if dependency is None else self._typed[dependency]
-            if typed is None:
-                self._patched.pop(job_id, None)
-                self._given[job_id] = base
-                continue
-            # The same view object as last cycle while nothing about it changed: the core keeps its place in
-            # the ranked queue by identity (sched/queue.py).
-            found = self._patched.get(job_id)
-            if found is not None and found[0] is base and found[1].dependencies == typed:
-                view = found[1]
-            else:
-                view = replace(base, dependencies=typed)
-            self._patched[job_id] = (base, view)
-            self._given[job_id] = view
+            dependency = dependency_key.get(job_id)
+            typed = None if dependency is None else typed_by_key[dependency]
+            # The same view object as last cycle while nothing about it changed: the core keeps its place in the
+            # ranked queue by identity (sched/queue.py). (_type_dependencies keeps a typing equal to the last.)
+            if view.held != is_held or view.dependencies is not typed:
+                views[job_id] = replace(view, held=is_held, dependencies=typed)
 
     def make_first_views(self, state: ClusterState, count: int) -> bool:
         """Make up to ``count`` more of the views the first build would make of every pending job; whether some
@@ -255,10 +240,11 @@ class SnapshotCache:
             members.discard(job_id)
             if not members:
                 del self._by_dependency[old]
+                del self._key_objects[old]
         if key is None:
             del self._dependency_key[job_id]
         else:
-            self._dependency_key[job_id] = key
+            key = self._dependency_key[job_id] = self._key_objects.setdefault(key, key)
             self._by_dependency.setdefault(key, set()).add(job_id)
 
     def job_changed(self, before: Job | None, job: Job) -> None:
@@ -267,15 +253,11 @@ class SnapshotCache:
             return  # the first build reads every job
         if job.state != JobState.PENDING:
             self._pending.pop(job.job_id, None)
-            self._given.pop(job.job_id, None)
-            self._patched.pop(job.job_id, None)
             self._index_dependency(None, job.job_id)
             return
         self._index_dependency(job, job.job_id)
-        view = pending_view(job)
-        self._pending[job.job_id] = view
-        # Unpatched until the next build looks at it (_repatch): a new job is added at the end of both.
-        self._given[job.job_id] = view
+        # Unpatched until the next build looks at it (_repatch).
+        self._pending[job.job_id] = pending_view(job)
         self._unpatched.add(job.job_id)
 
     def _node_view(

@@ -33,7 +33,7 @@ from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.cycle_state import Candidacy, CycleState, Memo, time_limit_of
 from garrison.controller.sched.feasibility import IdleCluster
 from garrison.controller.sched.framework import Request, placement_key
-from garrison.controller.sched.phases.gates import is_plain
+from garrison.controller.sched.phases.gates import is_plain, standing_reason
 from garrison.controller.sched.phases.preempt import preemption_ruled_out
 from garrison.controller.sched.pipeline import (
     DEFAULT_SCORER_WEIGHTS,
@@ -213,6 +213,11 @@ def schedule(snapshot: Snapshot, now: float, config: SchedulerConfig | None = No
             _bounded_tail(state, ranked)
             break
         job = views[job_id]
+        if job.held or job.dependencies is not None:
+            standing = standing_reason(state, job)
+            if standing is not None:
+                waiting[job_id] = standing
+                continue
         partition = partitions.get(job.partition)
         known = requests.get(job_id)
         if known is not None and known[0] is job and known[1] is partition and known[2] is accounting:

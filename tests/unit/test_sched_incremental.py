@@ -210,3 +210,25 @@ def test_kept_busy_gpus_follow_jobs_that_change_behind_the_same_free_gpus() -> N
         assert timeline.usable_now == reference.usable_now
         request = _request(9, 8, 600)
         assert _answers(timeline, [request]) == _answers(reference, [request])
+
+
+def test_held_and_dependent_jobs_wait_without_a_placement_request_kept_for_them() -> None:
+    # A hold and an unsatisfied dependency are the gates' first answers, whatever else the job is (here: over
+    # the partition's limit, which the gates would otherwise answer): the cycle gives them without making the
+    # job's placement request, which it keeps from cycle to cycle (50,000 held jobs kept 50,000; issue 23).
+    from garrison.controller.sched.dependencies import DependencyItem, DependencyKind, JobDependencies
+    from garrison.controller.sched.plan import Reason
+    from garrison.model.accounts import PartitionDef
+    from garrison.model.domain import JobState
+
+    waiting = JobDependencies((DependencyItem(DependencyKind.AFTEROK, ((JobState.RUNNING,),)),))
+    satisfied = JobDependencies((DependencyItem(DependencyKind.AFTEROK, ((JobState.COMPLETED,),)),))
+    jobs = (pending(1, gpus=1, held=True, limit=9000), replace(pending(2, gpus=1, limit=9000), dependencies=waiting),
+            replace(pending(3, gpus=1), dependencies=satisfied), pending(4, gpus=1))
+    accounting = Accounting(partitions=(PartitionDef("main", default=True, max_time_s=7200),))
+    cycle_module._REQUESTS.clear()
+    plan = schedule(Snapshot(nodes=(node("a", gpus=1),), pending=jobs, running=(), accounting=accounting), NOW,
+                    SchedulerConfig(backfill=True, reservations=1))
+    assert (plan.waiting[1], plan.waiting[2]) == (Reason.HELD, Reason.DEPENDENCY)
+    assert [s.job_id for s in plan.starts] == [3] and plan.waiting[4] == Reason.RESOURCES
+    assert set(cycle_module._REQUESTS) == {3, 4}
