@@ -189,3 +189,21 @@ def test_only_contexts_that_ignore_clock_and_usage_price_alike() -> None:
     assert not PriorityContext(replace(snapshot, accounting=swapped), NOW, TIMELESS).prices_like(earlier)
     bigger = replace(snapshot, nodes=(node("a"), node("b")))  # the size factor is over the cluster's GPUs
     assert not PriorityContext(bigger, NOW, TIMELESS).prices_like(earlier)
+
+
+def test_look_alikes_behind_the_bounded_work_share_one_shape_object() -> None:
+    # The kept queue remembers each job's shape from cycle to cycle; look-alikes keep one tuple between them,
+    # not one each (50,000 pending jobs: ~4 MB), and a shape whose last job left is forgotten.
+    queue._QUEUES.clear()
+    full = busy(node("a"), running(99, {"a": tuple(range(8))}))
+    jobs = [pending(job_id, gpus=1, limit=600) for job_id in range(1, 6)]
+    config = replace(preset("garrison"), max_job_test=1, reservations=0)
+    snapshot = Snapshot(nodes=(full,), pending=tuple(jobs), running=(running(99, {"a": tuple(range(8))}),),
+                        accounting=accounting(False), usage={})
+    schedule(snapshot, NOW, config)
+    kept = queue._QUEUES[-1]
+    shapes = {id(shape) for shape in kept.shape_of.values()}
+    assert len(kept.shape_of) >= 4 and len(shapes) == 1
+    schedule(replace(snapshot, pending=(pending(9, gpus=2, limit=600),)), NOW + 1, config)
+    assert queue._QUEUES[-1] is kept
+    assert set(kept.shape_objects) == set(kept.members) and len(kept.members) <= 1
