@@ -339,18 +339,22 @@ HELD_SHAPE: Shape = ("held",)
 def _tail_shape(job: PendingJob, partitions: Mapping[str, PartitionDef], maximums: Sequence[int],
                 quotas: bool) -> Shape:
     """What the gates read of a job: partition, account, QoS, which time-limit maximums it exceeds (with
-    quotas: its time limit, user and GPUs). A held, dependent, --begin or array-limited job is a shape of
-    its own: its gates read more of it. Save a held job: a hold is the gates' first answer, whatever else the job
-    is, so every held job is one shape (50,000 held jobs were 50,000 shapes, each with its own members dict)."""
+    quotas: its time limit, user and GPUs), its typed dependencies, its begin time and its array's limit.
+    Every held job is one shape: a hold is the gates' first answer, whatever else the job is (50,000 held
+    jobs were 50,000 shapes, each with its own members dict). An array's dependent or limited tasks share
+    their shape too (each was a shape of its own: a gate check per task per cycle): the dependency gate reads
+    only the typed dependencies (equal ones answer alike), the begin-time gate the begin time, and the array
+    gate the array's running count against its limit."""
     if job.held:
         return HELD_SHAPE
     spec = job.spec
-    if (job.dependencies is not None or spec.begin_time is not None
-            or (job.array_job_id is not None and spec.array_max_running is not None)):
-        return ("job", job.job_id)
     limit = job.time_limit_s
     if limit is None:
         limit = time_limit_of(job, partitions.get(job.partition))
+    array_limit = spec.array_max_running
+    gates = (job.dependencies, spec.begin_time,
+             job.array_job_id if array_limit is not None else None, array_limit)
     if quotas:
-        return (job.partition, job.account, spec.account, job.qos, spec.qos, limit, job.user, spec.total_gpus())
-    return (job.partition, job.account, spec.account, job.qos, spec.qos, bisect_left(maximums, limit))
+        return (job.partition, job.account, spec.account, job.qos, spec.qos, limit, job.user, spec.total_gpus(),
+                *gates)
+    return (job.partition, job.account, spec.account, job.qos, spec.qos, bisect_left(maximums, limit), *gates)

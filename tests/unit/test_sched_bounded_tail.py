@@ -73,3 +73,25 @@ def test_the_tail_tells_users_apart_where_quotas_are_set() -> None:
     plan = schedule(snapshot, NOW, BOUNDED)
     assert plan.waiting[2] == plan.waiting[4] != Reason.PRIORITY  # the account's GPU quota is used up
     assert plan.waiting[3] == Reason.PRIORITY
+
+
+def test_an_arrays_dependent_and_limited_tasks_share_a_shape_and_keep_their_reasons() -> None:
+    # Behind the bounded work, the tasks of an array that wait on one dependency, or on their array's limit,
+    # are one shape each way (one gate check per cycle, not one per task), and get the same reasons as the
+    # gates give each of them; an equal-looking dependency that holds is another shape.
+    from garrison.controller.sched import queue
+    from garrison.controller.sched.dependencies import DependencyItem, DependencyKind, JobDependencies
+    from garrison.model.domain import JobState
+
+    waiting = JobDependencies((DependencyItem(DependencyKind.AFTEROK, ((JobState.RUNNING,),)),))
+    satisfied = JobDependencies((DependencyItem(DependencyKind.AFTEROK, ((JobState.COMPLETED,),)),))
+    jobs = [pending(1, gpus=1, priority=10**6)]
+    jobs += [replace(pending(job_id, gpus=1, array_job_id=10), dependencies=waiting) for job_id in range(10, 20)]
+    jobs += [pending(job_id, gpus=1, array_job_id=20, array_max_running=0) for job_id in range(20, 30)]
+    jobs += [replace(pending(job_id, gpus=1), dependencies=satisfied) for job_id in range(30, 35)]
+    queue._QUEUES.clear()
+    plan = plan_for(jobs)
+    assert {plan.waiting[job_id] for job_id in range(10, 20)} == {Reason.DEPENDENCY}
+    assert {plan.waiting[job_id] for job_id in range(20, 30)} == {Reason.ARRAY_LIMIT}
+    assert {plan.waiting[job_id] for job_id in range(30, 35)} == {Reason.PRIORITY}
+    assert len(queue._QUEUES[-1].members) == 4  # the first job's, and one for each group of ten or five
