@@ -56,6 +56,11 @@ MAX_BACKOFF_S = 2.0
 RESCAN_INTERVAL_S = 1.0
 STEP_POLL_INTERVAL_S = 0.02  # how often running steps' output is read and sent (gsrun --pty's latency)
 MAX_EARLY_NOTIFICATIONS = 10_000  # notifications kept for launches not done yet (beyond: the rescan finds them)
+# A lone start report waits this long for company before it is written: the controller needs it for nothing
+# urgent (the job runs either way), and a trivial job's result follows within milliseconds, so both go as one
+# write (each write or read of the stream costs its side ~130 us of Python: 4-13% more jobs/s for an array of
+# trivial jobs, 0.3-0.5 ms less CPU a job, the controller's part most).
+START_REPORT_LINGER_S = 0.005
 STEP_MESSAGE_KINDS = frozenset({"launch_step", "signal_step", "step_input", "step_ack", "step_output_ack"})
 
 
@@ -447,12 +452,15 @@ class Agent:
 
         To a controller that reads batches, what was queued by the time this task runs (this event-loop
         turn's messages, and those queued while the last write was under way) goes as one write
-        (garrison/wire/batching.py): a grpc.aio write costs the loop ~130 us whatever it carries."""
+        (garrison/wire/batching.py): a grpc.aio write costs the loop ~130 us whatever it carries. A lone start
+        report first waits START_REPORT_LINGER_S for what follows it (a trivial job's result)."""
         held: pb.AgentMessage | None = None
         while True:
             first = held if held is not None else await outbox.get()
             held = None
             message = first
+            if self._controller_batches and outbox.empty() and first.WhichOneof("kind") == "started":
+                await asyncio.sleep(START_REPORT_LINGER_S)
             if self._controller_batches:
                 messages, held, _ = take_batch(first, outbox)
                 if len(messages) > 1:

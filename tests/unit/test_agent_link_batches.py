@@ -16,7 +16,7 @@ import pwd
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -30,7 +30,7 @@ from garrison.machines.description import read_machine
 from garrison.machines.inventory import machine_inventory
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation, NodeInventory
 from garrison.model.launch import LaunchDescription
-from garrison.nodeagent.agent import CREDENTIAL_METADATA, Agent
+from garrison.nodeagent.agent import CREDENTIAL_METADATA, START_REPORT_LINGER_S, Agent
 from garrison.protos.v1 import garrison_pb2 as pb
 from garrison.protos.v1 import garrison_pb2_grpc as pb_grpc
 from garrison.tls import TlsFiles, server_credentials
@@ -246,8 +246,10 @@ class ControllerSide(pb_grpc.AgentLinkServicer):
             reader.cancel()
 
 
-def run_agent_against(side: ControllerSide, tmp_path: Path, done: int) -> None:
-    """A real agent (TLS, as a node with its certificate) against ``side`` until ``done`` results came."""
+def run_agent_against(side: ControllerSide, tmp_path: Path, done: int,
+                      inject: Callable[[Agent], None] | None = None) -> None:
+    """A real agent (TLS, as a node with its certificate) against ``side`` until ``done`` results came;
+    ``inject`` is called on the agent's event loop once its link is up (its outbox open, its Register sent)."""
     ca = make_ca(tmp_path / "ca", nodes=("n",))
     files = TlsFiles(str(ca / "controller.crt"), str(ca / "controller.key"), str(ca / "ca.crt"))
     inventory = NodeInventory(hostname="n", gpus=(), nvlink=(), topo=(), cpus=1, memory_mb=1024)
@@ -255,6 +257,7 @@ def run_agent_against(side: ControllerSide, tmp_path: Path, done: int) -> None:
     loop = asyncio.new_event_loop()
     finish = asyncio.Event()
     failure: list[BaseException] = []
+    agents: list[Agent] = []
 
     async def scenario() -> None:
         server = grpc.aio.server()
@@ -265,6 +268,7 @@ def run_agent_against(side: ControllerSide, tmp_path: Path, done: int) -> None:
                              tls_cert=str(ca / "agents" / "n.crt"), tls_key=str(ca / "agents" / "n.key"),
                              tls_ca=str(ca / "ca.crt"))
         agent = Agent(config, "n", inventory, allow_root_jobs=True)
+        agents.append(agent)
         running = asyncio.create_task(agent.run())
         try:
             await asyncio.wait([running, asyncio.create_task(finish.wait())], return_when=asyncio.FIRST_COMPLETED)
@@ -284,6 +288,11 @@ def run_agent_against(side: ControllerSide, tmp_path: Path, done: int) -> None:
     thread = threading.Thread(target=in_thread)
     thread.start()
     try:
+        if inject is not None:
+            wait_until(lambda: failure or (agents and agents[0].outbox is not None and side.received), DEADLINE_S,
+                       what="the agent's link")
+            if agents:
+                loop.call_soon_threadsafe(inject, agents[0])
         wait_until(lambda: failure or sum(m.WhichOneof("kind") == "finished" for m in side.reports()) >= done,
                    DEADLINE_S, what=f"{done} results")
     finally:
@@ -328,3 +337,23 @@ def test_an_agent_acts_on_a_batch_in_its_order_and_batches_its_own_reports(tmp_p
     # 33 launches' starts and results from four launch threads: they cannot all have been written alone
     # (each write waits for the last), so some went together.
     assert [m for m in side.received if m.WhichOneof("kind") == "batch"]
+
+
+def test_a_lone_start_report_waits_briefly_for_the_result_behind_it(tmp_path: Path) -> None:
+    """A start report with nothing queued behind it lingers (START_REPORT_LINGER_S) before it is written, so a
+    trivial job's result that follows within that time goes in the same write: one write (and one read by the
+    controller) a job instead of two. The result is queued 1 ms after the start report, on the agent's own
+    loop, whose timers fire in the order of their deadlines."""
+    assert START_REPORT_LINGER_S >= 0.004
+
+    def report_a_job_that_ended_at_once(agent: Agent) -> None:
+        agent._send(pb.AgentMessage(started=pb.JobStarted(job_id=7777, attempt=0)))
+        asyncio.get_running_loop().call_later(0.001, agent._send, pb.AgentMessage(
+            finished=pb.JobResult(job_id=7777, attempt=0, ranks=[pb.RankResult(rank=0, exit_code=0)])))
+
+    side = ControllerSide(batches=True, script=[])
+    run_agent_against(side, tmp_path, done=1, inject=report_a_job_that_ended_at_once)
+    writes = [[each.WhichOneof("kind") for each in expanded(m)] for m in side.received
+              if any(getattr(each, each.WhichOneof("kind")).job_id == 7777 for each in expanded(m)
+                     if each.WhichOneof("kind") in ("started", "finished"))]
+    assert len(writes) == 1 and writes[0].count("started") == 1 and writes[0].count("finished") == 1, writes
