@@ -9,10 +9,13 @@ from dataclasses import replace
 
 from sched_helpers import NOW, busy, node, pending, running
 
+from garrison.controller.sched import queue
 from garrison.controller.sched.cycle import Reason, schedule
+from garrison.controller.sched.dependencies import DependencyItem, DependencyKind, JobDependencies
 from garrison.controller.sched.presets import preset
 from garrison.controller.sched.snapshot import Snapshot
 from garrison.model.accounts import Account, Accounting, Limits, PartitionDef, Qos
+from garrison.model.domain import JobState
 
 BOUNDED = replace(preset("garrison"), max_job_test=1, reservations=0)
 FULL = [busy(node("a"), running(99, {"a": tuple(range(8))}))]
@@ -79,10 +82,6 @@ def test_an_arrays_dependent_and_limited_tasks_share_a_shape_and_keep_their_reas
     # Behind the bounded work, the tasks of an array that wait on one dependency, or on their array's limit,
     # are one shape each way (one gate check per cycle, not one per task), and get the same reasons as the
     # gates give each of them; an equal-looking dependency that holds is another shape.
-    from garrison.controller.sched import queue
-    from garrison.controller.sched.dependencies import DependencyItem, DependencyKind, JobDependencies
-    from garrison.model.domain import JobState
-
     waiting = JobDependencies((DependencyItem(DependencyKind.AFTEROK, ((JobState.RUNNING,),)),))
     satisfied = JobDependencies((DependencyItem(DependencyKind.AFTEROK, ((JobState.COMPLETED,),)),))
     jobs = [pending(1, gpus=1, priority=10**6)]

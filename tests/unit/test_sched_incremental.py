@@ -16,15 +16,17 @@ from garrison.controller.sched import feasibility as feasibility_module
 from garrison.controller.sched.backfill import Timeline
 from garrison.controller.sched.capacity import Capacity
 from garrison.controller.sched.cycle import SchedulerConfig, schedule
+from garrison.controller.sched.dependencies import DependencyItem, DependencyKind, JobDependencies
 from garrison.controller.sched.feasibility import Feasibility, IdleCluster
 from garrison.controller.sched.framework import Candidate, Request, placement_key
 from garrison.controller.sched.pipeline import build_pipeline
 from garrison.controller.sched.placement import Placer, request_for
+from garrison.controller.sched.plan import Reason
 from garrison.controller.sched.scorers.gpu_topology import GpuTopology, node_affinity
 from garrison.controller.sched.snapshot import NodeView, RunningJob, Snapshot
 from garrison.controller.sched.topology import best_affinity, gpu_affinity
-from garrison.model.accounts import Accounting
-from garrison.model.domain import JobSpec
+from garrison.model.accounts import Accounting, PartitionDef
+from garrison.model.domain import JobSpec, JobState
 
 
 class FullTimeline(Timeline):
@@ -216,11 +218,6 @@ def test_held_and_dependent_jobs_wait_without_a_placement_request_kept_for_them(
     # A hold and an unsatisfied dependency are the gates' first answers, whatever else the job is (here: over
     # the partition's limit, which the gates would otherwise answer): the cycle gives them without making the
     # job's placement request, which it keeps from cycle to cycle (50,000 held jobs kept 50,000; issue 23).
-    from garrison.controller.sched.dependencies import DependencyItem, DependencyKind, JobDependencies
-    from garrison.controller.sched.plan import Reason
-    from garrison.model.accounts import PartitionDef
-    from garrison.model.domain import JobState
-
     waiting = JobDependencies((DependencyItem(DependencyKind.AFTEROK, ((JobState.RUNNING,),)),))
     satisfied = JobDependencies((DependencyItem(DependencyKind.AFTEROK, ((JobState.COMPLETED,),)),))
     jobs = (pending(1, gpus=1, held=True, limit=9000), replace(pending(2, gpus=1, limit=9000), dependencies=waiting),

@@ -42,10 +42,9 @@ def standing_reason(state: CycleState, job: PendingJob) -> str | None:
 
 def policy_reason(state: CycleState, job: PendingJob, partition: PartitionDef | None, limit: int) -> str | None:
     """Held, dependency, and the partition's and QoS's rules."""
-    if job.held or job.dependencies is not None:
-        standing = standing_reason(state, job)
-        if standing is not None:
-            return standing
+    standing = standing_reason(state, job)
+    if standing is not None:
+        return standing
     accounting = state.snapshot.accounting
     if accounting.partitions:
         if partition is None:
