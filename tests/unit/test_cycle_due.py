@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from garrison.config import ControllerConfig
+from garrison.controller import engine as engine_module
 from garrison.controller.clock import ManualClock
 from garrison.controller.commands import (
     AttemptFinished,
@@ -235,6 +236,37 @@ def test_the_scheduler_loop_wakes_for_a_change_and_only_then(engine: Engine, clo
         engine.agent_message(link, AttemptFinished(NodeResult(first, 0, (RankOutcome(0, 0), RankOutcome(1, 0)))))  # type: ignore[arg-type]
         await until("the second job to launch", lambda: launched(link) == [first, second])
         assert engine.cycle_count > cycles
+        await engine.stop()
+
+    asyncio.run(scenario())
+
+
+def test_changes_arriving_just_after_a_cycle_are_planned_together(engine: Engine, link: KeptLink,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a cycle that planned, the loop gathers for CYCLE_GATHER_S: submissions made one by one in that
+    window, 20 ms apart (time enough for the loop to plan each on its own), get one cycle between them, not
+    one each. The window is widened here so that a slow machine cannot stretch the submissions past it."""
+    monkeypatch.setattr(engine_module, "CYCLE_GATHER_S", 2.0)
+
+    async def scenario() -> None:
+        async def until(what: str, condition: Callable[[], bool]) -> None:
+            deadline = asyncio.get_running_loop().time() + 30
+            while not condition():
+                assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+                await asyncio.sleep(0.001)  # polling a condition under a deadline, not a fixed wait
+
+        engine.start()
+        first = submit(engine, gpus=1)
+        await until("the first job to launch", lambda: launched(link) == [first])
+        cycles = engine.cycle_count
+        later = []
+        for _ in range(3):
+            later.append(submit(engine, gpus=1))
+            await asyncio.sleep(0.02)  # requests that arrive apart: the scheduler loop runs meanwhile
+        # The node's second GPU goes to the first of them; the other two are told why they wait.
+        await until("a cycle for the later jobs", lambda: launched(link) == [first, later[0]]
+                    and all(engine.state.wait_reasons.get(job) is not None for job in later[1:]))
+        assert engine.cycle_count == cycles + 1
         await engine.stop()
 
     asyncio.run(scenario())
