@@ -10,12 +10,26 @@ is None and gacct shows no GPU figures, rather than invented ones.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pynvml
 
 log = logging.getLogger("garrison.agent.gpu")
+
+# GPUs found without accounting (its mode off, the most common setting, or no support, or no NVML at all),
+# each with when to ask again. Every attempt's end asked NVML the same question, with an nvmlInit and an
+# nvmlShutdown around it: 60 us a job with the fake library, milliseconds with a real driver where no
+# persistence daemon keeps it loaded. An admin who turns accounting on (nvidia-smi -am 1) is seen within this.
+NO_ACCOUNTING_RECHECK_S = 300.0
+_no_accounting_until: dict[int, float] = {}
+
+
+def _without_accounting(indices: Sequence[int], now: float) -> None:
+    until = now + NO_ACCOUNTING_RECHECK_S
+    for index in indices:
+        _no_accounting_until[index] = until
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,16 +43,25 @@ def attempt_gpu_usage(gpu_indices: Sequence[int], started_at: float) -> GpuUsage
     has none to give."""
     if not gpu_indices:
         return None
+    now = time.monotonic()
+    if any(_no_accounting_until.get(index, 0.0) > now for index in gpu_indices):  # None for such an attempt
+        return None
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
+        _without_accounting(gpu_indices, now)
         return None
     try:
         utilizations: list[float] = []
         peak = 0
         for index in gpu_indices:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            if pynvml.nvmlDeviceGetAccountingMode(handle) != pynvml.NVML_FEATURE_ENABLED:
+            try:
+                enabled = pynvml.nvmlDeviceGetAccountingMode(handle) == pynvml.NVML_FEATURE_ENABLED
+            except (pynvml.NVMLError, AttributeError):  # no support (the fake library), or an old pynvml
+                enabled = False
+            if not enabled:
+                _without_accounting([index], now)
                 return None
             per_process: list[float] = []
             for pid in pynvml.nvmlDeviceGetAccountingPids(handle):

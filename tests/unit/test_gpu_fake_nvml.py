@@ -315,9 +315,11 @@ def test_uninstall_removes_the_fake() -> None:
 
 
 def test_device_minors_and_gpu_accounting_through_nvml() -> None:
+    from garrison.nodeagent.gpu import accounting
     from garrison.nodeagent.gpu.accounting import attempt_gpu_usage
     from garrison.nodeagent.gpu.minors import device_minors
 
+    accounting._no_accounting_until.clear()  # what an earlier test here found
     install("dgx-a100")
     assert device_minors(range(8)) == {i: i for i in range(8)}  # the fake's minors are its indices
     # The fake library has no per-process accounting (nor has a driver with accounting mode off): no
@@ -325,5 +327,33 @@ def test_device_minors_and_gpu_accounting_through_nvml() -> None:
     assert attempt_gpu_usage([0, 1], started_at=0.0) is None
     assert attempt_gpu_usage([], started_at=0.0) is None
     uninstall_fake_nvml()
+    accounting._no_accounting_until.clear()
     install_missing_nvml()
     assert device_minors([3]) == {3: 3}  # no NVML at all: the index stands
+
+
+def test_gpus_without_accounting_are_not_asked_again_at_every_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU found without accounting (the fake library has none, as a driver with accounting mode off) is
+    not asked again, nvmlInit included, until NO_ACCOUNTING_RECHECK_S has passed; other GPUs still are."""
+    from garrison.nodeagent.gpu import accounting
+
+    accounting._no_accounting_until.clear()
+    install("dgx-a100")
+    inits = []
+    real_init = pynvml.nvmlInit
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: (inits.append(1), real_init())[1])
+    try:
+        assert accounting.attempt_gpu_usage([0, 1], started_at=0.0) is None
+        assert len(inits) == 1
+        assert accounting.attempt_gpu_usage([0], started_at=0.0) is None  # known: NVML not asked
+        assert accounting.attempt_gpu_usage([5, 0], started_at=0.0) is None  # one known GPU answers for all
+        assert len(inits) == 1
+        assert accounting.attempt_gpu_usage([1], started_at=0.0) is None  # GPU 1 was not reached: asked now
+        assert len(inits) == 2
+        later = accounting.time.monotonic() + accounting.NO_ACCOUNTING_RECHECK_S + 1
+        monkeypatch.setattr(accounting.time, "monotonic", lambda: later)
+        assert accounting.attempt_gpu_usage([0], started_at=0.0) is None  # asked again after the recheck time
+        assert len(inits) == 3
+    finally:
+        uninstall_fake_nvml()
+        accounting._no_accounting_until.clear()
