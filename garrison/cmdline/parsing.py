@@ -82,51 +82,103 @@ def parse_nice(text: str) -> int:
     return value
 
 
-_BEGIN_RELATIVE = re.compile(r"now\+(\d{1,9})(seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|h|days|day|d|weeks|week|w)?")
 _BEGIN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_BEGIN_FORMATS = "now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS], midnight, noon, fika, teatime, today or tomorrow"
-# sbatch's words for times of day (fika, 15:00, is Slurm's too); the next such time from now.
-_BEGIN_WORDS = {"midnight": "00:00", "noon": "12:00", "fika": "15:00", "teatime": "16:00"}
+_BEGIN_FORMATS = ("now[+N[minutes|hours|days|weeks]], HH:MM[:SS][AM|PM], YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], "
+                  "midnight, noon, teatime, today or tomorrow (a date and a time may go together)")
+# sbatch's words for times of day (Slurm's, fika and elevenses included).
+_BEGIN_WORDS = {"midnight": (0, 0), "noon": (12, 0), "elevenses": (11, 0), "fika": (15, 0), "teatime": (16, 0)}
+# The pieces of a begin time, tried in this order at each place (parse_time.c's grammar, our own reading):
+_BEGIN_PIECES = re.compile(
+    r"""(?P<epoch>uts(?P<seconds>[0-9]{7,12}))
+      | (?P<now>now(?:\s*(?P<sign>[+-])\s*(?P<count>[0-9]{1,9})\s*
+            (?P<unit>seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|h|days|day|d|weeks|week|w)?)?)
+      | (?P<day>today|tomorrow)
+      | (?P<word>midnight|noon|elevenses|fika|teatime)
+      | (?P<clock>(?P<hour>[0-9]{1,2}):(?P<minute>[0-9]{2})(?::(?P<second>[0-9]{2}))?(?:\s*(?P<half>am|pm))?)
+      | (?P<iso>(?P<iso_year>[0-9]{4})-(?P<iso_month>[0-9]{1,2})-(?P<iso_day>[0-9]{1,2}))
+      | (?P<date>(?P<month>[0-9][0-9]?)[./]?(?P<mday>[0-9][0-9]?)(?:[./]?(?P<year>[0-9]{2}))?)
+    (?![0-9a-z])""",
+    re.IGNORECASE | re.VERBOSE,
+)
+_BEGIN_SEPARATORS = re.compile(r"(?:[\s-]|T(?=[0-9]))*")  # "T" only before a time: not the one of "Today"
 
 
 def parse_begin_time(text: str, now: float) -> float:
-    """sbatch --begin's common forms, as an epoch time on this machine's clock (local time).
+    """sbatch --begin, as an epoch time on this machine's clock (local time), with Slurm's forms and rules:
 
-    "now+90" (seconds), "now+2hours", "now+1d"; "16:00" or "16:00:30" (today, or tomorrow once that time
-    has passed today), and the same for "midnight", "noon", "fika" (15:00) and "teatime" (16:00);
-    "today" and "tomorrow" (their first second); "2026-12-24"; "2026-12-24T08:00[:00]".
+    "now", "now+90" (seconds), "now+2hours", "now-1day"; "16:00", "16:00:30", "4:00PM" (today, or tomorrow
+    once that minute has passed today), "midnight", "noon", "elevenses" (11:00), "fika" (15:00) and
+    "teatime" (16:00) likewise; "today" and "tomorrow" (their first second); "2026-12-24", "12/24",
+    "12/24/26", "1224" (that day's first second; without a year, this year's if still to come, else next
+    year's); a date and a time together, in either order, apart by a space, "-" or "T" ("2026-12-24T08:00",
+    "12/24-16:00", "4:00PM tomorrow"); "uts1767225600" (seconds since the epoch). A time in the past is
+    allowed: the job may start at once.
     """
     import time
 
     spec = text.strip()
-    relative = _BEGIN_RELATIVE.fullmatch(spec.lower())
-    if relative:
-        unit = (relative[2] or "s")[0]
-        return now + int(relative[1]) * _BEGIN_UNITS[unit]
-    if spec.lower() in ("today", "tomorrow"):
-        day = time.localtime(now)
-        return time.mktime((day.tm_year, day.tm_mon, day.tm_mday + (spec.lower() == "tomorrow"), 0, 0, 0, 0, 0, -1))
-    spec = _BEGIN_WORDS.get(spec.lower(), spec)
-    formats = ("%H:%M", "%H:%M:%S") if "-" not in spec else ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S")
-    for form in formats:
-        try:
-            parsed = time.strptime(spec, form)
-        except ValueError:
-            continue
-        if "-" in spec:
-            return time.mktime(parsed)
-        today = time.localtime(now)
-        at = time.mktime((today.tm_year, today.tm_mon, today.tm_mday, parsed.tm_hour, parsed.tm_min,
-                          parsed.tm_sec, 0, 0, -1))
-        return at if at > now else time.mktime((today.tm_year, today.tm_mon, today.tm_mday + 1, parsed.tm_hour,
-                                                 parsed.tm_min, parsed.tm_sec, 0, 0, -1))
-    raise UsageError(f"invalid begin time {text!r}: expected {_BEGIN_FORMATS}")
+
+    def bad() -> UsageError:
+        return UsageError(f"invalid begin time {text!r}: expected {_BEGIN_FORMATS}")
+
+    year = month = mday = hour = minute = None
+    second = 0
+    pos = _BEGIN_SEPARATORS.match(spec).end()  # type: ignore[union-attr]
+    if pos == len(spec):
+        raise bad()
+    while pos < len(spec):
+        piece = _BEGIN_PIECES.match(spec, pos)
+        if piece is None:
+            raise bad()
+        if piece["epoch"]:
+            return float(piece["seconds"])
+        if piece["now"]:
+            delta = int(piece["count"] or 0) * _BEGIN_UNITS[(piece["unit"] or "s")[0].lower()]
+            at = time.localtime(now + (delta if piece["sign"] != "-" else -delta))
+            year, month, mday, hour, minute, second = at[:6]
+        elif piece["day"]:
+            at = time.localtime(now + (86400 if piece["day"].lower() == "tomorrow" else 0))
+            year, month, mday = at[:3]
+        elif piece["word"]:
+            (hour, minute), second = _BEGIN_WORDS[piece["word"].lower()], 0
+        elif piece["clock"]:
+            hour, minute, second = int(piece["hour"]), int(piece["minute"]), int(piece["second"] or 0)
+            half = (piece["half"] or "").lower()
+            if hour > 23 or minute > 59 or second > 59 or (half and not 1 <= hour <= 12):
+                raise bad()
+            if half:
+                hour = hour % 12 + (12 if half == "pm" else 0)
+        elif piece["iso"]:
+            year, month, mday = int(piece["iso_year"]), int(piece["iso_month"]), int(piece["iso_day"])
+        else:
+            month, mday = int(piece["month"]), int(piece["mday"])
+            year = 2000 + int(piece["year"]) if piece["year"] else None
+        if month is not None and not (1 <= month <= 12 and 1 <= (mday or 0) <= 31):
+            raise bad()
+        pos = _BEGIN_SEPARATORS.match(spec, piece.end()).end()  # type: ignore[union-attr]
+
+    today = time.localtime(now)
+    if hour is None:  # a date alone: its first second
+        hour, minute, second = 0, 0, 0
+    assert minute is not None
+    if month is None:  # a time alone: today's if that minute is still to come, else tomorrow's
+        later = (hour, minute) > (today.tm_hour, today.tm_min)
+        year, month, mday = time.localtime(now + (0 if later else 86400))[:3]
+    assert mday is not None
+    if year is None:  # a day without a year: this year's if still to come, else next year's
+        coming = (month, mday, hour, minute) > (today.tm_mon, today.tm_mday, today.tm_hour, today.tm_min)
+        year = today.tm_year + (0 if coming else 1)
+    at = time.mktime((year, month, mday, hour, minute, second, 0, 0, -1))
+    if time.localtime(at)[:3] != (year, month, mday):  # 02/30 and the like: mktime would roll it over
+        raise bad()
+    return at
 
 
 def parse_submit_time_limit(text: str) -> int:
-    """sbatch's and srun's ``--time``: ``parse_time_limit``, or ``UNLIMITED``/``INFINITE``/``0`` (case as you
-    like): no limit but the partition's and the QoS's maximum (UNLIMITED_TIME_S, which the controller resolves)."""
-    if text.strip().upper() in ("UNLIMITED", "INFINITE", "0"):
+    """sbatch's and srun's ``--time``: ``parse_time_limit``, or ``UNLIMITED``/``INFINITE``/``0``/``-1`` (case as
+    you like): no limit but the partition's and the QoS's maximum (UNLIMITED_TIME_S, which the controller
+    resolves)."""
+    if text.strip().upper() in ("UNLIMITED", "INFINITE", "0", "-1"):
         return UNLIMITED_TIME_S
     return parse_time_limit(text)
 
@@ -134,46 +186,29 @@ def parse_submit_time_limit(text: str) -> int:
 def parse_time_limit(text: str) -> int:
     """Slurm's time formats, returned in seconds.
 
-    "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S". The leading field may be as large as the user likes
-    ("90" is 90 minutes) but the fields after it are bounded ("1:75" is refused, not read as 2:15), since
-    an out-of-range trailing field is far more likely a typo than a wish.
+    "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S". No field is bounded, as none is in Slurm's own parser
+    (parse_time.c): "00:60:00" is an hour and "1:75" two minutes and fifteen seconds, and real scripts
+    write the former.
     """
 
     def bad(reason: str) -> UsageError:
         return UsageError(f"invalid time limit {text!r}: {reason}")
 
-    def field(value: str, name: str, limit: int | None) -> int:
+    def field(value: str) -> int:
         if not _DIGITS.fullmatch(value):
             raise bad(f"expected {_TIME_FORMATS}")
-        number = int(value)
-        if limit is not None and number >= limit:
-            raise bad(f"{name} must be less than {limit}")
-        return number
+        return int(value)
 
     days_text, has_days, clock = text.strip().rpartition("-")
-    parts = clock.split(":")
-    if has_days:
-        # D-H[:M[:S]]: hours, minutes and seconds all follow the day count, so all are bounded.
-        if len(parts) > 3:
-            raise bad(f"expected {_TIME_FORMATS}")
-        days = field(days_text, "days", None)
-        hours = field(parts[0], "hours", 24)
-        minutes = field(parts[1], "minutes", 60) if len(parts) > 1 else 0
-        seconds = field(parts[2], "seconds", 60) if len(parts) > 2 else 0
-    elif len(parts) == 1:
-        days, hours, seconds = 0, 0, 0
-        minutes = field(parts[0], "minutes", None)
-    elif len(parts) == 2:
-        days, hours = 0, 0
-        minutes = field(parts[0], "minutes", None)
-        seconds = field(parts[1], "seconds", 60)
-    elif len(parts) == 3:
-        days = 0
-        hours = field(parts[0], "hours", None)
-        minutes = field(parts[1], "minutes", 60)
-        seconds = field(parts[2], "seconds", 60)
-    else:
+    parts = [field(part) for part in clock.split(":")]
+    if len(parts) > 3:
         raise bad(f"expected {_TIME_FORMATS}")
+    if has_days:  # D-H[:M[:S]]
+        days = field(days_text)
+        hours, minutes, seconds = (*parts, 0, 0)[:3]
+    else:  # M, M:S or H:M:S
+        days = 0
+        hours, minutes, seconds = ((0, *parts, 0) if len(parts) < 3 else parts)[:3]
 
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     if total <= 0:
@@ -300,15 +335,14 @@ def parse_array(text: str) -> ArraySpec:
 
 
 def _strip_trailing_comment(text: str) -> str:
-    """Cut ``text`` at a ``#`` that starts a word outside quotes, as a shell would.
-
-    Lets a directive carry a note (``#GSUB -N 2  # two nodes``) while "--output=a#b" keeps its ``#``.
+    """Cut ``text`` at its first ``#`` outside quotes and not escaped, as sbatch reads its directives (a ``#``
+    ends the line's options even inside a word: ``--begin=09:00# a note`` is ``--begin=09:00``). A directive
+    may carry a note (``#GSUB -N 2  # two nodes``); a ``#`` in a value is quoted or escaped (``--output='a#b'``,
+    ``--output=a\\#b``), as it must be for sbatch.
     """
     quote: str | None = None
     escaped = False
-    at_word_start = True
     for position, char in enumerate(text):
-        starts_word, at_word_start = at_word_start, False
         if escaped:
             escaped = False
         elif quote is not None:
@@ -320,10 +354,8 @@ def _strip_trailing_comment(text: str) -> str:
             quote = char
         elif char == "\\":
             escaped = True
-        elif char == "#" and starts_word:
+        elif char == "#":
             return text[:position]
-        else:
-            at_word_start = char.isspace()
     return text
 
 

@@ -67,8 +67,26 @@ def test_begin_times() -> None:
     assert parse_begin_time("tomorrow", now) == now + 6 * 3600
     assert parse_begin_time("2026-12-24", now) == time.mktime((2026, 12, 24, 0, 0, 0, 0, 0, -1))
     assert parse_begin_time("2026-12-24T08:30", now) == time.mktime((2026, 12, 24, 8, 30, 0, 0, 0, -1))
-    for bad in ("someday", "now+", "25:00", "2026-13-01", "now-5"):
-        with pytest.raises(UsageError, match=re.escape(f"invalid begin time '{bad}': expected now+N")):
+    # The rest of sbatch's forms (Slurm's parse_time), as real scripts use them.
+    assert parse_begin_time("now", now) == now
+    assert parse_begin_time("now-5", now) == now - 5  # in the past: the job may start now
+    assert parse_begin_time("now + 1 hour", now) == now + 3600
+    assert parse_begin_time("4:00PM", now) == now + 22 * 3600  # 16:00 has passed: tomorrow's
+    assert parse_begin_time("7:30 pm", now) == now + 5400
+    assert parse_begin_time("12:00AM", now) == now + 6 * 3600
+    assert parse_begin_time("elevenses", now) == now + 17 * 3600
+    assert parse_begin_time("Today", now) == parse_begin_time("today", now)
+    december_24 = time.mktime((2026, 12, 24, 0, 0, 0, 0, 0, -1))
+    for same_day in ("12/24", "12.24", "1224", "12/24/26", "122426"):
+        assert parse_begin_time(same_day, now) == december_24
+    assert parse_begin_time("11/05", now) == time.mktime((2027, 11, 5, 0, 0, 0, 0, 0, -1))  # passed: next year's
+    at_16 = time.mktime((2026, 12, 24, 16, 0, 0, 0, 0, -1))
+    for together in ("12/24-16:00", "16:00 12/24", "2026-12-24 16:00", "2026-12-24T16:00:00", "4:00PM 12/24"):
+        assert parse_begin_time(together, now) == at_16
+    assert parse_begin_time("4:00PM tomorrow", now) == now + 22 * 3600
+    assert parse_begin_time("uts1767225600", now) == 1767225600
+    for bad in ("someday", "now+", "25:00", "2026-13-01", "02/30", "13:00PM", "-", "12/24 now+", "now+5 parsecs"):
+        with pytest.raises(UsageError, match=re.escape(f"invalid begin time '{bad}': expected now[+N")):
             parse_begin_time(bad, now)
 
 
@@ -86,6 +104,12 @@ def test_begin_times() -> None:
         ("1-2:30:15", 86400 + 2 * 3600 + 30 * 60 + 15),  # D-H:M:S
         ("0:1", 1),
         (" 10 ", 600),
+        # No field is bounded, as in Slurm's parser: real scripts write 00:60:00 for an hour.
+        ("00:60:00", 3600),
+        ("00:00:60", 60),
+        ("0:90:00", 90 * 60),
+        ("1:75", 60 + 75),
+        ("1-24", 2 * 86400),
     ],
 )
 def test_time_limit_formats(text: str, seconds: int) -> None:
@@ -93,7 +117,7 @@ def test_time_limit_formats(text: str, seconds: int) -> None:
     assert parse_submit_time_limit(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["UNLIMITED", "unlimited", "INFINITE", "0", " Infinite "])
+@pytest.mark.parametrize("text", ["UNLIMITED", "unlimited", "INFINITE", "0", " Infinite ", "-1"])
 def test_sbatch_takes_an_unlimited_time_as_the_partitions_maximum(text: str) -> None:
     assert parse_submit_time_limit(text) == UNLIMITED_TIME_S
     with pytest.raises(UsageError):
@@ -117,9 +141,7 @@ def test_sbatch_takes_an_unlimited_time_as_the_partitions_maximum(text: str) -> 
         "1.5",
         "0",
         "0:0",
-        "1:60",  # seconds out of range
-        "1:60:00",  # minutes out of range
-        "1-24",  # hours out of range after a day count
+        "-1",  # sbatch's unlimited, which scontrol and gadmin do not take as a limit
         "UNLIMITED",
         "²",  # a Unicode digit is not an ASCII one
         "99999999999999",
@@ -268,7 +290,10 @@ def test_directives_are_shell_split_and_may_carry_a_trailing_comment() -> None:
     script = (
         "#!/bin/sh\n"
         "#GSUB -J 'my job' --output=\"out dir/%j.log\"  # where the logs go\n"
-        '#GSUB --error=err#1.log --export="A=#x"\n'
+        '#GSUB --error=err\\#1.log --export="A=#x" --comment=\'#1\'\n'
+        # As sbatch reads it, an unquoted "#" ends the options even inside a word (a real script's line).
+        "#GSUB --begin=2023-10-20T09:00:00# job start time, if it later\n"
+        "#GSUB --output=out/hash.log#comment\n"
     )
     assert read_directives(script) == [
         "-J",
@@ -276,6 +301,9 @@ def test_directives_are_shell_split_and_may_carry_a_trailing_comment() -> None:
         "--output=out dir/%j.log",
         "--error=err#1.log",
         "--export=A=#x",
+        "--comment=#1",
+        "--begin=2023-10-20T09:00:00",
+        "--output=out/hash.log",
     ]
 
 
