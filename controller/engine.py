@@ -52,7 +52,7 @@ from garrison.controller.commands import (
     Welcome,
 )
 from garrison.controller.cycles import CycleDue
-from garrison.controller.dependency import format_dependency, parse_dependency
+from garrison.controller.dependency import format_dependency, parse_dependency, typed_dependencies
 from garrison.controller.instructions import EndSession, ReleaseGang
 from garrison.controller.policy import Policy
 from garrison.controller.rendezvous import RendezvousPorts
@@ -623,11 +623,20 @@ class Engine:
         job = Job(job_id=TEST_JOB_ID, spec=resolved.spec, user=principal.user, uid=principal.uid, gid=principal.gid,
                   account=resolved.account, partition=resolved.partition, time_limit_s=resolved.time_limit_s,
                   submit_time=now)
-        if resolved.spec.dependency is not None:
-            # Its start depends on other jobs' ends, which no plan knows.
-            return TestSubmitResult(partition=resolved.partition, reason="Dependency")
+        view = pending_view(job)
         snapshot = self.policy.snapshot()
-        snapshot = replace(snapshot, pending=(*snapshot.pending, pending_view(job)))
+        if resolved.spec.dependency is not None:
+            # Typed against the jobs as they are now, as the snapshot types a pending job's: the core then says
+            # whether it waits (on a job still to end, or on a running singleton of the same name), or would
+            # start as any other job (its dependencies met already, a singleton with no other of its name).
+            lookup = JobLookup(self.state.jobs)
+            typed = typed_dependencies(parse_dependency(resolved.spec.dependency),
+                                       lambda ref: lookup.find(*parse_job_ref(ref)), (principal.user, resolved.spec.name))
+            view = replace(view, dependencies=typed)
+            if typed.singleton:
+                snapshot = replace(snapshot, running_names=frozenset(
+                    (j.user, j.spec.name) for j in self.state.jobs.values() if j.state.holds_resources))
+        snapshot = replace(snapshot, pending=(*snapshot.pending, view))
         # Plan a reservation for every job up to this one (for as many as a test may cost), so the estimate
         # does not depend on how deep in the queue it lands.
         depth = min(len(snapshot.pending), TEST_ONLY_MAX_RESERVATIONS)

@@ -1,0 +1,80 @@
+"""gsub --test-only of a job with a dependency (sbatch --test-only -d ...): the engine types the dependency
+against the jobs as they are now, as a cycle would, and the core says whether the job would wait for it or
+start. A real engine on a real SQLite store with a manual clock; the agent link keeps what it is sent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from garrison.config import ControllerConfig
+from garrison.controller.clock import ManualClock
+from garrison.controller.commands import AttemptStarted, Registration, SubmitCommand
+from garrison.controller.engine import Engine
+from garrison.controller.state import ClusterState
+from garrison.controller.store import open_store
+from garrison.model.domain import Gpu, JobSpec, NodeInventory, Principal
+
+ALICE = Principal("alice", 1000, 1000, (1000,))
+
+
+class KeptLink:
+    def __init__(self, node: str) -> None:
+        self.node, self.address, self.closed = node, "10.0.0.1", False
+        self.sent: list[object] = []
+
+    def send(self, instruction: object) -> None:
+        self.sent.append(instruction)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    config = ControllerConfig(database=f"sqlite:///{tmp_path / 'c.db'}", state_dir=str(tmp_path))
+    clock = ManualClock(1000.0)
+    state = ClusterState(open_store(config.database), config.heartbeat_timeout_s)
+    state.load(clock.now(), config.finished_job_retention_s)
+    engine = Engine(config, state, clock)
+    gpus = tuple(Gpu(i, f"GPU-{i}", "A100", 40960, f"0000:{i:02x}:00.0", 0, "0-3") for i in range(2))
+    engine.agent_connected(KeptLink("n1"), Registration("n1", "10.0.0.1",  # type: ignore[arg-type]
+                                                        NodeInventory("n1", gpus, (), (), cpus=4, memory_mb=4096)))
+    yield engine
+    asyncio.run(engine.stop())
+
+
+def command(name: str = "t", dependency: str | None = None) -> SubmitCommand:
+    return SubmitCommand(JobSpec(name=name, command=("true",), workdir="/", gpus=1, dependency=dependency))
+
+
+def estimate(engine: Engine, name: str = "t", dependency: str | None = None) -> tuple[str, tuple[str, ...]]:
+    estimate = asyncio.run(engine.test_submit(ALICE, command(name, dependency)))
+    return estimate.reason, estimate.nodes
+
+
+def running(engine: Engine, name: str) -> int:
+    job_id = engine.submit(ALICE, command(name)).job_id
+    asyncio.run(engine.run_cycle())
+    engine.agent_message(engine.sessions["n1"], AttemptStarted(job_id, 0))  # type: ignore[arg-type]
+    return job_id
+
+
+def test_a_singleton_with_no_other_job_of_its_name_would_start(engine: Engine) -> None:
+    assert estimate(engine, "train", "singleton") == ("", ("n1",))
+
+
+def test_a_singleton_waits_while_a_job_of_its_name_runs_and_another_name_does_not(engine: Engine) -> None:
+    running(engine, "train")
+    reason, nodes = estimate(engine, "train", "singleton")
+    assert reason == "Dependency" and nodes == ()
+    assert estimate(engine, "eval", "singleton") == ("", ("n1",))
+
+
+def test_a_dependency_on_a_running_job_waits_and_a_met_one_does_not(engine: Engine) -> None:
+    first = running(engine, "a")
+    assert estimate(engine, dependency=f"afterok:{first}")[0] == "Dependency"
+    assert estimate(engine, dependency=f"after:{first}") == ("", ("n1",))  # after: it has started
