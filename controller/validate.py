@@ -466,7 +466,8 @@ def _check_host_resources(spec: JobSpec, gpus_per_node: int | None, nodes: list[
     memory = memory_per_node_mb(spec, least_gpus)
     largest_memory = max(n.inventory.memory_mb for n in nodes)
     if memory > largest_memory:
-        option = "--mem" if spec.mem_mb else ("--mem-per-cpu" if spec.mem_per_cpu_mb else "--mem-per-gpu")
+        # --mem-per-cpu is mapped onto mem_mb or mem_per_gpu_mb (model/resources.py): name it first, as given.
+        option = "--mem-per-cpu" if spec.mem_per_cpu_mb else ("--mem" if spec.mem_mb else "--mem-per-gpu")
         raise ValidationError(
             f"{option}: {memory} MB per node exceeds the largest node in partition {partition!r} "
             f"({largest_memory} MB)"

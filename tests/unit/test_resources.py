@@ -184,6 +184,7 @@ def test_the_controller_maps_the_options_itself() -> None:
     [
         ({"mem_mb": 4 << 20}, "--mem: 4194304 MB per node exceeds the largest node"),
         ({"gpus_per_node": 8, "mem_per_gpu_mb": 300_000}, "--mem-per-gpu: 2400000 MB per node exceeds"),
+        ({"mem_per_cpu_mb": 4 << 20}, "--mem-per-cpu: 4194304 MB per node exceeds"),  # the option given
         ({"cpus_per_task": 64, "ntasks": 4}, "--cpus-per-task: 256 CPUs per node exceed"),
         # a CPU each for a CPU job's tasks (ARCCA's --ntasks=80 --ntasks-per-node=40), named by what was given
         ({"nodes": 2, "ntasks_per_node": 400}, "--ntasks-per-node: 400 CPUs per node exceed"),
