@@ -10,6 +10,9 @@ item every job must satisfy the type. JOB is a job id, an array's id (every task
 - ``afterany``: each job has ended, however;
 - ``afterok``: each job has completed with exit code 0;
 - ``afternotok``: each job has ended otherwise (failed, timed out, cancelled, node failure);
+- ``aftercorr``: for a task of an array, the task of each named array with the same index has completed with
+  exit code 0 (a pipeline of arrays, task by task); where a named job has no such task, or the dependent job
+  is no array task, every job it stands for (afterok);
 - ``singleton`` (no jobs): no other job of the same user and name is running; of several pending ones, one
   starts at a time.
 
@@ -35,8 +38,9 @@ from garrison.controller.sched.dependencies import (
 from garrison.controller.sched.plan import Reason
 from garrison.model.domain import Job
 
-KINDS = ("after", "afterany", "afterok", "afternotok", "singleton")
+KINDS = ("after", "afterany", "afterok", "afternotok", "aftercorr", "singleton")
 MAX_DEPENDENCY_JOBS = 100
+AFTERCORR = "aftercorr"
 _JOB_REF = re.compile(r"[0-9]{1,18}(_[0-9]{1,9})?")
 
 # What a pending job waits for (gqueue's reason), or SATISFIED.
@@ -102,15 +106,30 @@ def format_dependency(dependencies: DependencyList) -> str:
 
 
 def typed_dependencies(
-    dependencies: DependencyList, jobs_for: Callable[[str], Sequence[Job]], singleton_key: tuple[str, str] | None = None
+    dependencies: DependencyList, jobs_for: Callable[[str], Sequence[Job]], singleton_key: tuple[str, str] | None = None,
+    array_task: int | None = None,
 ) -> JobDependencies:
     """The scheduling core's input for a dependency list (sched/dependencies.py decides on it): each item's
-    kind and, per job reference, the states of the jobs it stands for now."""
-    items = tuple(
-        DependencyItem(DependencyKind(item.kind), tuple(tuple(j.state for j in jobs_for(ref)) for ref in item.jobs))
-        for item in dependencies.items
-    )
-    return JobDependencies(items, dependencies.any_of, singleton_key if dependencies.singleton else None)
+    kind and, per job reference, the states of the jobs it stands for now. ``array_task``: the dependent
+    job's array index (for aftercorr, which the core sees as afterok on the corresponding task)."""
+    items = []
+    for item in dependencies.items:
+        if item.kind == AFTERCORR:
+            refs = tuple(tuple(j.state for j in _corresponding(jobs_for(ref), array_task)) for ref in item.jobs)
+            items.append(DependencyItem(DependencyKind.AFTEROK, refs))
+        else:
+            items.append(DependencyItem(DependencyKind(item.kind),
+                                        tuple(tuple(j.state for j in jobs_for(ref)) for ref in item.jobs)))
+    return JobDependencies(tuple(items), dependencies.any_of, singleton_key if dependencies.singleton else None)
+
+
+def _corresponding(jobs: Sequence[Job], array_task: int | None) -> Sequence[Job]:
+    """Of the jobs a reference stands for, the array task with the dependent task's index, if there is one;
+    else all of them."""
+    if array_task is None:
+        return jobs
+    same = [job for job in jobs if job.array_task_id == array_task]
+    return same or jobs
 
 
 _REASONS = {DependencyStatus.SATISFIED: SATISFIED, DependencyStatus.WAITING: WAITING, DependencyStatus.NEVER: NEVER}

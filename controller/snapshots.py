@@ -16,7 +16,7 @@ from functools import lru_cache
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from garrison.controller.dependency import DependencyList, parse_dependency, typed_dependencies
+from garrison.controller.dependency import AFTERCORR, DependencyList, parse_dependency, typed_dependencies
 from garrison.controller.sched.attained import Service
 from garrison.controller.sched.dependencies import JobDependencies
 from garrison.controller.sched.snapshot import (
@@ -78,8 +78,9 @@ def _warning_lead_s(job: Job) -> int | None:
     return parse_signal_request(job.spec.signal).seconds if job.spec.signal else None
 
 
-# What a pending job's typed dependencies are made of: its -d text, and its (user, name) for a singleton.
-DependencyKey = tuple[str, str, str]
+# What a pending job's typed dependencies are made of: its -d text, its (user, name) for a singleton, and its
+# array index for aftercorr (None otherwise, so that an array's tasks share one typing).
+DependencyKey = tuple[str, str, str, int | None]
 
 
 @lru_cache(maxsize=4096)
@@ -219,8 +220,8 @@ class SnapshotCache:
         before, self._typed = self._typed, {}
         changed: list[DependencyKey] = []
         for key in self._by_dependency:
-            text, user, name = key
-            typed = typed_dependencies(_parsed_dependency(text), jobs_for, (user, name))
+            text, user, name, array_task = key
+            typed = typed_dependencies(_parsed_dependency(text), jobs_for, (user, name), array_task)
             old = before.get(key)
             if old is not None and old == typed:
                 typed = old
@@ -231,7 +232,9 @@ class SnapshotCache:
 
     def _index_dependency(self, job: Job | None, job_id: int) -> None:
         """Keep _dependency_key and _by_dependency in step with pending job ``job`` (None: no longer pending)."""
-        key = None if job is None or job.spec.dependency is None else (job.spec.dependency, job.user, job.spec.name)
+        dependency = None if job is None else job.spec.dependency
+        key = None if job is None or dependency is None else (
+            dependency, job.user, job.spec.name, job.array_task_id if AFTERCORR in dependency else None)
         old = self._dependency_key.get(job_id)
         if old == key:
             return

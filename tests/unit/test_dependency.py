@@ -31,11 +31,12 @@ def test_lists_of_types_and_jobs() -> None:
 @pytest.mark.parametrize(("text", "message"), [
     ("afterok", "--dependency: afterok names no job"),
     ("before:12", "--dependency: unknown type 'before' in 'before:12': use after, afterany, afterok, afternotok, "
-                  "singleton"),
+                  "aftercorr, singleton"),
     ("afterok:12:x", "--dependency: 'x' is not a job id (12, or 12_3 for an array task)"),
     ("afterok:12?afterany:13,after:14", "--dependency: use ',' (all of) or '?' (any of), not both"),
     ("afterok:" + ":".join(str(i) for i in range(101)), "--dependency: at most 100 jobs, got 101"),
-    ("12", "--dependency: unknown type '12' in '12': use after, afterany, afterok, afternotok, singleton"),
+    ("12", "--dependency: unknown type '12' in '12': use after, afterany, afterok, afternotok, aftercorr, "
+           "singleton"),
 ])
 def test_bad_dependencies_are_named(text: str, message: str) -> None:
     with pytest.raises(ValueError) as caught:
@@ -98,3 +99,28 @@ def test_a_forgotten_job_has_ended_but_how_is_not_known() -> None:
     assert dependency_reason(parse_dependency("after:5,afterany:6"), forgotten) == SATISFIED
     assert dependency_reason(parse_dependency("afterok:5"), forgotten) == NEVER
     assert dependency_reason(parse_dependency("afternotok:5"), forgotten) == NEVER
+
+
+def test_aftercorr_waits_for_the_task_with_the_same_index() -> None:
+    """sbatch -d aftercorr:A for an array B: task i of B waits for task i of A to complete with exit code 0;
+    where A has no task i, or the dependent job is no array task, for all of A (afterok)."""
+    from garrison.controller.dependency import typed_dependencies
+    from garrison.controller.sched.dependencies import DependencyStatus, dependency_status
+
+    tasks = [replace(job(n, state, 10), array_task_id=n - 10) for n, state in
+             ((11, JobState.COMPLETED), (12, JobState.FAILED), (13, JobState.RUNNING))]
+    known = {"10": tasks}
+    dependencies = parse_dependency("aftercorr:10")
+    assert format_dependency(dependencies) == "aftercorr:10"
+
+    def status(array_task: int | None) -> DependencyStatus:
+        return dependency_status(typed_dependencies(dependencies, known.__getitem__, array_task=array_task), False)
+
+    assert status(1) == DependencyStatus.SATISFIED  # A_1 completed
+    assert status(2) == DependencyStatus.NEVER  # A_2 failed
+    assert status(3) == DependencyStatus.WAITING  # A_3 still runs
+    assert status(7) == DependencyStatus.NEVER  # no A_7: all of A, and A_2 failed
+    assert status(None) == DependencyStatus.NEVER
+    plain = {"10": [job(10, JobState.COMPLETED)]}  # a job that is no array: afterok on it
+    assert dependency_status(typed_dependencies(dependencies, plain.__getitem__, array_task=4), False) == \
+        DependencyStatus.SATISFIED

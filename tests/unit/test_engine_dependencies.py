@@ -1,6 +1,7 @@
-"""gsub --test-only of a job with a dependency (sbatch --test-only -d ...): the engine types the dependency
+"""Dependencies through the engine: gsub --test-only of a job with one (sbatch --test-only -d ...), typed
 against the jobs as they are now, as a cycle would, and the core says whether the job would wait for it or
-start. A real engine on a real SQLite store with a manual clock; the agent link keeps what it is sent."""
+start; and an aftercorr array, task by task. A real engine on a real SQLite store with a manual clock; the
+agent link keeps what it is sent."""
 
 from __future__ import annotations
 
@@ -78,3 +79,40 @@ def test_a_dependency_on_a_running_job_waits_and_a_met_one_does_not(engine: Engi
     first = running(engine, "a")
     assert estimate(engine, dependency=f"afterok:{first}")[0] == "Dependency"
     assert estimate(engine, dependency=f"after:{first}") == ("", ("n1",))  # after: it has started
+
+
+def test_an_aftercorr_array_follows_the_other_array_task_by_task(tmp_path: Path) -> None:
+    """sbatch -d aftercorr:A --array=1-3: task i waits for A's task i, through the engine's snapshot and a
+    real cycle: B_1 starts once A_1 completed, B_2 can never (A_2 failed), B_3 waits (A_3 runs)."""
+    from garrison.controller.commands import AttemptFinished
+    from garrison.model.domain import NodeResult, RankOutcome
+    from garrison.model.launch import LaunchDescription
+
+    config = ControllerConfig(database=f"sqlite:///{tmp_path / 'c.db'}", state_dir=str(tmp_path))
+    clock = ManualClock(1000.0)
+    state = ClusterState(open_store(config.database), config.heartbeat_timeout_s)
+    state.load(clock.now(), config.finished_job_retention_s)
+    engine = Engine(config, state, clock)
+    link = KeptLink("n1")
+    gpus = tuple(Gpu(i, f"GPU-{i}", "A100", 40960, f"0000:{i:02x}:00.0", 0, "0-3") for i in range(4))
+    engine.agent_connected(link, Registration("n1", "10.0.0.1",  # type: ignore[arg-type]
+                                              NodeInventory("n1", gpus, (), (), cpus=4, memory_mb=4096)))
+    try:
+        spec = JobSpec(name="a", command=("true",), workdir="/", gpus=1)
+        first = engine.submit(ALICE, SubmitCommand(spec, array_indices=(1, 2, 3))).job_id
+        asyncio.run(engine.run_cycle())
+        a = {state.jobs[i].array_task_id: i for i in range(first, first + 3)}
+        for job_id in a.values():
+            engine.agent_message(link, AttemptStarted(job_id, 0))  # type: ignore[arg-type]
+        for task, code in ((1, 0), (2, 1)):
+            engine.agent_message(link, AttemptFinished(NodeResult(a[task], 0, (RankOutcome(0, code),))))  # type: ignore[arg-type]
+        follower = JobSpec(name="b", command=("true",), workdir="/", gpus=1, dependency=f"aftercorr:{first}")
+        second = engine.submit(ALICE, SubmitCommand(follower, array_indices=(1, 2, 3))).job_id
+        asyncio.run(engine.run_cycle())
+        b = {state.jobs[i].array_task_id: i for i in range(second, second + 3)}
+        launched = {i.job_id for i in link.sent if isinstance(i, LaunchDescription)}
+        assert b[1] in launched and not {b[2], b[3]} & launched
+        assert state.wait_reasons.get(b[2]) == "DependencyNeverSatisfied"
+        assert state.wait_reasons.get(b[3]) == "Dependency"
+    finally:
+        asyncio.run(engine.stop())
