@@ -35,6 +35,7 @@ from garrison.controller.sched.topology import gpu_affinity, pick_connected_gpus
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation
 from garrison.model.features import is_matching_or, parse_constraint
 from garrison.model.gputype import gpu_matches
+from garrison.model.hostlist import compress_hostlist, expand_hostlist
 
 if TYPE_CHECKING:
     from garrison.controller.sched.pipeline import Pipeline
@@ -368,8 +369,7 @@ class Placer:
         for group in _groups_tightest_first(passing, lambda g: len(g) >= len(needs)):
             chosen = pick(group)
             if chosen is not None:
-                chosen.sort(key=lambda item: item[0].index)  # topology order: neighbours get adjacent ranks
-                return Allocation(tuple(_node_allocation(request, c, n) for c, n in chosen))
+                return Allocation(tuple(_node_allocation(request, c, n) for c, n in _in_node_list_order(chosen)))
         return None
 
     def _with_listed(self, request: Request, passing: list[Candidate], needs: list[int]) -> Allocation | None:
@@ -391,8 +391,7 @@ class Placer:
                 return None
             taken.add(found.index)
             chosen.append((found, need))
-        chosen.sort(key=lambda item: item[0].index)
-        return Allocation(tuple(_node_allocation(request, c, n) for c, n in chosen))
+        return Allocation(tuple(_node_allocation(request, c, n) for c, n in _in_node_list_order(chosen)))
 
     def _spread(self, request: Request, passing: list[Candidate]) -> Allocation | None:
         """A total GPU count over as few nodes as possible, inside the tightest group that has them."""
@@ -410,12 +409,21 @@ class Placer:
                 if remaining == 0:
                     break
             if remaining == 0:
-                chosen.sort(key=lambda item: item[0].index)
-                return Allocation(tuple(_node_allocation(request, c, n) for c, n in chosen))
+                return Allocation(tuple(_node_allocation(request, c, n) for c, n in _in_node_list_order(chosen)))
         return None
 
 
 Choices = tuple[bool, bool, bool]
+
+
+def _in_node_list_order(chosen: list[tuple[Candidate, int]]) -> list[tuple[Candidate, int]]:
+    """A gang's nodes in the order its node list (SLURM_JOB_NODELIST) names them, which is their rank order, as
+    in Slurm: rank 0 and the batch script run on the list's first host, where scripts, submitit and
+    Lightning take the head node from (``scontrol show hostnames $SLURM_JOB_NODELIST | head -n1``)."""
+    if len(chosen) < 2:
+        return chosen
+    position = {name: i for i, name in enumerate(expand_hostlist(compress_hostlist(c.view.name for c, _ in chosen)))}
+    return sorted(chosen, key=lambda item: position[item[0].view.name])
 
 
 def _choices(request: Request) -> Choices:

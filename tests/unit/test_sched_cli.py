@@ -83,7 +83,7 @@ def test_bad_arguments_exit_2_with_one_line() -> None:
         (("gadmin", "quota", "set", "-A", "a", "--max-gpus", "lots"), "--max-gpus: expected a number or 'none'"),
         (("gadmin", "qos", "add", "q", "--max-time", "soon"), "--max-time: invalid time limit 'soon'"),
         (("gcontrol", "update", "12"), "nothing to update"),
-        (("gcontrol", "update", "12", "-t", "1:99"), "--time-limit: invalid time limit"),
+        (("gcontrol", "update", "12", "-t", "1:x"), "--time-limit: invalid time limit"),
         (("gcontrol", "hold"), "nothing to hold: give job ids"),
         (("gcontrol", "update", "12", "--nice", "99999999999"), "--nice"),
     ):

@@ -139,9 +139,22 @@ def test_a_gang_too_big_for_a_switch_stays_in_its_block_with_neighbours_adjacent
     job = place(spec(nodes=6, gpus_per_node=8), nodes)
     assert job is not None
     assert all(name[0] in "ab" for name in job.node_names)  # one block, not spread to block y
-    # Ranks in topology order: the nodes of one switch are consecutive ranks.
+    # Ranks in node-list order (here names follow the switches, so one switch's nodes are consecutive ranks).
     prefixes = [name[0] for name in job.node_names]
     assert prefixes == sorted(prefixes)
+
+
+def test_a_gangs_ranks_follow_its_node_list_as_in_slurm() -> None:
+    """Rank 0 (and the batch script) on the first host of SLURM_JOB_NODELIST, whatever the switches: scripts,
+    submitit and Lightning take the head node from the list. Numbers in names count as numbers (node2 before
+    node10), as the list writes them (node[2,10])."""
+    nodes = [node("node2", switches=("s1",)), node("node10", switches=("s1",)), node("node1", switches=("s2",))]
+    job = place(spec(nodes=3, gpus_per_node=8), nodes)
+    assert job is not None and job.node_names == ("node1", "node2", "node10")
+    pair = place(spec(nodes=2, gpus_per_node=8), nodes[:2])
+    assert pair is not None and pair.node_names == ("node2", "node10")
+    spread = place(spec(gpus=16), [node("gpu10"), node("gpu9")])
+    assert spread is not None and spread.node_names == ("gpu9", "gpu10")
 
 
 def test_total_gpus_spread_over_the_fewest_nodes_of_the_tightest_group() -> None:
