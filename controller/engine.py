@@ -178,7 +178,7 @@ class Engine:
         # Job steps (gsrun): started in running jobs, their output routed to their clients.
         self.steps = StepManager(
             state.store, lambda: self.state.jobs, self._send_step, self._node_address, clock.now,
-            config.kill_wait_s, self.is_admin,
+            config.kill_wait_s, self.is_admin, self._batch_rendezvous,
         )
         self.steps.recover()
 
@@ -474,6 +474,19 @@ class Engine:
             batch_signal=warning.signum if warning is not None and warning.batch_only else 0,
             start_barrier=len(names) > 1,
         )
+
+    def _batch_rendezvous(self, job: Job) -> tuple[str, int] | None:
+        """The MASTER_ADDR and MASTER_PORT the running attempt's batch environment was given (launch_description),
+        or None where this controller has not chosen its port (it restarted since)."""
+        if not job.attempts:
+            return None
+        attempt = len(job.attempts) - 1
+        known = self._ports.get((job.job_id, attempt))
+        if known is None:
+            return None
+        head = known[0]
+        session = self.sessions.get(head)
+        return (session.address if session is not None else head), known[1]
 
     def _master_port(self, job_id: int, attempt: int, head: str) -> int:
         """The attempt's rendezvous port (controller/rendezvous.py), the same for every node of its gang

@@ -22,7 +22,7 @@ takes up within ``ATTACH_GRACE_S`` is stopped, as srun's death stops its step.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -151,8 +151,11 @@ class StepManager:
         now: Callable[[], float],
         kill_wait_s: float,
         is_admin: Callable[[Principal], bool],
+        batch_rendezvous: Callable[[Job], tuple[str, int] | None] = lambda job: None,
     ) -> None:
         self.store = store
+        # The MASTER_ADDR and MASTER_PORT the job's batch environment was given (None: not known here)
+        self.batch_rendezvous = batch_rendezvous
         self.jobs = jobs
         self.send = send  # to a node's agent; False when it is not connected
         self.address_of = address_of
@@ -184,6 +187,22 @@ class StepManager:
         if job.state != JobState.RUNNING or job.allocation is None:
             raise StepNotFound(f"job {job.display_id} is {job.state.value}, not RUNNING: steps run only in a running job")
         return job
+
+    def _task_environment(self, job: Job, request: StepRequest) -> Mapping[str, str]:
+        """The environment gsrun passed, as srun's tasks get it: with srun's own --ntasks-per-node (Lightning's
+        SLURMEnvironment refuses more than one task without SLURM_NTASKS_PER_NODE), and without the
+        MASTER_ADDR and MASTER_PORT that Garrison gave the batch script where they are still its values: srun
+        sets neither, so the step's tasks meet at the step's own head node and port (plan_step_tasks); a value
+        the script exported itself is kept."""
+        env = dict(request.env)
+        if request.ntasks_per_node is not None:
+            env["SLURM_NTASKS_PER_NODE"] = str(request.ntasks_per_node)
+        batch = self.batch_rendezvous(job)
+        if batch is not None:
+            for name, value in (("MASTER_ADDR", batch[0]), ("MASTER_PORT", str(batch[1]))):
+                if env.get(name) == value:
+                    del env[name]
+        return env
 
     def busy(self, job_id: int) -> dict[str, tuple[frozenset[int], frozenset[int]]]:
         held: dict[str, tuple[set[int], set[int]]] = {}
@@ -220,10 +239,11 @@ class StepManager:
         running = RunningStep(step=step, request=request, client=client, pending_nodes=set(layout.node_names))
         self.running[running.key] = running
         master = self.address_of(layout.nodes[0].node)
+        env = self._task_environment(job, request)
         for index, node in enumerate(layout.nodes):
             description = StepLaunchDescription(
                 job_id=job_id, step_id=step_id, user=job.user, uid=job.uid, gid=job.gid, argv=request.argv,
-                env=request.env, cwd=request.cwd, layout=layout, node_index=index, master_addr=master,
+                env=env, cwd=request.cwd, layout=layout, node_index=index, master_addr=master,
                 master_port=step_master_port(job_id, step_id), kill_wait_s=self.kill_wait_s,
                 pty=request.pty, unbuffered=request.unbuffered, umask=umask if umask is not None else job.spec.umask,
             )

@@ -247,10 +247,13 @@ def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | 
         "SLURM_STEP_TASKS_PER_NODE": tasks_per_node_text(counts),
         "SLURM_NTASKS": str(layout.ntasks),
         "SLURM_NPROCS": str(layout.ntasks),
-        # The step's own, as slurmstepd sets them (SLURM_JOB_NUM_NODES and SLURM_JOB_NODELIST stay the job's).
+        # The step's own, as srun and slurmstepd set them (SLURM_JOB_NUM_NODES and SLURM_JOB_NODELIST stay the
+        # job's): Lightning takes the head node from SLURM_NODELIST where no MASTER_ADDR is set.
         "SLURM_NNODES": str(len(layout.nodes)),
+        "SLURM_NODELIST": names,
         "SLURM_TASKS_PER_NODE": tasks_per_node_text(counts),
         "SLURM_NODEID": str(step.node_index),
+        "SLURM_GTIDS": ",".join(str(task) for task in here.tasks),  # this node's tasks, as slurmstepd lists them
         "SLURMD_NODENAME": here.node,
         "SLURM_TOPOLOGY_ADDR": here.node,
         "SLURM_JOB_ID": str(step.job_id),
@@ -275,6 +278,9 @@ def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | 
     step_gpus = here.held_gpus or sorted({g for gpus in here.task_gpus for g in gpus})
     if step_gpus:
         common["SLURM_STEP_GPUS"] = ",".join(str(g) for g in step_gpus)
+        # The step's count on this node, as slurmstepd sets it (torchrun --nproc_per_node=$SLURM_GPUS_ON_NODE
+        # inside `srun --gpus-per-task=1` must not start the job's count of workers).
+        common["SLURM_GPUS_ON_NODE"] = common["GARRISON_GPUS_ON_NODE"] = str(len(step_gpus))
         common.setdefault(*CUDA_DEVICE_ORDER)
     else:  # a step without GPUs (srun --gres=none) is not told the job's count, as slurmstepd does not
         for name in ("SLURM_GPUS_ON_NODE", "GARRISON_GPUS_ON_NODE"):

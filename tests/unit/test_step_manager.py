@@ -286,3 +286,31 @@ def test_a_launch_goes_again_when_the_nodes_agent_connects_anew(harness: Harness
     harness.manager.node_connected("n2")
     harness.manager.node_connected("n3")
     assert harness.taken() == []
+
+
+def test_a_steps_tasks_meet_at_the_steps_head_unless_the_script_chose_its_own(tmp_path: Path) -> None:
+    """srun sets no MASTER_ADDR or MASTER_PORT. Garrison gives the batch script the job's; a step started from
+    there gets its own head node and port (plan_step_tasks), not the job's, which may be a node where none of
+    its tasks run; a value the script exported itself is kept. srun's --ntasks-per-node reaches its tasks."""
+    store = open_store(f"sqlite:///{tmp_path / 'steps.db'}")
+    harness = Harness(store)
+    batch = ("addr-n1", 31176)
+    harness.manager = StepManager(store, lambda: harness.jobs, harness.send, lambda node: f"addr-{node}",
+                                  lambda: harness.now, 5.0, lambda principal: False, lambda job: batch)
+    try:
+        as_given = {"MASTER_ADDR": "addr-n1", "MASTER_PORT": "31176", "HOME": "/home/ann"}
+        harness.manager.start(ANN, 7, StepRequest(argv=("python",), cwd="/w", nodelist=("n2",), nodes=1,
+                                                  ntasks_per_node=2, env=as_given), Client())
+        ((node, sent),) = harness.taken()
+        assert isinstance(sent, LaunchStep) and node == "n2"
+        env = sent.description.env
+        assert "MASTER_ADDR" not in env and "MASTER_PORT" not in env and env["HOME"] == "/home/ann"
+        assert env["SLURM_NTASKS_PER_NODE"] == "2"
+        assert sent.description.master_addr == "addr-n2"  # what plan_step_tasks gives its tasks
+        chosen = {"MASTER_ADDR": "addr-n1", "MASTER_PORT": "6000"}  # `export MASTER_PORT=6000` in the script
+        harness.manager.start(ANN, 7, StepRequest(argv=("python",), cwd="/w", ntasks=1, env=chosen), Client())
+        ((_, sent),) = harness.taken()
+        assert isinstance(sent, LaunchStep)
+        assert "MASTER_ADDR" not in sent.description.env and sent.description.env["MASTER_PORT"] == "6000"
+    finally:
+        store.close()

@@ -162,6 +162,22 @@ def test_task_environment_has_srun_and_torchrun_variables() -> None:
         "1", "1", "2")
 
 
+def test_a_steps_node_list_gpu_count_and_task_ids_are_its_own() -> None:
+    """As srun and slurmstepd set them (Slurm 22.05's env.c and gres_common.c): SLURM_NODELIST is the step's
+    nodes (Lightning takes its head node from it), SLURM_GPUS_ON_NODE the step's GPUs on this node (a torchrun
+    --nproc_per_node=$SLURM_GPUS_ON_NODE inside `srun --gpus-per-task=1`), SLURM_GTIDS this node's tasks; the
+    job's node list stays in SLURM_JOB_NODELIST."""
+    in_job = {**launch(1).env, "SLURM_NODELIST": "n[1-2]", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_GPUS_ON_NODE": "4",
+              "GARRISON_GPUS_ON_NODE": "4", "SLURM_GTIDS": "0"}
+    (task,) = plan_step_tasks(replace(launch(1), env=in_job), "/io")  # task 2, alone on n2, holding GPU 4
+    assert (task.env["SLURM_NODELIST"], task.env["SLURM_JOB_NODELIST"]) == ("n[1-2]", "n[1-2]")
+    assert (task.env["SLURM_GPUS_ON_NODE"], task.env["GARRISON_GPUS_ON_NODE"], task.env["SLURM_GTIDS"]) == (
+        "1", "1", "2")
+    one_node = replace(launch(0), layout=place(ntasks=2, nodes=1, gpus_per_task=1), env=in_job)
+    assert [(p.env["SLURM_NODELIST"], p.env["SLURM_GPUS_ON_NODE"], p.env["SLURM_GTIDS"])
+            for p in plan_step_tasks(one_node, "/io")] == [("n1", "2", "0,1"), ("n1", "2", "0,1")]
+
+
 def test_slurm_step_gpus_names_the_steps_gpus_on_each_node() -> None:
     # Held with --gpus-per-task: the held GPUs (task 2, alone on n2, holds GPU 4).
     assert plan_step_tasks(launch(1), "/io")[0].env["SLURM_STEP_GPUS"] == "4"
