@@ -121,6 +121,9 @@ def validate_submission(
         raise ValidationError("environment variable names must be non-empty without '=' or NUL")
     if not spec.workdir.startswith("/"):
         raise ValidationError(f"working directory must be an absolute path, got {spec.workdir!r}")
+    if spec.submit_dir is not None and (not spec.submit_dir.startswith("/") or "\0" in spec.submit_dir
+                                        or len(spec.submit_dir) > MAX_PATTERN_LEN):
+        raise ValidationError(f"submit directory must be an absolute path, got {spec.submit_dir[:100]!r}")
     for option, pattern in (("--output", spec.output), ("--error", spec.error)):
         if pattern is not None and (len(pattern) > MAX_PATTERN_LEN or "\0" in pattern):
             raise ValidationError(f"{option} pattern is invalid")

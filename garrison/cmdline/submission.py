@@ -530,6 +530,8 @@ def parse_submission(
         account=chosen.nonempty_text("account"),
         partition=chosen.nonempty_text("partition"),
         workdir=os.path.normpath(os.path.join(cwd, chdir)) if chdir is not None else cwd,
+        # SLURM_SUBMIT_DIR is where gsub ran, whatever -D says (sbatch's getcwd()): only kept where they differ
+        submit_dir=cwd if chdir is not None and os.path.normpath(os.path.join(cwd, chdir)) != cwd else None,
         env=without_credentials(export if export is not None else environ),
         output=chosen.nonempty_text("output"),
         error=chosen.nonempty_text("error"),

@@ -71,6 +71,8 @@ class JobSpec:
     array_max_running: int | None = None  # %N of --array: tasks of this array running at once
     # -- Slurm's variables (SLURM_SUBMIT_HOST, SLURM_ARRAY_TASK_COUNT/MIN/MAX/STEP) ----------------------------
     submit_host: str | None = None  # gsub's host name, informational only (the controller checks its form)
+    # The directory gsub ran in (SLURM_SUBMIT_DIR), where -D/--chdir chose another working directory; None: workdir
+    submit_dir: str | None = None
     # The array's index set, summarised by the controller at submission (not on the JobSpec message, like
     # array_max_running): 0 tasks when the job is not an array task.
     array_task_count: int = 0

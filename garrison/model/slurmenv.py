@@ -74,7 +74,7 @@ def slurm_environment(launch: LaunchDescription, counts: Sequence[int], cpus_on_
         "SLURMD_NODENAME": here.node,
         "SLURM_TOPOLOGY_ADDR": here.node,
         "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
-        "SLURM_SUBMIT_DIR": spec.workdir,
+        "SLURM_SUBMIT_DIR": spec.submit_dir or spec.workdir,
         "SLURM_RESTART_COUNT": str(launch.restart_count),
         "SLURM_JOB_PARTITION": launch.partition,
         "SLURM_JOB_ACCOUNT": launch.account,

@@ -113,6 +113,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         umask=msg.umask if msg.HasField("umask") else None,
         gpu_mem_mb=msg.gpu_mem_mb,
         submit_host=msg.submit_host or None,
+        submit_dir=msg.submit_dir or None,
         constraint=msg.constraint or None,
         nodelist=tuple(msg.nodelist),
         exclusive=msg.exclusive,

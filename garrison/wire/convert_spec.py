@@ -60,6 +60,9 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "cpus_per_task": spec.cpus_per_task,
         "gpus_per_task": spec.gpus_per_task,
         "ntasks_per_gpu": spec.ntasks_per_gpu,
+        # Sent only where -D chose another directory than gsub's: a controller older than the field still
+        # takes every other submission.
+        "submit_dir": spec.submit_dir,
     }
     fields.update((name, value) for name, value in optional.items() if value is not None)
     return fields

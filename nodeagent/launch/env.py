@@ -153,7 +153,7 @@ def plan_ranks(
             "GARRISON_NODENAME": nodes[launch.node_rank].node,
             "GARRISON_GPUS_ON_NODE": str(len(gpus)),
             "GARRISON_TIME_LIMIT": str(launch.time_limit_s),
-            "GARRISON_SUBMIT_DIR": spec.workdir,
+            "GARRISON_SUBMIT_DIR": spec.submit_dir or spec.workdir,
             "CUDA_VISIBLE_DEVICES": cuda_device_numbers(gpus, gpus if devices_constrained else None),
             "MASTER_ADDR": launch.master_addr,
             "MASTER_PORT": str(launch.master_port),

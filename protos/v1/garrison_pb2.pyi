@@ -218,6 +218,7 @@ class JobSpec(_message.Message):
     NICE_FIELD_NUMBER: _builtins.int
     GPU_MEM_MB_FIELD_NUMBER: _builtins.int
     SUBMIT_HOST_FIELD_NUMBER: _builtins.int
+    SUBMIT_DIR_FIELD_NUMBER: _builtins.int
     CONSTRAINT_FIELD_NUMBER: _builtins.int
     NODELIST_FIELD_NUMBER: _builtins.int
     EXCLUSIVE_FIELD_NUMBER: _builtins.int
@@ -265,6 +266,8 @@ class JobSpec(_message.Message):
     """--gpu-mem: the least memory (MiB) each allocated GPU must have"""
     submit_host: _builtins.str
     """gsub's host name (SLURM_SUBMIT_HOST); informational, checked for its form"""
+    submit_dir: _builtins.str
+    """the directory gsub ran in (SLURM_SUBMIT_DIR) where -D chose another; "": workdir"""
     constraint: _builtins.str
     """Node selection
     -C: node features joined by & and |
@@ -337,6 +340,7 @@ class JobSpec(_message.Message):
         nice: _builtins.int = ...,
         gpu_mem_mb: _builtins.int = ...,
         submit_host: _builtins.str = ...,
+        submit_dir: _builtins.str = ...,
         constraint: _builtins.str = ...,
         nodelist: _abc.Iterable[_builtins.str] | None = ...,
         exclusive: _builtins.bool = ...,
@@ -353,7 +357,7 @@ class JobSpec(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_gpus_per_task", b"_gpus_per_task", "_nodes", b"_nodes", "_ntasks", b"_ntasks", "_ntasks_per_gpu", b"_ntasks_per_gpu", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "begin_time", b"begin_time", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "gpus_per_task", b"gpus_per_task", "nodes", b"nodes", "ntasks", b"ntasks", "ntasks_per_gpu", b"ntasks_per_gpu", "ntasks_per_node", b"ntasks_per_node", "script", b"script", "time_limit_s", b"time_limit_s", "umask", b"umask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_gpus_per_task", b"_gpus_per_task", "_nodes", b"_nodes", "_ntasks", b"_ntasks", "_ntasks_per_gpu", b"_ntasks_per_gpu", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "begin_time", b"begin_time", "command", b"command", "comment", b"comment", "constraint", b"constraint", "cpus_per_gpu", b"cpus_per_gpu", "cpus_per_node", b"cpus_per_node", "cpus_per_task", b"cpus_per_task", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "exclusive", b"exclusive", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "gpus_per_task", b"gpus_per_task", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "mem_per_cpu_mb", b"mem_per_cpu_mb", "mem_per_gpu_mb", b"mem_per_gpu_mb", "mem_whole_node", b"mem_whole_node", "name", b"name", "nice", b"nice", "no_requeue", b"no_requeue", "nodelist", b"nodelist", "nodes", b"nodes", "ntasks", b"ntasks", "ntasks_per_gpu", b"ntasks_per_gpu", "ntasks_per_node", b"ntasks_per_node", "open_mode", b"open_mode", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "submit_host", b"submit_host", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time", "_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_gpus_per_node", b"_gpus_per_node", "_gpus_per_task", b"_gpus_per_task", "_nodes", b"_nodes", "_ntasks", b"_ntasks", "_ntasks_per_gpu", b"_ntasks_per_gpu", "_ntasks_per_node", b"_ntasks_per_node", "_script", b"_script", "_time_limit_s", b"_time_limit_s", "_umask", b"_umask", "account", b"account", "begin_time", b"begin_time", "command", b"command", "comment", b"comment", "constraint", b"constraint", "cpus_per_gpu", b"cpus_per_gpu", "cpus_per_node", b"cpus_per_node", "cpus_per_task", b"cpus_per_task", "dependency", b"dependency", "env", b"env", "error", b"error", "exclude", b"exclude", "exclusive", b"exclusive", "gpu_mem_mb", b"gpu_mem_mb", "gpu_type", b"gpu_type", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "gpus_per_task", b"gpus_per_task", "launch", b"launch", "max_restarts", b"max_restarts", "mem_mb", b"mem_mb", "mem_per_cpu_mb", b"mem_per_cpu_mb", "mem_per_gpu_mb", b"mem_per_gpu_mb", "mem_whole_node", b"mem_whole_node", "name", b"name", "nice", b"nice", "no_requeue", b"no_requeue", "nodelist", b"nodelist", "nodes", b"nodes", "ntasks", b"ntasks", "ntasks_per_gpu", b"ntasks_per_gpu", "ntasks_per_node", b"ntasks_per_node", "open_mode", b"open_mode", "output", b"output", "partition", b"partition", "qos", b"qos", "script", b"script", "signal", b"signal", "submit_dir", b"submit_dir", "submit_host", b"submit_host", "time_limit_s", b"time_limit_s", "umask", b"umask", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__begin_time: _TypeAlias = _typing.Literal["begin_time"]  # noqa: Y015
     _WhichOneofArgType__begin_time: _TypeAlias = _typing.Literal["_begin_time", b"_begin_time"]  # noqa: Y015

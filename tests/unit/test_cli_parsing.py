@@ -573,6 +573,10 @@ def test_absolute_chdir_and_script_path(workdir: Path, tmp_path_factory: pytest.
     submission = parse_submission(["-D", "/scratch/x", str(script)], {}, str(workdir))
     assert submission.spec.workdir == "/scratch/x"
     assert submission.spec.name == "run.sh"
+    # SLURM_SUBMIT_DIR stays where gsub ran (sbatch's getcwd()); kept on the spec only where -D chose another
+    assert submission.spec.submit_dir == str(workdir)
+    assert parse_submission([str(script)], {}, str(workdir)).spec.submit_dir is None
+    assert parse_submission(["-D", ".", str(script)], {}, str(workdir)).spec.submit_dir is None
 
 
 def test_directives_apply_and_the_command_line_overrides_them(workdir: Path) -> None:

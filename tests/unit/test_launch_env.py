@@ -135,7 +135,8 @@ def slurm_context(launch: LaunchMode, node_rank: int = 0, **changes: object) -> 
                              node_rank=node_rank, master_addr="node1", master_port=29500, restart_count=1,
                              kill_wait_s=5.0, time_limit_s=600, account="physics", partition="gpu", qos="normal",
                              cluster_name="tiny")
-    spec_changes = {k: v for k, v in changes.items() if k in ("ntasks_per_node", "ntasks", "cpus_per_task")}
+    spec_changes = {k: v for k, v in changes.items() if k in ("ntasks_per_node", "ntasks", "cpus_per_task", "workdir",
+                                                               "submit_dir")}
     others = {k: v for k, v in changes.items() if k not in spec_changes}
     return replace(base, spec=replace(spec, **spec_changes), **others)  # type: ignore[arg-type]
 
@@ -154,6 +155,10 @@ def test_batch_script_gets_slurms_job_variables() -> None:
     assert env["GPU_DEVICE_ORDINAL"] == env["CUDA_VISIBLE_DEVICES"] == "4,5"
     assert env["SLURM_TOPOLOGY_ADDR_PATTERN"] == "node"
     assert (env["SLURM_SUBMIT_DIR"], env["SLURM_SUBMIT_HOST"]) == ("/home/u/run", "login1")
+    # gsub -D elsewhere: the job runs there, and SLURM_SUBMIT_DIR still names where gsub ran, as in Slurm
+    [moved] = plan(slurm_context(LaunchMode.SINGLE, workdir="/scratch/run", submit_dir="/home/u/run"), ["script"])
+    assert (moved.cwd, moved.env["SLURM_SUBMIT_DIR"], moved.env["GARRISON_SUBMIT_DIR"]) == (
+        "/scratch/run", "/home/u/run", "/home/u/run")
     assert (env["SLURM_JOB_PARTITION"], env["SLURM_JOB_ACCOUNT"], env["SLURM_JOB_QOS"]) == ("gpu", "physics", "normal")
     assert (env["SLURM_RESTART_COUNT"], env["SLURM_CLUSTER_NAME"]) == ("1", "tiny")
     # The batch shell is task 0 of the batch step, as slurmstepd tells it (Slurm 22.05 sets these four; Lightning's

@@ -124,6 +124,7 @@ def full_spec() -> JobSpec:
         umask=0o027,
         array_max_running=4,
         submit_host="login-1.example.org",
+        submit_dir="/home/ann/project",
         array_task_count=10,
         array_task_min=1,
         array_task_max=19,
