@@ -643,8 +643,10 @@ class Engine:
             # whether it waits (on a job still to end, or on a running singleton of the same name), or would
             # start as any other job (its dependencies met already, a singleton with no other of its name).
             lookup = JobLookup(self.state.jobs)
+            first_task = command.array_indices[0] if command.array_indices else None  # estimated as its first task
             typed = typed_dependencies(parse_dependency(resolved.spec.dependency),
-                                       lambda ref: lookup.find(*parse_job_ref(ref)), (principal.user, resolved.spec.name))
+                                       lambda ref: lookup.find(*parse_job_ref(ref)), (principal.user, resolved.spec.name),
+                                       first_task)
             view = replace(view, dependencies=typed)
             if typed.singleton:
                 snapshot = replace(snapshot, running_names=frozenset(
