@@ -114,5 +114,8 @@ def test_an_aftercorr_array_follows_the_other_array_task_by_task(tmp_path: Path)
         assert b[1] in launched and not {b[2], b[3]} & launched
         assert state.wait_reasons.get(b[2]) == "DependencyNeverSatisfied"
         assert state.wait_reasons.get(b[3]) == "Dependency"
+        # --test-only of such an array is estimated as its first task, whose dependency (A_1) is met
+        estimate = asyncio.run(engine.test_submit(ALICE, SubmitCommand(follower, array_indices=(1, 2))))
+        assert estimate.reason == "" and estimate.nodes == ("n1",)
     finally:
         asyncio.run(engine.stop())
