@@ -168,10 +168,10 @@ def parse_begin_time(text: str, now: float) -> float:
     if year is None:  # a day without a year: this year's if still to come, else next year's
         coming = (month, mday, hour, minute) > (today.tm_mon, today.tm_mday, today.tm_hour, today.tm_min)
         year = today.tm_year + (0 if coming else 1)
-    at = time.mktime((year, month, mday, hour, minute, second, 0, 0, -1))
-    if time.localtime(at)[:3] != (year, month, mday):  # 02/30 and the like: mktime would roll it over
+    begin = time.mktime((year, month, mday, hour, minute, second, 0, 0, -1))
+    if time.localtime(begin)[:3] != (year, month, mday):  # 02/30 and the like: mktime would roll it over
         raise bad()
-    return at
+    return begin
 
 
 def parse_submit_time_limit(text: str) -> int:
