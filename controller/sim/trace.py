@@ -112,13 +112,17 @@ def _number(text: str, where: str, column: str) -> float:
     return value
 
 
+_SLASH_DATE = re.compile(r"^\d{4}/\d{1,2}/\d{1,2}(?:[ T]|$)")
+
+
 def _arrival(text: str, where: str, column: str) -> tuple[float, bool]:
     """An arrival time: seconds, or a date and time (``2017-10-09 07:01:55``, ISO 8601, read as UTC when it
     names no zone), as seconds since the epoch. Returns (seconds, whether it was a date)."""
     if _is_number(text):
         return _number(text, where, column), False
     try:
-        when = datetime.fromisoformat(text)
+        # 2020/06/09 18:41:01 (some exports' dates) as 2020-06-09 18:41:01
+        when = datetime.fromisoformat(text.replace("/", "-") if _SLASH_DATE.match(text) else text)
     except ValueError:
         raise TraceError(
             f"{where}, column {column!r}: expected seconds or a date and time like '2017-10-09 07:01:55', "
@@ -138,9 +142,10 @@ def _gpu_count(text: str, where: str, column: str) -> int:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not value.is_integer() or value < 0:
-        raise TraceError(f"{where}, column {column!r}: expected a whole number of GPUs, got {text!r}")
-    return int(value)
+    if not math.isfinite(value) or value < 0:
+        raise TraceError(f"{where}, column {column!r}: expected a number of GPUs, got {text!r}")
+    # A share of a GPU (0.5: GPU-sharing clusters' traces) takes a whole one here, as Garrison allocates them.
+    return math.ceil(value)
 
 
 def _tres_gpus(text: str, where: str, column: str) -> int:
@@ -168,13 +173,15 @@ class TraceRead:
     without_gpus: int = 0  # CPU jobs: nothing to replay on GPUs
     never_ran: int = 0  # no run time (an empty duration, start or end): cancelled before they started
     steps: int = 0  # sacct's rows of job steps (123.batch, 123.0): the job's own row is the job
+    without_arrival: int = 0  # an empty arrival cell (a task still waiting when the trace was cut)
 
     def left_out_text(self) -> str:
         """``left out: 3 jobs without GPUs, 1 that never ran`` (empty when nothing was)."""
         parts = [f"{self.without_gpus} {'job' if self.without_gpus == 1 else 'jobs'} without GPUs"
                  if self.without_gpus else "",
                  f"{self.never_ran} that never ran (no run time)" if self.never_ran else "",
-                 f"{self.steps} job step rows" if self.steps else ""]
+                 f"{self.steps} job step rows" if self.steps else "",
+                 f"{self.without_arrival} without an arrival time" if self.without_arrival else ""]
         shown = ", ".join(part for part in parts if part)
         return f"left out: {shown}" if shown else ""
 
@@ -189,8 +196,10 @@ def _is_number(text: str) -> bool:
 # A job step's id as sacct prints it (123.batch, 123.extern, 123.0, 77_3.0, 9+1.0): its job has a row of its own.
 SLURM_STEP_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?\.[A-Za-z0-9]+$")
 
-# What sacct prints where a time, a limit or a run time is not known: the cell is read as empty.
-NOT_KNOWN = frozenset({"unknown", "none", "unlimited", "partition_limit", "invalid"})
+# What sacct prints where a time, a limit or a run time is not known, and what pandas, R and databases write
+# for a missing value: the cell is read as empty.
+NOT_KNOWN = frozenset({"unknown", "none", "unlimited", "infinite", "partition_limit", "invalid",
+                       "nan", "na", "n/a", "null", "nat"})
 
 
 def _known(text: str | None) -> str:
@@ -225,7 +234,7 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -
     """``read_trace``, with the counts of the rows left out."""
     path = Path(path)
     text = _trace_text(path)
-    without_gpus = never_ran = steps = 0
+    without_gpus = never_ran = steps = without_arrival = 0
     with io.StringIO(text, newline="") as handle:
         # The header is the first line with anything on it: a trace written by hand or cut from a larger
         # file may start with blank lines, and csv reads a blank line as a row of no cells.
@@ -279,7 +288,11 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -
                 if mapping.job_id is not None and SLURM_STEP_ID.match(job_id):
                     steps += 1
                     continue
-                submit_s, dated = _arrival(cell("arrival") or "", where, mapping.arrival)
+                arrival = _known(cell("arrival"))
+                if not arrival:  # a task still waiting when the trace was cut, or one that ran before it began
+                    without_arrival += 1
+                    continue
+                submit_s, dated = _arrival(arrival, where, mapping.arrival)
                 if arrivals_dated is None:
                     arrivals_dated = dated
                 elif dated != arrivals_dated:
@@ -290,11 +303,14 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -
                         f"{'dates' if arrivals_dated else 'seconds'}, got {cell('arrival')!r}"
                     )
                 duration = _run_time(cell, mapping, where)
-                if duration is None:
+                if not duration:
+                    # No run time, or none at all: cancelled before it started (sacct's CANCELLED rows have their
+                    # start equal to their end), nothing to replay; a zero-second job would only hold a place in
+                    # the queue that it never held.
                     never_ran += 1
                     continue
                 # An empty GPU cell is nothing allocated (sacct's AllocTRES of a job that never started).
-                gpus = _gpu_count(gpus_text, where, mapping.gpus) if (gpus_text := cell("gpus") or "") else 0
+                gpus = _gpu_count(gpus_text, where, mapping.gpus) if (gpus_text := _known(cell("gpus"))) else 0
                 if gpus == 0:
                     without_gpus += 1
                     continue
@@ -318,10 +334,10 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -
         except csv.Error as err:
             raise TraceError(f"{path}, line {reader.line_num}: unreadable CSV: {err}") from None
     if not jobs:
-        left = TraceRead([], without_gpus, never_ran, steps).left_out_text()
+        left = TraceRead([], without_gpus, never_ran, steps, without_arrival).left_out_text()
         raise TraceError(f"{path}: the trace has no job with GPUs that ran{f' ({left})' if left else ''}")
     jobs.sort(key=lambda j: j.submit_s)  # stable: simultaneous arrivals keep file order
-    return TraceRead(jobs, without_gpus, never_ran, steps)
+    return TraceRead(jobs, without_gpus, never_ran, steps, without_arrival)
 
 
 def _trace_text(path: Path) -> str:
@@ -392,7 +408,8 @@ class CompletionModel:
     ``overestimate_median``, spread ``overestimate_sigma``; never below 1, so no job outlives its limit
     unless a gang slowdown stretches it), rounded up to a common limit. Jobs without an account get one of
     ``accounts`` accounts with Zipf-skewed popularity (account k gets weight 1/(k+1)), because real
-    clusters have a few heavy accounts and many light ones, and that is where fair share matters.
+    clusters have a few heavy accounts and many light ones, and that is where fair share matters; a user's
+    jobs all get the account drawn for the user's first.
     """
 
     seed: int = 0
@@ -412,9 +429,14 @@ def complete_jobs(jobs: Sequence[TraceJob], model: CompletionModel) -> list[Trac
     weights = [1.0 / (k + 1) for k in range(model.accounts)]
     mu = math.log(model.overestimate_median)
     out: list[TraceJob] = []
+    accounts_of: dict[str, str] = {}  # a user's drawn account: one per user, as on a real cluster
     for job in jobs:
         account = job.account
-        if account is None:
+        if account is None and job.user is not None:
+            account = accounts_of.get(job.user)
+            if account is None:
+                account = accounts_of[job.user] = account_rng.choices(names, weights)[0]
+        elif account is None:
             account = account_rng.choices(names, weights)[0]
         user = job.user or f"{account}-user"
         limit = job.time_limit_s
