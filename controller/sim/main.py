@@ -40,6 +40,9 @@ def _fail(message: str) -> None:
               help="Column mapping for non-ElasticFlow CSVs (a sacct -P dump too): arrival=COL,"
                    "duration=COL (or start=COL,end=COL),gpus=COL (a count or a TRES list)"
                    "[,job_id=COL,user=COL,account=COL,qos=COL,time_limit=COL].")
+@click.option("--header", "header", default=None, metavar="NAMES",
+              help="Comma-separated column names of a trace without a header line (every line is then a row; "
+                   "e.g. Alibaba PAI's tables, whose names are in .header files); needs --columns.")
 @click.option("--seed", default=0, show_default=True, help="Seed for drawn accounts and time limits.")
 @click.option("--accounts", default=4, show_default=True, type=click.IntRange(min=1),
               help="Accounts to draw for jobs the trace gives none.")
@@ -61,6 +64,7 @@ def gsim(
     policies: tuple[str, ...],
     config_file: Path | None,
     columns: str | None,
+    header: str | None,
     seed: int,
     accounts: int,
     gang_slowdown: float,
@@ -89,6 +93,7 @@ def gsim(
                 restart_cost_s=restart_cost,
             ),
             preemption=preemption,
+            header=header.split(",") if header is not None else None,
         )
     except (TraceError, ClusterError, PolicyError) as err:
         _fail(str(err))

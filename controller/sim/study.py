@@ -58,18 +58,33 @@ def prepare(
     model: CompletionModel | None = None,
     options: ReplayOptions | None = None,
     preemption: bool = False,
+    header: Sequence[str] | None = None,
 ) -> Study:
     """Read and check everything a study needs; raises TraceError, ClusterError or PolicyError."""
     mapping = ColumnMapping.parse(columns) if columns else None
-    read = read_trace_counted(trace_path, mapping)
+    if header is not None and mapping is None:
+        raise TraceError("--header needs --columns: which of the named columns holds what")
+    read = read_trace_counted(trace_path, mapping, header)
     traced = read.jobs
     cluster = parse_cluster(cluster_spec)
     config_path = Path(config_file) if config_file is not None else None
     loaded = tuple(load_policy(name, config_path, preemption=preemption) for name in policy_names(policies))
+    _check_qos(traced, loaded[0], str(trace_path))
     jobs = complete_jobs(traced, model or CompletionModel())
     jobs = fit_time_limits(jobs, traced, default_partition(loaded[0]).max_time_s, str(trace_path))
     check_fits(cluster, jobs, str(trace_path), loaded[0])
     return Study(Path(trace_path), cluster, tuple(jobs), loaded, options or ReplayOptions(), read.left_out_text())
+
+
+def _check_qos(jobs: Sequence[TraceJob], policy: Policy, source: str) -> None:
+    """A QoS the accounting does not know is refused, as the daemon refuses it at submission (a trace's own
+    classes, such as Alibaba's LS and BE, are not this cluster's QoS: map them in the --config's QoS table)."""
+    known = policy.accounting.qos_map
+    for job in jobs:
+        if job.qos is not None and job.qos not in known:
+            names = ", ".join(sorted(known)) or "none"
+            raise TraceError(f"{source}, line {job.line}: unknown QoS {job.qos!r} (known: {names}; define it in "
+                             f"--config's QoS table)")
 
 
 def fit_time_limits(

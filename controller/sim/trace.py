@@ -224,16 +224,23 @@ def _time_limit(text: str, where: str, column: str) -> int | None:
     return seconds
 
 
-def read_trace(path: str | Path, mapping: ColumnMapping | None = None) -> list[TraceJob]:
+def read_trace(path: str | Path, mapping: ColumnMapping | None = None,
+               header: Sequence[str] | None = None) -> list[TraceJob]:
     """Every job of the CSV at ``path`` that has GPUs and ran, in arrival order (ties keep file order), or
-    TraceError."""
-    return read_trace_counted(path, mapping).jobs
+    TraceError. ``header``: the column names of a file without a header line (Alibaba PAI's tables keep
+    theirs in separate .header files): every line of the file is then a row."""
+    return read_trace_counted(path, mapping, header).jobs
 
 
-def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -> TraceRead:
+def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None,
+                       header: Sequence[str] | None = None) -> TraceRead:
     """``read_trace``, with the counts of the rows left out."""
     path = Path(path)
     text = _trace_text(path)
+    if text.lstrip()[:1] in ("[", "{"):
+        raise TraceError(f"{path}: JSON, not CSV: gsim reads a CSV of one job a row (convert it first, e.g. "
+                         f"Philly's cluster_job_log with pandas.json_normalize(...).to_csv)")
+    given_header = [name.strip() for name in header] if header is not None else None
     without_gpus = never_ran = steps = without_arrival = 0
     with io.StringIO(text, newline="") as handle:
         # The header is the first line with anything on it: a trace written by hand or cut from a larger
@@ -244,13 +251,16 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -
         # stripped, and skipinitialspace lets a quoted cell follow a separator and a space (``a, "b"``).
         reader = csv.reader(handle, delimiter="|" if "|" in first and "," not in first else ",",
                             skipinitialspace=True)
-        try:
-            header = next([h.strip() for h in row] for row in reader if any(cell.strip() for cell in row))
-        except StopIteration:
-            raise TraceError(f"{path}: the trace is empty") from None
-        except csv.Error as err:
-            raise TraceError(f"{path}, line {reader.line_num}: unreadable CSV header: {err}") from None
-        at_header = f"{path}, line {reader.line_num}"
+        if given_header is not None:
+            header, at_header = given_header, f"{path} (--header)"
+        else:
+            try:
+                header = next([h.strip() for h in row] for row in reader if any(cell.strip() for cell in row))
+            except StopIteration:
+                raise TraceError(f"{path}: the trace is empty") from None
+            except csv.Error as err:
+                raise TraceError(f"{path}, line {reader.line_num}: unreadable CSV header: {err}") from None
+            at_header = f"{path}, line {reader.line_num}"
         if mapping is None:
             if not set(ELASTICFLOW_COLUMNS) <= set(header):
                 raise TraceError(
@@ -264,7 +274,8 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None) -
             if column is None:
                 continue
             if column not in header:
-                raise TraceError(f"{at_header}: no column {column!r} (for {field}) in the header")
+                hint = "" if given_header is not None else " (a file without a header line: give --header NAMES)"
+                raise TraceError(f"{at_header}: no column {column!r} (for {field}) in the header{hint}")
             if header.count(column) > 1:
                 # Which of them holds the field is anybody's guess: reading the first could replay the wrong one.
                 raise TraceError(f"{at_header}: column {column!r} (for {field}) appears {header.count(column)} "

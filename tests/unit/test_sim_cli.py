@@ -123,3 +123,36 @@ def test_an_elasticflow_trace_with_a_bom_and_crlf_replays(tmp_path: Path) -> Non
     proc = gsim(str(trace), "--cluster", "1x8", "--policy", "fifo", "--json")
     assert proc.returncode == 0, proc.stderr
     assert '"jobs": 2' in proc.stdout
+
+
+def test_a_trace_without_a_header_line_is_read_with_header(tmp_path: Path) -> None:
+    """Alibaba PAI's tables have no header line (their names are in .header files): --header names the
+    columns, and every line is a row; without it, the error says how."""
+    trace = tmp_path / "pai_task.csv"
+    trace.write_text("t1,0,100,1\nt2,5,200,2\n")
+    columns = "job_id=name,arrival=submit,duration=run,gpus=gpu"
+    proc = gsim(str(trace), "--cluster", "1x8", "--policy", "fifo", "--columns", columns, "--json",
+                "--header", "name,submit,run,gpu")
+    assert proc.returncode == 0, proc.stderr
+    assert '"jobs": 2' in proc.stdout
+    missing = gsim(str(trace), "--cluster", "1x8", "--policy", "fifo", "--columns", columns)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "no column 'submit' (for arrival) in the header (a file without a header line: give --header NAMES)" in \
+        missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        ('[{"jobid": "a", "status": "Pass"}]', [], "JSON, not CSV: gsim reads a CSV of one job a row"),
+        ("id,t,d,g,q\nj0,0,100,1,LS\n", ["--columns", "job_id=id,arrival=t,duration=d,gpus=g,qos=q"],
+         "line 2: unknown QoS 'LS' (known: "),
+        ("id,t,d,g\nj0,0,100,1\n", ["--header", "id,t,d,g"], "--header needs --columns"),
+    ],
+)
+def test_other_formats_are_refused_in_one_line(tmp_path: Path, content: str, args: list[str], message: str) -> None:
+    trace = tmp_path / "other.csv"
+    trace.write_text(content)
+    proc = gsim(str(trace), "--cluster", "1x8", "--policy", "fifo", *args)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
