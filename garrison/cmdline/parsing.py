@@ -123,6 +123,8 @@ def parse_begin_time(text: str, now: float) -> float:
 
     year = month = mday = hour = minute = None
     second = 0
+    relative: float | None = None  # now[+-N] alone: to the fraction of a second, not truncated to one
+    pieces = 0
     pos = _BEGIN_SEPARATORS.match(spec).end()  # type: ignore[union-attr]
     if pos == len(spec):
         raise bad()
@@ -130,12 +132,13 @@ def parse_begin_time(text: str, now: float) -> float:
         piece = _BEGIN_PIECES.match(spec, pos)
         if piece is None:
             raise bad()
+        pieces += 1
         if piece["epoch"]:
             return float(piece["seconds"])
         if piece["now"]:
             delta = int(piece["count"] or 0) * _BEGIN_UNITS[(piece["unit"] or "s")[0].lower()]
-            at = time.localtime(now + (delta if piece["sign"] != "-" else -delta))
-            year, month, mday, hour, minute, second = at[:6]
+            relative = now + (delta if piece["sign"] != "-" else -delta)
+            year, month, mday, hour, minute, second = time.localtime(relative)[:6]
         elif piece["day"]:
             at = time.localtime(now + (86400 if piece["day"].lower() == "tomorrow" else 0))
             year, month, mday = at[:3]
@@ -157,6 +160,8 @@ def parse_begin_time(text: str, now: float) -> float:
             raise bad()
         pos = _BEGIN_SEPARATORS.match(spec, piece.end()).end()  # type: ignore[union-attr]
 
+    if relative is not None and pieces == 1:
+        return relative
     today = time.localtime(now)
     if hour is None:  # a date alone: its first second
         hour, minute, second = 0, 0, 0

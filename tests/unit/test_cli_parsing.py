@@ -69,6 +69,7 @@ def test_begin_times() -> None:
     assert parse_begin_time("2026-12-24T08:30", now) == time.mktime((2026, 12, 24, 8, 30, 0, 0, 0, -1))
     # The rest of sbatch's forms (Slurm's parse_time), as real scripts use them.
     assert parse_begin_time("now", now) == now
+    assert parse_begin_time("now+3", now + 0.25) == now + 3.25  # not truncated to a whole second
     assert parse_begin_time("now-5", now) == now - 5  # in the past: the job may start now
     assert parse_begin_time("now + 1 hour", now) == now + 3600
     assert parse_begin_time("4:00PM", now) == now + 22 * 3600  # 16:00 has passed: tomorrow's
