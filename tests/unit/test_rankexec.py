@@ -52,10 +52,13 @@ _, status = os.waitpid(pid, 0)
 print(json.dumps({"exit": os.waitstatus_to_exitcode(status), "error": b"".join(chunks).decode()}))
 """
 
-# What a rank that starts reports of itself (one line each, compared between the two paths).
+# What a rank that starts reports of itself (one line each, compared between the two paths). Its own status
+# is read by the shell itself (a builtin loop): a child such as grep reads it while the shell waits for that
+# child, and a shell may block its signals around a fork and a wait (SigBlk fffffffe7ffbfeff, seen once).
 REPORT = (
     "id -u; id -g; id -G; pwd; umask; cat; echo \"FOO=$FOO\"; "
-    "grep -E '^(SigIgn|SigBlk|Cpus_allowed_list)' /proc/$$/status; "
+    "while IFS= read -r line; do case \"$line\" in SigIgn*|SigBlk*|Cpus_allowed_list*) echo \"$line\";; esac; "
+    "done < /proc/$$/status; "
     "ps -o sid= -o pgid= -p $$ | awk -v me=$$ '{print ($1 == me), ($2 == me)}'"
 )
 
