@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers.engines import KeptLink, engine_with_node
 
-from garrison.config import ControllerConfig
 from garrison.controller import engine as engine_module
 from garrison.controller.clock import ManualClock
 from garrison.controller.commands import (
@@ -20,15 +20,12 @@ from garrison.controller.commands import (
     AttemptStarted,
     CancelCommand,
     JobFilter,
-    Registration,
     StillAlive,
     SubmitCommand,
 )
 from garrison.controller.cycles import CycleDue, Why
 from garrison.controller.engine import Engine
-from garrison.controller.state import ClusterState
-from garrison.controller.store import open_store
-from garrison.model.domain import Gpu, JobSpec, JobState, NodeInventory, NodeResult, Principal, RankOutcome
+from garrison.model.domain import JobSpec, JobState, NodeResult, Principal, RankOutcome
 from garrison.model.launch import LaunchDescription
 
 ALICE = Principal("alice", 1000, 1000, (1000,))
@@ -67,18 +64,6 @@ def test_a_failed_application_is_retried_at_the_given_time() -> None:
     assert due.why(1, 101.0) == Why.WAKE
 
 
-class KeptLink:
-    def __init__(self, node: str) -> None:
-        self.node, self.address, self.closed = node, "10.0.0.1", False
-        self.sent: list[object] = []
-
-    def send(self, instruction: object) -> None:
-        self.sent.append(instruction)
-
-    def close(self) -> None:
-        self.closed = True
-
-
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock(1000.0)
@@ -91,14 +76,7 @@ def link() -> KeptLink:
 
 @pytest.fixture
 def engine(tmp_path: Path, clock: ManualClock, link: KeptLink) -> Iterator[Engine]:
-    config = ControllerConfig(database=f"sqlite:///{tmp_path / 'c.db'}", state_dir=str(tmp_path),
-                              schedule_interval_s=INTERVAL_S)
-    state = ClusterState(open_store(config.database), config.heartbeat_timeout_s)
-    state.load(clock.now(), config.finished_job_retention_s)
-    engine = Engine(config, state, clock)
-    gpus = tuple(Gpu(i, f"GPU-{i}", "A100", 40960, f"0000:{i:02x}:00.0", 0, "0-3") for i in range(2))
-    engine.agent_connected(link, Registration("n1", "10.0.0.1",  # type: ignore[arg-type]
-                                              NodeInventory("n1", gpus, (), (), cpus=4, memory_mb=4096)))
+    engine = engine_with_node(tmp_path, clock=clock, link=link, schedule_interval_s=INTERVAL_S)
     yield engine
     asyncio.run(engine.stop())
 

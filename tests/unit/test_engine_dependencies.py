@@ -10,40 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.engines import KeptLink, engine_with_node
 
-from garrison.config import ControllerConfig
-from garrison.controller.clock import ManualClock
-from garrison.controller.commands import AttemptStarted, Registration, SubmitCommand
+from garrison.controller.commands import AttemptStarted, SubmitCommand
 from garrison.controller.engine import Engine
-from garrison.controller.state import ClusterState
-from garrison.controller.store import open_store
-from garrison.model.domain import Gpu, JobSpec, NodeInventory, Principal
+from garrison.model.domain import JobSpec, Principal
 
 ALICE = Principal("alice", 1000, 1000, (1000,))
 
 
-class KeptLink:
-    def __init__(self, node: str) -> None:
-        self.node, self.address, self.closed = node, "10.0.0.1", False
-        self.sent: list[object] = []
-
-    def send(self, instruction: object) -> None:
-        self.sent.append(instruction)
-
-    def close(self) -> None:
-        self.closed = True
-
-
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
-    config = ControllerConfig(database=f"sqlite:///{tmp_path / 'c.db'}", state_dir=str(tmp_path))
-    clock = ManualClock(1000.0)
-    state = ClusterState(open_store(config.database), config.heartbeat_timeout_s)
-    state.load(clock.now(), config.finished_job_retention_s)
-    engine = Engine(config, state, clock)
-    gpus = tuple(Gpu(i, f"GPU-{i}", "A100", 40960, f"0000:{i:02x}:00.0", 0, "0-3") for i in range(2))
-    engine.agent_connected(KeptLink("n1"), Registration("n1", "10.0.0.1",  # type: ignore[arg-type]
-                                                        NodeInventory("n1", gpus, (), (), cpus=4, memory_mb=4096)))
+    engine = engine_with_node(tmp_path)
     yield engine
     asyncio.run(engine.stop())
 
@@ -88,15 +66,9 @@ def test_an_aftercorr_array_follows_the_other_array_task_by_task(tmp_path: Path)
     from garrison.model.domain import NodeResult, RankOutcome
     from garrison.model.launch import LaunchDescription
 
-    config = ControllerConfig(database=f"sqlite:///{tmp_path / 'c.db'}", state_dir=str(tmp_path))
-    clock = ManualClock(1000.0)
-    state = ClusterState(open_store(config.database), config.heartbeat_timeout_s)
-    state.load(clock.now(), config.finished_job_retention_s)
-    engine = Engine(config, state, clock)
     link = KeptLink("n1")
-    gpus = tuple(Gpu(i, f"GPU-{i}", "A100", 40960, f"0000:{i:02x}:00.0", 0, "0-3") for i in range(4))
-    engine.agent_connected(link, Registration("n1", "10.0.0.1",  # type: ignore[arg-type]
-                                              NodeInventory("n1", gpus, (), (), cpus=4, memory_mb=4096)))
+    engine = engine_with_node(tmp_path, gpus=4, link=link)
+    state = engine.state
     try:
         spec = JobSpec(name="a", command=("true",), workdir="/", gpus=1)
         first = engine.submit(ALICE, SubmitCommand(spec, array_indices=(1, 2, 3))).job_id

@@ -11,41 +11,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.engines import engine_with_node
 
-from garrison.config import ControllerConfig
 from garrison.controller import metrics
-from garrison.controller.clock import ManualClock
-from garrison.controller.commands import CancelCommand, JobFilter, Registration, SubmitCommand
+from garrison.controller.commands import CancelCommand, JobFilter, SubmitCommand
 from garrison.controller.engine import INLINE_PLAN_MAX_CPU_S, INLINE_PLAN_MAX_PENDING, Engine
 from garrison.controller.sched.cycle import Plan, Start
-from garrison.controller.state import ClusterState
-from garrison.controller.store import open_store
-from garrison.model.domain import Allocation, Gpu, JobSpec, JobState, NodeAllocation, NodeInventory, Principal
+from garrison.model.domain import Allocation, JobSpec, JobState, NodeAllocation, Principal
 
 ALICE = Principal("alice", 1000, 1000, (1000,))
 
 
-class KeptLink:
-    def __init__(self, node: str) -> None:
-        self.node, self.address, self.sent, self.closed = node, "10.0.0.1", [], False
-
-    def send(self, instruction: object) -> None:
-        self.sent.append(instruction)  # type: ignore[attr-defined]
-
-    def close(self) -> None:
-        self.closed = True
-
-
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
-    config = ControllerConfig(database=f"sqlite:///{tmp_path / 'c.db'}", state_dir=str(tmp_path))
-    clock = ManualClock(1000.0)
-    state = ClusterState(open_store(config.database), config.heartbeat_timeout_s)
-    state.load(clock.now(), config.finished_job_retention_s)
-    engine = Engine(config, state, clock)
-    gpus = tuple(Gpu(i, f"GPU-{i}", "A100", 40960, f"0000:{i:02x}:00.0", 0, "0-3") for i in range(2))
-    engine.agent_connected(KeptLink("n1"), Registration("n1", "10.0.0.1",  # type: ignore[arg-type]
-                                                        NodeInventory("n1", gpus, (), (), cpus=4, memory_mb=4096)))
+    engine = engine_with_node(tmp_path)
     yield engine
     asyncio.run(engine.stop())
 
