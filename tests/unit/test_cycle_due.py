@@ -191,18 +191,20 @@ def test_finished_jobs_are_purged_after_the_retention_and_no_sooner(engine: Engi
     assert set(engine.state.jobs) == {pending}
 
 
+async def until(what: str, condition: Callable[[], bool]) -> None:
+    """Poll ``condition`` under a deadline (not a fixed wait) while the engine's loop runs."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
+
+
 def test_the_scheduler_loop_wakes_for_a_change_and_only_then(engine: Engine, clock: ManualClock,
                                                             link: KeptLink) -> None:
     """The real loop: it plans when the state changes (a submission, a job's end), without waiting for the
     interval, which the manual clock never reaches here."""
 
     async def scenario() -> None:
-        async def until(what: str, condition: Callable[[], bool]) -> None:
-            deadline = asyncio.get_running_loop().time() + 30
-            while not condition():
-                assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-                await asyncio.sleep(0.01)  # polling a condition under a deadline, not a fixed wait
-
         engine.start()
         first = submit(engine, gpus=2)
         await until("the first job to launch", lambda: launched(link) == [first])
@@ -227,12 +229,6 @@ def test_changes_arriving_just_after_a_cycle_are_planned_together(engine: Engine
     monkeypatch.setattr(engine_module, "CYCLE_GATHER_S", 2.0)
 
     async def scenario() -> None:
-        async def until(what: str, condition: Callable[[], bool]) -> None:
-            deadline = asyncio.get_running_loop().time() + 30
-            while not condition():
-                assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-                await asyncio.sleep(0.001)  # polling a condition under a deadline, not a fixed wait
-
         engine.start()
         first = submit(engine, gpus=1)
         await until("the first job to launch", lambda: launched(link) == [first])
