@@ -174,6 +174,7 @@ class TraceRead:
     never_ran: int = 0  # no run time (an empty duration, start or end): cancelled before they started
     steps: int = 0  # sacct's rows of job steps (123.batch, 123.0): the job's own row is the job
     without_arrival: int = 0  # an empty arrival cell (a task still waiting when the trace was cut)
+    still_running: int = 0  # a start and no end: running when the trace was cut, for how long no one knows
 
     def left_out_text(self) -> str:
         """``left out: 3 jobs without GPUs, 1 that never ran`` (empty when nothing was)."""
@@ -181,7 +182,8 @@ class TraceRead:
                  if self.without_gpus else "",
                  f"{self.never_ran} that never ran (no run time)" if self.never_ran else "",
                  f"{self.steps} job step rows" if self.steps else "",
-                 f"{self.without_arrival} without an arrival time" if self.without_arrival else ""]
+                 f"{self.without_arrival} without an arrival time" if self.without_arrival else "",
+                 f"{self.still_running} still running when the trace ends" if self.still_running else ""]
         shown = ", ".join(part for part in parts if part)
         return f"left out: {shown}" if shown else ""
 
@@ -241,7 +243,7 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None,
         raise TraceError(f"{path}: JSON, not CSV: gsim reads a CSV of one job a row (convert it first, e.g. "
                          f"Philly's cluster_job_log with pandas.json_normalize(...).to_csv)")
     given_header = [name.strip() for name in header] if header is not None else None
-    without_gpus = never_ran = steps = without_arrival = 0
+    without_gpus = never_ran = steps = without_arrival = still_running = 0
     with io.StringIO(text, newline="") as handle:
         # The header is the first line with anything on it: a trace written by hand or cut from a larger
         # file may start with blank lines, and csv reads a blank line as a row of no cells.
@@ -313,6 +315,9 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None,
                         f"{'a date' if dated else 'a number of seconds'} among arrival times given as "
                         f"{'dates' if arrivals_dated else 'seconds'}, got {cell('arrival')!r}"
                     )
+                if mapping.duration is None and _known(cell("start")) and not _known(cell("end")):
+                    still_running += 1  # its run time is not known: replaying a guess would invent one
+                    continue
                 duration = _run_time(cell, mapping, where)
                 if not duration:
                     # No run time, or none at all: cancelled before it started (sacct's CANCELLED rows have their
@@ -345,10 +350,10 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None,
         except csv.Error as err:
             raise TraceError(f"{path}, line {reader.line_num}: unreadable CSV: {err}") from None
     if not jobs:
-        left = TraceRead([], without_gpus, never_ran, steps, without_arrival).left_out_text()
+        left = TraceRead([], without_gpus, never_ran, steps, without_arrival, still_running).left_out_text()
         raise TraceError(f"{path}: the trace has no job with GPUs that ran{f' ({left})' if left else ''}")
     jobs.sort(key=lambda j: j.submit_s)  # stable: simultaneous arrivals keep file order
-    return TraceRead(jobs, without_gpus, never_ran, steps, without_arrival)
+    return TraceRead(jobs, without_gpus, never_ran, steps, without_arrival, still_running)
 
 
 def _trace_text(path: Path) -> str:

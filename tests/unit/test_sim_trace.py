@@ -324,6 +324,10 @@ def test_what_other_clusters_traces_write_is_read(tmp_path: Path) -> None:
     assert [(j.job_id, j.gpus, j.time_limit_s) for j in read.jobs] == [("1", 1, None), ("6", 2, None)]
     assert (read.without_arrival, read.never_ran, read.without_gpus) == (1, 2, 1)
     assert read.left_out_text() == "left out: 1 job without GPUs, 2 that never ran (no run time), 1 without an arrival time"
+    running = write(tmp_path, "a,s,e,g\n0,5,15,1\n1,6,,1\n2,,,1\n")  # a start and no end: running at the cut
+    read = read_trace_counted(running, ColumnMapping.parse("arrival=a,start=s,end=e,gpus=g"))
+    assert (len(read.jobs), read.still_running, read.never_ran) == (1, 1, 1)
+    assert read.left_out_text() == "left out: 1 that never ran (no run time), 1 still running when the trace ends"
     dated = write(tmp_path, "a,d,g\n2020/06/09 18:41:01,10,1\n2020-06-09 18:41:02,10,1\n")
     assert [j.submit_s for j in read_trace(dated, ColumnMapping.parse("arrival=a,duration=d,gpus=g"))] == [
         1591728061.0, 1591728062.0]
