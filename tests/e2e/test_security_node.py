@@ -186,7 +186,12 @@ def _squat(user: User, ports: list[int]) -> subprocess.Popen[str]:
     code = ("import socket, sys, time\n"
             "held = []\n"
             f"for port in {ports!r}:\n"
-            "    s = socket.socket(); s.bind(('0.0.0.0', port)); s.listen(); held.append(s)\n"
+            "    s = socket.socket()\n"
+            "    try:\n"
+            "        s.bind(('0.0.0.0', port))\n"
+            "    except OSError:\n"  # held already (another process's port, or a connection's): not free either
+            "        s.close(); continue\n"
+            "    s.listen(); held.append(s)\n"
             "print('ready', flush=True)\n"
             "time.sleep(600)\n")
     squatter = subprocess.Popen(["/usr/bin/python3", "-c", code], user=user.uid, group=user.gid,
