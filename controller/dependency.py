@@ -115,7 +115,7 @@ def typed_dependencies(
     items = []
     for item in dependencies.items:
         if item.kind == AFTERCORR:
-            refs = tuple(tuple(j.state for j in _corresponding(jobs_for(ref), array_task)) for ref in item.jobs)
+            refs = tuple(tuple(j.state for j in _corresponding(jobs_for, ref, array_task)) for ref in item.jobs)
             items.append(DependencyItem(DependencyKind.AFTEROK, refs))
         else:
             items.append(DependencyItem(DependencyKind(item.kind),
@@ -123,13 +123,15 @@ def typed_dependencies(
     return JobDependencies(tuple(items), dependencies.any_of, singleton_key if dependencies.singleton else None)
 
 
-def _corresponding(jobs: Sequence[Job], array_task: int | None) -> Sequence[Job]:
-    """Of the jobs a reference stands for, the array task with the dependent task's index, if there is one;
-    else all of them."""
-    if array_task is None:
-        return jobs
-    same = [job for job in jobs if job.array_task_id == array_task]
-    return same or jobs
+def _corresponding(jobs_for: Callable[[str], Sequence[Job]], ref: str, array_task: int | None) -> Sequence[Job]:
+    """The task of array ``ref`` with the dependent task's index, looked up as ``REF_INDEX`` (by id where the
+    array's indices allow, not by a scan of its tasks for each dependent task); else every job ``ref`` stands
+    for."""
+    if array_task is not None and "_" not in ref:
+        same = jobs_for(f"{ref}_{array_task}")
+        if same:
+            return same
+    return jobs_for(ref)
 
 
 _REASONS = {DependencyStatus.SATISFIED: SATISFIED, DependencyStatus.WAITING: WAITING, DependencyStatus.NEVER: NEVER}

@@ -109,18 +109,25 @@ def test_aftercorr_waits_for_the_task_with_the_same_index() -> None:
 
     tasks = [replace(job(n, state, 10), array_task_id=n - 10) for n, state in
              ((11, JobState.COMPLETED), (12, JobState.FAILED), (13, JobState.RUNNING))]
-    known = {"10": tasks}
+    looked_up: list[str] = []
+
+    def known(ref: str) -> list[Job]:  # what the controller's JobLookup gives: a task by REF_INDEX, or them all
+        looked_up.append(ref)
+        head, _, index = ref.partition("_")
+        return [t for t in tasks if not index or t.array_task_id == int(index)] if head == "10" else []
+
     dependencies = parse_dependency("aftercorr:10")
     assert format_dependency(dependencies) == "aftercorr:10"
 
     def status(array_task: int | None) -> DependencyStatus:
-        return dependency_status(typed_dependencies(dependencies, known.__getitem__, array_task=array_task), False)
+        return dependency_status(typed_dependencies(dependencies, known, array_task=array_task), False)
 
     assert status(1) == DependencyStatus.SATISFIED  # A_1 completed
+    assert looked_up == ["10_1"]  # the task itself, not the whole array scanned for it
     assert status(2) == DependencyStatus.NEVER  # A_2 failed
     assert status(3) == DependencyStatus.WAITING  # A_3 still runs
     assert status(7) == DependencyStatus.NEVER  # no A_7: all of A, and A_2 failed
     assert status(None) == DependencyStatus.NEVER
-    plain = {"10": [job(10, JobState.COMPLETED)]}  # a job that is no array: afterok on it
+    plain = {"10": [job(10, JobState.COMPLETED)], "10_4": []}  # a job that is no array: afterok on it
     assert dependency_status(typed_dependencies(dependencies, plain.__getitem__, array_task=4), False) == \
         DependencyStatus.SATISFIED
