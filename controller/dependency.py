@@ -38,9 +38,9 @@ from garrison.controller.sched.dependencies import (
 from garrison.controller.sched.plan import Reason
 from garrison.model.domain import Job
 
-KINDS = ("after", "afterany", "afterok", "afternotok", "aftercorr", "singleton")
-MAX_DEPENDENCY_JOBS = 100
 AFTERCORR = "aftercorr"
+KINDS = ("after", "afterany", "afterok", "afternotok", AFTERCORR, "singleton")
+MAX_DEPENDENCY_JOBS = 100
 _JOB_REF = re.compile(r"[0-9]{1,18}(_[0-9]{1,9})?")
 
 # What a pending job waits for (gqueue's reason), or SATISFIED.

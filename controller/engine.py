@@ -444,7 +444,6 @@ class Engine:
         job = ins.job
         attempt = job.attempts[ins.attempt]
         names = attempt.allocation.node_names
-        head = self.sessions.get(names[0])
         spec = job.spec
         warning = parse_signal_request(spec.signal) if spec.signal else None
         return LaunchDescription(
@@ -456,7 +455,7 @@ class Engine:
             spec=job.spec,
             allocation=attempt.allocation,
             node_rank=names.index(ins.node),
-            master_addr=head.address if head is not None else names[0],
+            master_addr=self._node_address(names[0]),
             master_port=self._master_port(job.job_id, ins.attempt, names[0]),
             restart_count=job.restart_count,
             kill_wait_s=self.config.kill_wait_s,
@@ -484,9 +483,7 @@ class Engine:
         known = self._ports.get((job.job_id, attempt))
         if known is None:
             return None
-        head = known[0]
-        session = self.sessions.get(head)
-        return (session.address if session is not None else head), known[1]
+        return self._node_address(known[0]), known[1]
 
     def _master_port(self, job_id: int, attempt: int, head: str) -> int:
         """The attempt's rendezvous port (controller/rendezvous.py), the same for every node of its gang

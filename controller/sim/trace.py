@@ -134,8 +134,8 @@ def _arrival(text: str, where: str, column: str) -> tuple[float, bool]:
 
 
 def _gpu_count(text: str, where: str, column: str) -> int:
-    """A whole number of GPUs, 0 included (a CPU job, which the caller leaves out), or a Slurm TRES list as
-    sacct prints AllocTRES (``billing=8,cpu=8,gres/gpu=2,mem=64G,node=1``: 2; no gres/gpu: 0)."""
+    """A number of GPUs, 0 included (a CPU job, which the caller leaves out; a share of one is one), or a Slurm
+    TRES list as sacct prints AllocTRES (``billing=8,cpu=8,gres/gpu=2,mem=64G,node=1``: 2; no gres/gpu: 0)."""
     if "=" in text:
         return _tres_gpus(text, where, column)
     try:
