@@ -81,6 +81,7 @@ def _parser() -> Parser:
     add("--gpus-per-task", metavar="[TYPE:]N",
         help="GPUs each task holds (out of the job's, whose type they have: srun's TYPE: is taken as given).")
     add("-c", "--cpus-per-task", type=int, help="CPUs each task holds (out of the job's).")
+    add("--tres-per-task", metavar="cpu=N,gres/gpu[:TYPE]=N", help="Resources per task, as -c and --gpus-per-task.")
     add("-w", "--nodelist", default="", help="Nodes the step must use (comma list or host list).")
     add("--gpu-bind", default="", help="none, closest, single:N, map_gpu:A,B,...")
     add("--cpu-bind", default="", help="none, cores, map_cpu:A,B,...")
@@ -123,6 +124,7 @@ def _parser() -> Parser:
     parser.ignored_flags = {flag: flags[-1] for flags in IGNORED_FLAG_OPTIONS for flag in flags}
     parser.aliases = dict(OPTION_ALIASES)
     parser.slurm_names = frozenset(f"--{name}" for name in SRUN_OPTION_NAMES)
+    parser.slurm_command = "srun"
     return parser
 
 
@@ -159,6 +161,27 @@ def _gpus_per_task(text: str | None) -> int | None:
         return parse_gpu_request(text)[1]
     except UsageError as problem:
         raise UsageError(f"--gpus-per-task: {problem}") from None
+
+
+def _apply_tres_per_task(args: argparse.Namespace) -> None:
+    """--tres-per-task's cpu and gres/gpu as -c and --gpus-per-task (the same to srun): given both ways, the
+    counts must agree."""
+    if args.tres_per_task is None:
+        return
+    from garrison.cmdline.parsing import parse_tres_per_task
+
+    try:
+        cpus, gpus = parse_tres_per_task(args.tres_per_task)
+    except UsageError as problem:
+        raise UsageError(f"--tres-per-task: {problem}") from None
+    if cpus is not None:
+        if args.cpus_per_task not in (None, cpus):
+            raise UsageError(f"--tres-per-task: cpu={cpus} conflicts with -c {args.cpus_per_task}")
+        args.cpus_per_task = cpus
+    if gpus is not None:
+        if args.gpus_per_task is not None and _gpus_per_task(args.gpus_per_task) != _gpus_per_task(gpus):
+            raise UsageError(f"--tres-per-task: gres/gpu {gpus} conflicts with --gpus-per-task {args.gpus_per_task}")
+        args.gpus_per_task = args.gpus_per_task or gpus
 
 
 def _gres_gpus_per_task(args: argparse.Namespace, environ: dict[str, str], ntasks: int | None, nodes: int | None,
@@ -257,6 +280,7 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
         raise UsageError("no command to run (gsrun [options] COMMAND [ARGS...])")
     if args.input not in ("", "none", os.devnull):
         raise UsageError(f"--input {args.input[:60]!r}: only --input=none is taken (the tasks read {os.devnull})")
+    _apply_tres_per_task(args)
     ntasks = _positive(args.ntasks, "-n")
     nodes = _positive(args.nodes, "-N")
     per_node = _positive(args.ntasks_per_node, "--ntasks-per-node")

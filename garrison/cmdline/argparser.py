@@ -52,6 +52,7 @@ class Parser(argparse.ArgumentParser):
         # The command's Slurm counterpart's long names ("--gres", ...; garrison/cmdline/slurm_names.py): a prefix
         # is resolved over these too, so a word never stands for another option than it does to Slurm.
         self.slurm_names: frozenset[str] = frozenset()
+        self.slurm_command = "Slurm"  # the counterpart's name, for the error about an option of it we lack
         self.ignored: list[str] = []  # what the last parse_args dropped, in order, each once
 
     def error(self, message: str) -> NoReturn:
@@ -103,8 +104,11 @@ class Parser(argparse.ArgumentParser):
             matches = sorted({self.aliases.get(flag, flag) for flag in known | self.slurm_names if flag.startswith(name)})
             if len(matches) > 1:
                 self.error(f"option {name} is ambiguous: {', '.join(matches)}")
-            if matches and matches[0] in known:  # a Slurm option we lack stays unknown: argparse names it
+            if matches:
                 name = matches[0]
+        if name in self.slurm_names and name not in known:
+            # Said as such, not as argparse's "unrecognized arguments": the script is right for Slurm.
+            self.error(f"{name}: {self.slurm_command}'s option is not supported by {self.prog}")
         return f"{self.aliases.get(name, name)}{equals}{value}"
 
     def _values_attached(self, words: list[str]) -> list[str]:

@@ -289,6 +289,52 @@ def parse_gres(text: str) -> tuple[str | None, int]:
         raise UsageError(f"invalid --gres {text!r}: expected gpu[:TYPE]:N, such as gpu:4 or gpu:a100:4") from None
 
 
+_TRES_ITEM = re.compile(r"(cpu|gres[/:]gpu)(?::([A-Za-z0-9][A-Za-z0-9._-]*))?(?:[=:]([0-9]+))?", re.IGNORECASE)
+
+
+def parse_tres_per_task(text: str) -> tuple[int | None, str | None]:
+    """sbatch's and srun's ``--tres-per-task=cpu=4,gres/gpu:a100=1`` -> (CPUs per task, GPUs per task as
+    --gpus-per-task takes them: ``N`` or ``TYPE:N``), None for what it leaves out.
+
+    As Slurm writes each item, ``TRES[/NAME]=COUNT``; ``:`` before the count and ``gres:gpu`` (the older
+    spelling, which Slurm's own --gpus-per-task turns into) are read too, and a gres without a count is one.
+    Garrison schedules CPUs and GPUs per task: any other resource (a license, a shard) is an error naming it.
+    """
+    cpus: int | None = None
+    gpus: str | None = None
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            raise UsageError(f"invalid {text!r}: an empty item (expected cpu=N or gres/gpu[:TYPE]=N, comma-separated)")
+        match = _TRES_ITEM.fullmatch(item)
+        if match is None:
+            name = re.split(r"[=:]", item, maxsplit=1)[0]
+            if name.lower() in ("cpu", "gres/gpu", "gres:gpu"):
+                raise UsageError(f"invalid item {item!r}: expected cpu=N or gres/gpu[:TYPE]=N")
+            raise UsageError(f"{name!r} is not a resource Garrison gives per task: use cpu=N or gres/gpu[:TYPE]=N")
+        kind, gpu_type, count_text = match.group(1).lower(), match.group(2), match.group(3)
+        if gpu_type is not None and gpu_type.isdigit() and count_text is None:
+            gpu_type, count_text = None, gpu_type  # gres/gpu:2, cpu:4: the count after a colon
+        if kind == "cpu":
+            if gpu_type is not None or count_text is None:
+                raise UsageError(f"invalid item {item!r}: expected cpu=N")
+            if cpus is not None:
+                raise UsageError("cpu is given twice")
+            cpus = _item_count(item, count_text)
+        else:
+            if gpus is not None:
+                raise UsageError("gres/gpu is given twice")
+            count = _item_count(item, count_text or "1")
+            gpus = f"{gpu_type}:{count}" if gpu_type else str(count)
+    return cpus, gpus
+
+
+def _item_count(item: str, count_text: str) -> int:
+    try:
+        return parse_count(count_text)
+    except UsageError as problem:
+        raise UsageError(f"{item!r}: the count {problem}") from None
+
+
 @dataclass(frozen=True)
 class ArraySpec:
     """The task indices of a job array, ascending and distinct, and how many may run at once."""

@@ -39,6 +39,7 @@ from .parsing import (
     parse_nice,
     parse_node_count,
     parse_submit_time_limit,
+    parse_tres_per_task,
     read_directive_lines,
     slurm_dependency,
 )
@@ -80,8 +81,9 @@ IGNORED_FLAG_OPTIONS = (
     ("--oom-kill-step",), ("--resv-ports",), ("--get-user-env",), ("--propagate",),
 )
 # Other names Slurm gives an option (getopt_long reads a prefix of these as the option too: sbatch --tasks=14 is
-# --tasks-per-node=14, its deprecated spelling of --ntasks-per-node).
-OPTION_ALIASES = {"--tasks-per-node": "--ntasks-per-node", "--cluster": "--clusters"}
+# --tasks-per-node=14, its deprecated spelling of --ntasks-per-node; --ntasks-per-tres is tasks per GPU).
+OPTION_ALIASES = {"--tasks-per-node": "--ntasks-per-node", "--cluster": "--clusters",
+                  "--ntasks-per-tres": "--ntasks-per-gpu"}
 WRAP_SHEBANG = "#!/bin/sh\n"
 
 
@@ -142,6 +144,8 @@ def _gsub_parser() -> Parser:
     _option(parser, "-c", "--cpus-per-task", metavar="N", help_text="CPUs per task, also for a job without GPUs.")
     _option(parser, "--gpus-per-task", metavar="[TYPE:]N", help_text="GPUs per task: -n 8 --gpus-per-task 1 is 8 GPUs.")
     _option(parser, "--ntasks-per-gpu", metavar="N", help_text="Tasks per GPU: with -G 4, 2 makes 8 tasks.")
+    _option(parser, "--tres-per-task", metavar="cpu=N,gres/gpu[:TYPE]=N",
+            help_text="Resources per task, as -c N and --gpus-per-task [TYPE:]N.")
     _option(parser, "--gres", metavar="gpu[:TYPE]:N", help_text="GPUs on each node, as --gpus-per-node [TYPE:]N.")
     _option(parser, "--comment", metavar="TEXT", help_text="A comment stored with the job (gjob shows it).")
     parser.add_argument("--open-mode", choices=["append", "truncate"],
@@ -195,6 +199,7 @@ def _gsub_parser() -> Parser:
     parser.ignored_flags = {flag: flags[-1] for flags in IGNORED_FLAG_OPTIONS for flag in flags}
     parser.aliases = dict(OPTION_ALIASES)
     parser.slurm_names = frozenset(f"--{name}" for name in SBATCH_OPTION_NAMES)
+    parser.slurm_command = "sbatch"
     parser.epilog = ("Accepted from sbatch scripts and not acted on (a warning names them): "
                      + ", ".join(flags[-1] for flags in IGNORED_VALUE_OPTIONS + IGNORED_FLAG_OPTIONS) + ".")
     parser.add_argument("script", nargs="?",
@@ -229,6 +234,7 @@ class _ChosenOptions:
 
     def __init__(self) -> None:
         self._values: dict[str, tuple[object, str]] = {}
+        self._precedence: dict[str, int] = {}  # of the source each value came from: a higher one overrides
         self._ignored: dict[str, None] = {}
 
     def text(self, name: str) -> str | None:
@@ -241,17 +247,24 @@ class _ChosenOptions:
         assert value is None or isinstance(value, bool), name
         return value
 
-    def apply(self, values: Mapping[str, object], origin: str) -> None:
+    def apply(self, values: Mapping[str, object], origin: str, precedence: int) -> None:
         for name, value in values.items():
             if name == "ignored":  # collected from every source, not overridden
                 assert isinstance(value, tuple)
                 self._ignored.update(dict.fromkeys(value))
             else:
                 self._values[name] = (value, origin)
+                self._precedence[name] = precedence
+
+    def precedence(self, name: str) -> int:
+        return self._precedence.get(name, -1)
 
     def ignored(self) -> tuple[str, ...]:
         """The options given that Garrison accepts and does not act on, as their long flags."""
         return tuple(self._ignored)
+
+    def origin(self, name: str) -> str:
+        return self._values.get(name, (None, ""))[1]
 
     def error(self, name: str, problem: str) -> UsageError:
         _, origin = self._values.get(name, (None, ""))
@@ -359,6 +372,26 @@ def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | 
     return gpu_type, counts["gpus"], counts["gpus_per_node"], counts["gpus_per_task"]
 
 
+def _apply_tres_per_task(chosen: _ChosenOptions) -> None:
+    """--tres-per-task's cpu and gres/gpu given as -c and --gpus-per-task, which they are to Slurm. Where both
+    are given, the one from the higher source wins (the command line over a directive, as for any option); from
+    the same one, the same count is accepted and different ones refused."""
+    text = chosen.text("tres_per_task")
+    if text is None:
+        return
+    try:
+        cpus, gpus = parse_tres_per_task(text)
+    except UsageError as problem:
+        raise chosen.error("tres_per_task", str(problem)) from None
+    for name, value in (("cpus_per_task", None if cpus is None else str(cpus)), ("gpus_per_task", gpus)):
+        given = chosen.text(name)
+        if value is None or given == value or chosen.precedence(name) > chosen.precedence("tres_per_task"):
+            continue
+        if given is not None and chosen.precedence(name) == chosen.precedence("tres_per_task"):
+            raise chosen.error("tres_per_task", f"{text!r} conflicts with --{name.replace('_', '-')} {given}")
+        chosen.apply({name: value}, chosen.origin("tres_per_task"), chosen.precedence("tres_per_task"))
+
+
 def _current_umask() -> int:
     """The caller's umask (reading it means setting it; set it straight back)."""
     mask = os.umask(0o022)
@@ -374,6 +407,7 @@ ENVIRONMENT_OPTIONS = {
     "CPUS_PER_GPU": "cpus_per_gpu", "MEM_PER_NODE": "mem", "EXPORT": "export", "SIGNAL": "signal",
     "MEM_PER_GPU": "mem_per_gpu", "MEM_PER_CPU": "mem_per_cpu", "GPUS_PER_TASK": "gpus_per_task", "GRES": "gres",
     "OPEN_MODE": "open_mode", "CONSTRAINT": "constraint", "ARRAY_INX": "array", "EXCLUSIVE": "exclusive",
+    "TRES_PER_TASK": "tres_per_task",
 }
 # The flags among them: set to anything, they give the option (SBATCH_NO_REQUEUE=1 is --no-requeue).
 ENVIRONMENT_FLAGS = {"REQUEUE": ("requeue", True), "NO_REQUEUE": ("requeue", False), "WAIT": ("wait", True)}
@@ -410,6 +444,10 @@ def _quoted_briefly(message: str) -> str:
         return f"{quote}{body[:DIRECTIVE_QUOTE_LIMIT]}...{quote}"
 
     return re.sub(r"(['\"])(.*?)\1", cut, message)
+
+
+_ENVIRONMENT_PRECEDENCE = 2  # above #SBATCH (0) and #GSUB (1) lines
+_COMMAND_LINE_PRECEDENCE = 3
 
 
 def _directive_options(script: str, script_text: str, directive: str) -> list[tuple[dict[str, object], str]]:
@@ -480,9 +518,9 @@ def parse_submission(
             assert script is not None
             script_text = _read_script(script, cwd, read_file)
             script_name = script
-        for directive in ("#SBATCH", "#GSUB"):  # lowest precedence first: each later one overrides
+        for precedence, directive in enumerate(("#SBATCH", "#GSUB")):  # lowest first: each later one overrides
             for options, origin in _directive_options(script_name, script_text, directive):
-                chosen.apply(options, origin)
+                chosen.apply(options, origin, precedence)
         command = tuple(str(word) for word in script_args)
     else:
         assert wrap is not None
@@ -491,8 +529,8 @@ def parse_submission(
         script_text = WRAP_SHEBANG + wrap + "\n"
         command = ()
     for variable, option in _environment_options(environ):
-        chosen.apply(option, f"${variable}: ")
-    chosen.apply(command_line, "")
+        chosen.apply(option, f"${variable}: ", _ENVIRONMENT_PRECEDENCE)
+    chosen.apply(command_line, "", _COMMAND_LINE_PRECEDENCE)
 
     def converted(name: str, parse: Callable[[str], _Value]) -> _Value | None:
         value = chosen.text(name)
@@ -503,6 +541,7 @@ def parse_submission(
         except UsageError as problem:
             raise chosen.error(name, str(problem)) from None
 
+    _apply_tres_per_task(chosen)
     gpu_type, gpus, gpus_per_node, gpus_per_task = _gpu_request(chosen)
     chdir = chosen.nonempty_text("chdir")
     launch = chosen.text("launch")

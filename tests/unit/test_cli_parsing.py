@@ -21,6 +21,7 @@ from garrison.cmdline.parsing import (
     parse_memory_mb,
     parse_submit_time_limit,
     parse_time_limit,
+    parse_tres_per_task,
     read_directive_lines,
     read_directives,
 )
@@ -880,3 +881,44 @@ def test_host_names_split_before_their_number_as_the_pattern_splits_them(name: s
     match = re.fullmatch(r"(.*?)(\d+)", name)
     assert trailing_number(name) == (match.groups() if match else None)
     assert _ascii_digits(name) == (re.fullmatch("[0-9]+", name) is not None)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("cpu=4", (4, None)), ("cpu:4", (4, None)), ("gres/gpu=2", (None, "2")), ("gres/gpu:2", (None, "2")),
+    ("gres/gpu:a100=2", (None, "a100:2")), ("gres/gpu:a100:2", (None, "a100:2")), ("gres:gpu:1", (None, "1")),
+    ("gres/gpu", (None, "1")), ("cpu=8,gres/gpu:h100=1", (8, "h100:1")), ("GRES/GPU=1", (None, "1")),
+])
+def test_tres_per_task(text: str, expected: tuple[int | None, str | None]) -> None:
+    assert parse_tres_per_task(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "cpu", "cpu=0", "cpu=1,cpu=2", "gres/gpu=1,gres/gpu=1", "license/x=1",
+                                  "mem=4G", "gres/shard=1", "cpu=1,", "gres/gpu:a100=x"])
+def test_bad_tres_per_task_is_refused(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_tres_per_task(text)
+
+
+def test_tres_per_task_is_c_and_gpus_per_task_as_to_sbatch(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -n 2\n#SBATCH --tres-per-task=cpu=4,gres/gpu:a100=1\ntrue\n")
+    spec = parse_submission(["job.sh"], {}, str(tmp_path)).spec
+    assert (spec.cpus_per_task, spec.gpus_per_task, spec.gpu_type) == (4, 1, "a100")
+    # The command line overrides a directive, whichever of the two spellings each uses.
+    assert parse_submission(["-c", "2", "job.sh"], {}, str(tmp_path)).spec.cpus_per_task == 2
+    spec = parse_submission(["job.sh"], {"SBATCH_TRES_PER_TASK": "cpu=6"}, str(tmp_path)).spec
+    assert (spec.cpus_per_task, spec.gpus_per_task) == (6, None)
+    assert parse_submission(["--tres-per-task=cpu=2", "-c", "2", "job.sh"], {}, str(tmp_path)).spec.cpus_per_task == 2
+    with pytest.raises(UsageError, match="--tres-per-task: 'cpu=2' conflicts with --cpus-per-task 3"):
+        parse_submission(["--tres-per-task=cpu=2", "-c", "3", "job.sh"], {}, str(tmp_path))
+    script.write_text("#!/bin/bash\n#SBATCH -c 2\n#SBATCH --tres-per-task=cpu=4\ntrue\n")
+    with pytest.raises(UsageError, match="job.sh line 3: --tres-per-task"):
+        parse_submission(["job.sh"], {}, str(tmp_path))
+
+
+def test_an_sbatch_option_gsub_lacks_is_named_as_sbatch_s(tmp_path: Path) -> None:
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --gpus-per-socket=1\ntrue\n")
+    with pytest.raises(UsageError, match="job.sh line 2: --gpus-per-socket: sbatch's option is not supported by gsub"):
+        parse_submission(["job.sh"], {}, str(tmp_path))
+    with pytest.raises(UsageError, match="--nodefile: sbatch's option"):
+        parse_submission(["--nodef=hosts", "--wrap", "true"], {}, str(tmp_path))

@@ -31,7 +31,9 @@ PARSE_ONLY: list[dict[str, Any]] = tomllib.loads((CORPUS / "parse_only.toml").re
 SLURM_OPTIONS = {"sbatch": SBATCH_OPTION_NAMES, "srun": SRUN_OPTION_NAMES}
 ENVIRON = {"HOME": "/home/ann", "USER": "ann", "PATH": "/usr/bin"}
 # Names Slurm gives one option twice: each stands for the other, as getopt_long's same `val` makes them.
-SLURM_ALIASES = {"--tasks-per-node": "--ntasks-per-node", "--cluster": "--clusters", "--cpu_bind": "--cpu-bind"}
+# Names Slurm gives one meaning under two options: --ntasks-per-tres is --ntasks-per-gpu (sbatch's manual says so).
+SLURM_ALIASES = {"--tasks-per-node": "--ntasks-per-node", "--cluster": "--clusters", "--cpu_bind": "--cpu-bind",
+                 "--ntasks-per-tres": "--ntasks-per-gpu"}
 
 
 def srun_lines(script: str, environ: dict[str, str]) -> list[list[str]]:
@@ -176,7 +178,7 @@ def test_a_slurm_option_we_lack_is_refused_not_read_as_a_longer_one_of_ours() ->
     parser.add_argument("command", nargs="...")
     parser.ignored_values = {"--gres-flags": "--gres-flags"}
     parser.slurm_names = frozenset({"--gres", "--gres-flags"})
-    with pytest.raises(UsageError, match="unrecognized arguments: --gres=gpu:1"):
+    with pytest.raises(UsageError, match="--gres: Slurm's option is not supported by srun"):
         parser.parse_args(["--gres=gpu:1", "python", "train.py"])
     # A prefix only Slurm's own names make ambiguous is ambiguous, as getopt_long finds it.
     with pytest.raises(UsageError, match="ambiguous"):

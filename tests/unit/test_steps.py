@@ -395,3 +395,20 @@ def test_failed_tasks_are_named_per_node_as_srun_names_them() -> None:
         "n1: tasks 0-1: Killed", "n2: task 3: Segmentation fault"]
     assert task_failures(["n1", "n2"], 3, None, [0, 0, 0]) == []
     assert task_failures([], 0, None, []) == [] and task_failures(["n1"], 2, None, [1]) == []
+
+
+def test_gsrun_tres_per_task_is_c_and_gpus_per_task() -> None:
+    spec = gsrun_spec("-n", "2", "--tres-per-task=cpu=3,gres/gpu:a100=1", "true")
+    assert (spec["cpus_per_task"], spec["gpus_per_task"], spec["env"]["SLURM_CPUS_PER_TASK"]) == (3, 1, "3")
+    assert gsrun_spec("--tres-per-task", "gres/gpu:2", "-c", "1", "true")["gpus_per_task"] == 2
+    for bad in (["--tres-per-task=cpu=2", "-c", "3", "x"], ["--tres-per-task=gres/gpu=1", "--gpus-per-task=2", "x"],
+                ["--tres-per-task=license/matlab=1", "x"]):
+        with pytest.raises(UsageError, match="--tres-per-task"):
+            gsrun_spec(*bad)
+
+
+def test_an_srun_option_gsrun_lacks_is_named_as_srun_s() -> None:
+    with pytest.raises(UsageError, match="--bcast: srun's option is not supported by gsrun"):
+        gsrun_spec("--bcast=/tmp/x", "true")
+    with pytest.raises(UsageError, match="--bcast-exclude: srun's option"):  # a unique prefix, as getopt reads it
+        gsrun_spec("--bcast-ex=x", "true")
