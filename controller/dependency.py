@@ -6,7 +6,9 @@ Pure: no I/O, the jobs are passed in. A dependency list is a list of TYPE:JOB[:J
 item every job must satisfy the type. JOB is a job id, an array's id (every task of it) or one array task
 (12_3). The types, as in Slurm:
 
-- ``after``: each job has started (or was cancelled before it could);
+- ``after``: each job has started (or was cancelled before it could); ``after:12+5``, and 5 minutes have
+  passed since (since the last of the jobs the reference stands for started). As in Slurm, a ``+MINUTES`` on a
+  reference of another type is taken and means nothing;
 - ``afterany``: each job has ended, however;
 - ``afterok``: each job has completed with exit code 0;
 - ``afternotok``: each job has ended otherwise (failed, timed out, cancelled, node failure);
@@ -42,6 +44,8 @@ AFTERCORR = "aftercorr"
 KINDS = ("after", "afterany", "afterok", "afternotok", AFTERCORR, "singleton")
 MAX_DEPENDENCY_JOBS = 100
 _JOB_REF = re.compile(r"[0-9]{1,18}(_[0-9]{1,9})?")
+_DELAY = re.compile(r"[0-9]{1,7}")  # minutes: up to 19 years
+SECONDS_PER_MINUTE = 60
 
 # What a pending job waits for (gqueue's reason), or SATISFIED.
 SATISFIED = ""
@@ -53,6 +57,7 @@ NEVER = Reason.DEPENDENCY_NEVER_SATISFIED
 class Dependency:
     kind: str  # one of KINDS
     jobs: tuple[str, ...]  # job references: "12" or "12_3"
+    delays_min: tuple[int, ...] = ()  # per reference, its +MINUTES (0: none); () where none has one
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +91,20 @@ def parse_dependency(text: str) -> DependencyList:
                 raise ValueError("--dependency: singleton names no job")
             items.append(Dependency(kind, ()))
             continue
-        jobs = tuple(ref.strip() for ref in refs.split(":")) if refs else ()
-        if not jobs:
+        words = tuple(ref.strip() for ref in refs.split(":")) if refs else ()
+        if not words:
             raise ValueError(f"--dependency: {kind} names no job")
-        for ref in jobs:
+        jobs, delays = [], []
+        for word in words:
+            ref, plus, delay = word.partition("+")
             if not _JOB_REF.fullmatch(ref):
                 raise ValueError(f"--dependency: {ref!r} is not a job id (12, or 12_3 for an array task)")
+            if plus and not _DELAY.fullmatch(delay):
+                raise ValueError(f"--dependency: {word!r}: the delay after '+' is a whole number of minutes")
+            jobs.append(ref)
+            delays.append(int(delay) if plus else 0)
         count += len(jobs)
-        items.append(Dependency(kind, jobs))
+        items.append(Dependency(kind, tuple(jobs), tuple(delays) if any(delays) else ()))
     if count > MAX_DEPENDENCY_JOBS:
         raise ValueError(f"--dependency: at most {MAX_DEPENDENCY_JOBS} jobs, got {count}")
     return DependencyList(tuple(items), any_of)
@@ -101,8 +112,14 @@ def parse_dependency(text: str) -> DependencyList:
 
 def format_dependency(dependencies: DependencyList) -> str:
     return ("?" if dependencies.any_of else ",").join(
-        f"{item.kind}:{':'.join(item.jobs)}" if item.jobs else item.kind for item in dependencies.items
+        f"{item.kind}:{':'.join(_with_delays(item))}" if item.jobs else item.kind for item in dependencies.items
     )
+
+
+def _with_delays(item: Dependency) -> tuple[str, ...]:
+    if not item.delays_min:
+        return item.jobs
+    return tuple(f"{ref}+{delay}" if delay else ref for ref, delay in zip(item.jobs, item.delays_min, strict=True))
 
 
 def typed_dependencies(
@@ -117,10 +134,27 @@ def typed_dependencies(
         if item.kind == AFTERCORR:
             refs = tuple(tuple(j.state for j in _corresponding(jobs_for, ref, array_task)) for ref in item.jobs)
             items.append(DependencyItem(DependencyKind.AFTEROK, refs))
+        elif item.kind == "after" and item.delays_min:
+            found = [jobs_for(ref) for ref in item.jobs]
+            items.append(DependencyItem(DependencyKind.AFTER, tuple(tuple(j.state for j in jobs) for jobs in found),
+                                        tuple(_ready_at(jobs, delay) for jobs, delay in
+                                              zip(found, item.delays_min, strict=True))))
         else:
             items.append(DependencyItem(DependencyKind(item.kind),
                                         tuple(tuple(j.state for j in jobs_for(ref)) for ref in item.jobs)))
     return JobDependencies(tuple(items), dependencies.any_of, singleton_key if dependencies.singleton else None)
+
+
+def _ready_at(jobs: Sequence[Job], delay_min: int) -> float | None:
+    """When ``after:REF+delay_min`` holds for the jobs REF stands for: ``delay_min`` minutes after the last of
+    them started (or ended, for one cancelled before it started: Slurm's start time then); None while one has
+    neither (pending); 0.0 without a delay. A reference no longer known holds at once, as without a delay."""
+    if not delay_min:
+        return 0.0
+    moments = [job.start_time if job.start_time is not None else job.end_time for job in jobs]
+    if any(moment is None for moment in moments):
+        return None
+    return max((m for m in moments if m is not None), default=0.0) + delay_min * SECONDS_PER_MINUTE
 
 
 def _corresponding(jobs_for: Callable[[str], Sequence[Job]], ref: str, array_task: int | None) -> Sequence[Job]:
@@ -138,9 +172,10 @@ _REASONS = {DependencyStatus.SATISFIED: SATISFIED, DependencyStatus.WAITING: WAI
 
 
 def dependency_reason(
-    dependencies: DependencyList, jobs_for: Callable[[str], Sequence[Job]], *, namesake_running: bool = False
+    dependencies: DependencyList, jobs_for: Callable[[str], Sequence[Job]], *, namesake_running: bool = False,
+    now: float = 0.0,
 ) -> str:
-    """SATISFIED, WAITING or NEVER for a pending job's dependency list, as the core decides it. ``jobs_for``
-    gives the jobs a reference stands for ([] when none is known any more); ``namesake_running``, whether
-    another job of the same user and name is running (for singleton)."""
-    return _REASONS[dependency_status(typed_dependencies(dependencies, jobs_for), namesake_running)]
+    """SATISFIED, WAITING or NEVER for a pending job's dependency list at ``now``, as the core decides it.
+    ``jobs_for`` gives the jobs a reference stands for ([] when none is known any more); ``namesake_running``,
+    whether another job of the same user and name is running (for singleton)."""
+    return _REASONS[dependency_status(typed_dependencies(dependencies, jobs_for), namesake_running, now)]

@@ -109,7 +109,7 @@ class CycleState:
     started_now: list[tuple[Allocation, float]] = field(default_factory=list)  # before the timeline exists
     preempted_for: list[tuple[Allocation, float]] = field(default_factory=list)
     overdue_after: float | None = None  # a job pending longer than this is overdue (priority.py); None: no bound
-    wake_at: float | None = None  # the earliest begin time a job waits for (Plan.wake_at)
+    wake_at: float | None = None  # the earliest begin time or after:JOB+MIN delay a job waits for (Plan.wake_at)
     # (placement key, victims allowed) -> the earliest end of a run that found no victims (phases/preempt.py)
     no_victims: dict[tuple[object, ...], float] = field(default_factory=dict)
     priced_at: float = 0.0  # the moment the queue was priced as of (PriorityContext.now)

@@ -9,7 +9,8 @@ formatting, resolving references) stays with the controller (controller/dependen
 
 The rules, as in Slurm:
 
-- ``after``: each job has started (or was cancelled before it could);
+- ``after``: each job has started (or was cancelled before it could), and, where the reference has a delay
+  (``after:12+5``), that many minutes have passed since (the item's ``ready_at``, against the cycle's now);
 - ``afterany``: each job has ended, however;
 - ``afterok``: each job has completed with exit code 0;
 - ``afternotok``: each job has ended otherwise (failed, timed out, cancelled, node failure);
@@ -46,6 +47,10 @@ class DependencyItem:
     kind: DependencyKind
     # Per job reference, the states of the jobs it stands for now (() : none is known any more).
     refs: tuple[tuple[JobState, ...], ...] = ()
+    # ``after`` only, per reference, where one has a delay (after:12+5): the moment its delay has passed since the
+    # last of its jobs started (or was cancelled pending), None while one has not (0.0: no delay); () where no
+    # reference has one.
+    ready_at: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +64,10 @@ class JobDependencies:
         return self.singleton_key is not None
 
 
-def dependency_status(dependencies: JobDependencies, namesake_running: bool) -> DependencyStatus:
-    """Whether the list holds now, may hold later or never will (``namesake_running``: another job of the same
-    user and name holds resources, for singleton)."""
-    statuses = {_item_status(item, namesake_running) for item in dependencies.items}
+def dependency_status(dependencies: JobDependencies, namesake_running: bool, now: float) -> DependencyStatus:
+    """Whether the list holds ``now``, may hold later or never will (``namesake_running``: another job of the
+    same user and name holds resources, for singleton)."""
+    statuses = {_item_status(item, namesake_running, now) for item in dependencies.items}
     if dependencies.any_of:
         if DependencyStatus.SATISFIED in statuses:
             return DependencyStatus.SATISFIED
@@ -72,11 +77,18 @@ def dependency_status(dependencies: JobDependencies, namesake_running: bool) -> 
     return DependencyStatus.WAITING if DependencyStatus.WAITING in statuses else DependencyStatus.SATISFIED
 
 
-def _item_status(item: DependencyItem, namesake_running: bool) -> DependencyStatus:
+def delay_ends(dependencies: JobDependencies, now: float) -> float | None:
+    """The earliest moment after ``now`` that an ``after`` delay ends (a cycle then may start the job, though
+    nothing else changed), or None."""
+    ends = [ready for item in dependencies.items for ready in item.ready_at if ready is not None and ready > now]
+    return min(ends) if ends else None
+
+
+def _item_status(item: DependencyItem, namesake_running: bool, now: float) -> DependencyStatus:
     if item.kind == DependencyKind.SINGLETON:
         return DependencyStatus.WAITING if namesake_running else DependencyStatus.SATISFIED
     status = DependencyStatus.SATISFIED
-    for states in item.refs:
+    for index, states in enumerate(item.refs):
         if not states:
             if item.kind in (DependencyKind.AFTEROK, DependencyKind.AFTERNOTOK):
                 return DependencyStatus.NEVER
@@ -87,6 +99,10 @@ def _item_status(item: DependencyItem, namesake_running: bool) -> DependencyStat
                 return DependencyStatus.NEVER
             if not holds:
                 status = DependencyStatus.WAITING
+        if item.ready_at:
+            ready = item.ready_at[index]
+            if ready is None or ready > now:
+                status = DependencyStatus.WAITING  # its delay runs still
     return status
 
 

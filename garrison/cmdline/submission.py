@@ -192,7 +192,7 @@ def _gsub_parser() -> Parser:
     _option(parser, "-b", "--begin", metavar="TIME",
             help_text="Not before TIME: now+N[s|m|h|d|w], HH:MM[:SS], YYYY-MM-DD[THH:MM[:SS]], noon, tomorrow...")
     _option(parser, "-d", "--dependency", metavar="TYPE:JOB[:JOB...][,...]",
-            help_text="Start only after these jobs: after, afterany, afterok, afternotok or aftercorr (an array task by task), or singleton, e.g. afterok:12,afterany:13.")
+            help_text="Start only after these jobs: after (after:12+5: 5 minutes after 12 started), afterany, afterok, afternotok or aftercorr (an array task by task), or singleton, e.g. afterok:12,afterany:13.")
     _option(parser, "--signal", metavar="[R:]SIG@SECS",
             help_text="Send SIG (e.g. USR1) SECS seconds before the time limit and before preemption.")
     parser.ignored_values = {flag: flags[-1] for flags in IGNORED_VALUE_OPTIONS for flag in flags}

@@ -178,6 +178,25 @@ def test_a_begin_time_makes_a_cycle_due_when_it_comes(engine: Engine, clock: Man
     assert launched(link) == [later]
 
 
+def test_an_after_delay_makes_a_cycle_due_when_it_ends(engine: Engine, clock: ManualClock, link: KeptLink) -> None:
+    first = submit(engine, gpus=1)
+    cycle(engine)
+    engine.agent_message(link, AttemptStarted(first, 0))  # type: ignore[arg-type]
+    clock.advance(10)
+    later = submit(engine, gpus=1, dependency=f"after:{first}+1")  # a minute after the first started
+    cycle(engine)
+    assert engine.state.jobs[later].state == JobState.PENDING
+    assert engine.due.wake_at == pytest.approx(1060.0)  # the queue's repricing may come sooner
+    clock.advance(49.9)
+    cycle(engine)
+    assert engine.state.jobs[later].state == JobState.PENDING
+    assert engine.cycle_due() is None
+    clock.advance(0.1)
+    assert engine.cycle_due() == Why.WAKE
+    cycle(engine)
+    assert launched(link) == [first, later]
+
+
 def test_finished_jobs_are_purged_after_the_retention_and_no_sooner(engine: Engine, clock: ManualClock) -> None:
     first, second, pending = submit(engine, gpus=1), submit(engine, gpus=1), submit(engine, gpus=2)
     engine.cancel(ALICE, CancelCommand(JobFilter(job_refs=(str(first),))))

@@ -37,6 +37,10 @@ def test_lists_of_types_and_jobs() -> None:
     ("afterok:" + ":".join(str(i) for i in range(101)), "--dependency: at most 100 jobs, got 101"),
     ("12", "--dependency: unknown type '12' in '12': use after, afterany, afterok, afternotok, aftercorr, "
            "singleton"),
+    ("after:12+", "--dependency: '12+': the delay after '+' is a whole number of minutes"),
+    ("after:12+1.5", "--dependency: '12+1.5': the delay after '+' is a whole number of minutes"),
+    ("after:12+-3", "--dependency: '12+-3': the delay after '+' is a whole number of minutes"),
+    ("after:+3", "--dependency: '' is not a job id (12, or 12_3 for an array task)"),
 ])
 def test_bad_dependencies_are_named(text: str, message: str) -> None:
     with pytest.raises(ValueError) as caught:
@@ -120,7 +124,7 @@ def test_aftercorr_waits_for_the_task_with_the_same_index() -> None:
     assert format_dependency(dependencies) == "aftercorr:10"
 
     def status(array_task: int | None) -> DependencyStatus:
-        return dependency_status(typed_dependencies(dependencies, known, array_task=array_task), False)
+        return dependency_status(typed_dependencies(dependencies, known, array_task=array_task), False, 0.0)
 
     assert status(1) == DependencyStatus.SATISFIED  # A_1 completed
     assert looked_up == ["10_1"]  # the task itself, not the whole array scanned for it
@@ -129,5 +133,42 @@ def test_aftercorr_waits_for_the_task_with_the_same_index() -> None:
     assert status(7) == DependencyStatus.NEVER  # no A_7: all of A, and A_2 failed
     assert status(None) == DependencyStatus.NEVER
     plain = {"10": [job(10, JobState.COMPLETED)], "10_4": []}  # a job that is no array: afterok on it
-    assert dependency_status(typed_dependencies(dependencies, plain.__getitem__, array_task=4), False) == \
+    assert dependency_status(typed_dependencies(dependencies, plain.__getitem__, array_task=4), False, 0.0) == \
         DependencyStatus.SATISFIED
+
+
+def test_after_with_a_delay_holds_minutes_after_the_jobs_started() -> None:
+    dependencies = parse_dependency("after:12+5:13")
+    assert dependencies.items == (Dependency("after", ("12", "13"), (5, 0)),)
+    assert format_dependency(dependencies) == "after:12+5:13"
+    assert format_dependency(parse_dependency("afterok:12+0")) == "afterok:12"  # +0 is no delay
+    started = {"12": [replace(job(12, JobState.RUNNING), start_time=1000.0)], "13": [job(13, JobState.COMPLETED)]}
+    assert dependency_reason(dependencies, started.__getitem__, now=1000.0 + 299) == WAITING
+    assert dependency_reason(dependencies, started.__getitem__, now=1000.0 + 300) == SATISFIED
+    # A job cancelled before it started counts from its end, as Slurm's start time is then.
+    cancelled = {**started, "12": [replace(job(12, JobState.CANCELLED), end_time=2000.0)]}
+    assert dependency_reason(dependencies, cancelled.__getitem__, now=2000.0 + 299) == WAITING
+    assert dependency_reason(dependencies, cancelled.__getitem__, now=2000.0 + 300) == SATISFIED
+    pending = {**started, "12": [job(12, JobState.PENDING)]}
+    assert dependency_reason(dependencies, pending.__getitem__, now=10**9) == WAITING
+    # An array's reference counts from the last of its tasks to start; a forgotten job holds at once.
+    array = {"12": [replace(job(1, JobState.RUNNING, 12), start_time=1000.0),
+                    replace(job(2, JobState.COMPLETED, 12), start_time=1100.0)], "13": []}
+    assert dependency_reason(dependencies, array.__getitem__, now=1100.0 + 299) == WAITING
+    assert dependency_reason(dependencies, array.__getitem__, now=1100.0 + 300) == SATISFIED
+    assert dependency_reason(parse_dependency("after:12+5"), {"12": []}.__getitem__, now=0.0) == SATISFIED
+    # As in Slurm, a delay on another type is taken and means nothing.
+    ended = {"12": [replace(job(12, JobState.COMPLETED), start_time=1000.0)]}
+    assert dependency_reason(parse_dependency("afterok:12+60"), ended.__getitem__, now=1001.0) == SATISFIED
+
+
+def test_the_core_wakes_when_an_after_delay_ends() -> None:
+    from garrison.controller.dependency import typed_dependencies
+    from garrison.controller.sched.dependencies import delay_ends
+
+    started = {"12": [replace(job(12, JobState.RUNNING), start_time=1000.0)],
+               "13": [replace(job(13, JobState.RUNNING), start_time=1200.0)]}
+    typed = typed_dependencies(parse_dependency("after:12+5:13+1"), started.__getitem__)
+    assert delay_ends(typed, 0.0) == 1260.0
+    assert delay_ends(typed, 1260.0) == 1300.0
+    assert delay_ends(typed, 1300.0) is None

@@ -6,7 +6,12 @@ backfill, the partition a blocked job holds)."""
 from __future__ import annotations
 
 from garrison.controller.sched.cycle_state import CycleState
-from garrison.controller.sched.dependencies import DependencyStatus, JobDependencies, dependency_status
+from garrison.controller.sched.dependencies import (
+    DependencyStatus,
+    JobDependencies,
+    delay_ends,
+    dependency_status,
+)
 from garrison.controller.sched.plan import Reason
 from garrison.controller.sched.snapshot import PendingJob
 from garrison.model.accounts import PartitionDef
@@ -19,10 +24,13 @@ def dependency_wait(state: CycleState, dependencies: JobDependencies) -> str | N
     if found is not None and found[0] is dependencies:
         return found[1]
     key = dependencies.singleton_key
-    status = dependency_status(dependencies, key is not None and key in state.snapshot.running_names)
+    status = dependency_status(dependencies, key is not None and key in state.snapshot.running_names, state.now)
     if status == DependencyStatus.SATISFIED:
         reason = None
     else:
+        ends = delay_ends(dependencies, state.now)
+        if ends is not None and (state.wake_at is None or ends < state.wake_at):
+            state.wake_at = ends  # an after:JOB+MINUTES delay ends then: the plan changes, though nothing else does
         reason = Reason.DEPENDENCY if status == DependencyStatus.WAITING else Reason.DEPENDENCY_NEVER_SATISFIED
     state.dependency_waits[id(dependencies)] = (dependencies, reason)
     return reason
