@@ -48,12 +48,17 @@ IGNORED_VALUE_OPTIONS = (
     ("--reservation",), ("--gres-flags",), ("--tres-bind",), ("--mcs-label",), ("--msg-timeout",),
     ("--slurmd-debug",), ("-T", "--threads"), ("--switches",),
     ("--cores-per-socket",), ("--sockets-per-node",), ("--mincpus",), ("--tmp",),
+    # Scheduling hints for a job, which a step inside one does not have (Slurm ignores them there too).
+    ("--time-min",), ("--prefer",), ("--priority",), ("--deadline",), ("--delay-boot",), ("--extra",),
 )
 IGNORED_FLAG_OPTIONS = (
     ("--exclusive",), ("--exact",), ("--overlap",), ("--whole",), ("-k", "--no-kill"), ("-Q", "--quiet"),
     ("-v", "--verbose"), ("-O", "--overcommit"), ("-s", "--oversubscribe"), ("--quit-on-interrupt",),
     ("-X", "--disable-status"), ("-E", "--preserve-env"), ("--propagate",), ("--contiguous",), ("--spread-job",),
     ("--use-min-nodes",), ("--send-libs",), ("--wait-for-children",),
+    # These take an optional value, attached: --resv-ports=4 (ports for an MPI library's own wire-up, which
+    # Garrison's tasks do without: they get torch's rendezvous variables), --nice=10 (a step has no priority).
+    ("--resv-ports",), ("--nice",), ("--reboot",),
 )
 # --cpu_bind: the spelling Open MPI's launchers still pass, which Slurm keeps for them.
 OPTION_ALIASES = {"--cpu_bind": "--cpu-bind", "--tasks-per-node": "--ntasks-per-node"}
