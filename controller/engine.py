@@ -471,6 +471,7 @@ class Engine:
             array_task_max=spec.array_task_max,
             array_task_step=spec.array_task_step,
             batch_signal=warning.signum if warning is not None and warning.batch_only else 0,
+            start_time=attempt.start_time,
             start_barrier=len(names) > 1,
         )
 

@@ -39,6 +39,7 @@ class LaunchDescription:
     array_task_max: int = 0
     array_task_step: int = 0
     batch_signal: int = 0  # --signal=B:SIG: SIG goes to each rank's own process, not its group; 0 = none
+    start_time: float = 0.0  # the attempt's start as the controller recorded it (SLURM_JOB_START_TIME); 0: unknown
     # A gang of several nodes: the ranks start only once the controller has heard that every node launched
     # (GangRelease), so no rank runs user code when the launch fails on another node. One node: no wait.
     start_barrier: bool = False

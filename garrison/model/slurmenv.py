@@ -14,6 +14,9 @@ from garrison.model.domain import LaunchMode
 from garrison.model.hostlist import compress_hostlist
 from garrison.model.launch import LaunchDescription
 
+# A job without a time limit ends, for SLURM_JOB_END_TIME, a year after it started, as slurmctld records it.
+UNLIMITED_END_S = 365 * 24 * 3600
+
 # Variables that describe the node a process runs on: galloc's command runs on the submitting host, not on
 # an allocated node, so it gets none of them (salloc's neither).
 NODE_LOCAL_VARIABLES = frozenset({"SLURMD_NODENAME", "SLURM_TOPOLOGY_ADDR", "SLURM_TOPOLOGY_ADDR_PATTERN",
@@ -75,11 +78,13 @@ def slurm_environment(launch: LaunchDescription, counts: Sequence[int], cpus_on_
         "SLURM_TOPOLOGY_ADDR": here.node,
         "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
         "SLURM_SUBMIT_DIR": spec.submit_dir or spec.workdir,
-        "SLURM_RESTART_COUNT": str(launch.restart_count),
         "SLURM_JOB_PARTITION": launch.partition,
         "SLURM_JOB_ACCOUNT": launch.account,
         "SLURM_CLUSTER_NAME": launch.cluster_name,
     }
+    if launch.restart_count:
+        # Only once requeued or restarted, as slurmd sets it: `"SLURM_RESTART_COUNT" in os.environ` means "a rerun".
+        env["SLURM_RESTART_COUNT"] = str(launch.restart_count)
     if here.gpus:
         # Only a job with GPUs on the node is told of them, as slurmd does: a script's
         # `${SLURM_GPUS_ON_NODE:-1}` then means what it means under Slurm (a 0 here once made it 0).
@@ -114,6 +119,14 @@ def slurm_environment(launch: LaunchDescription, counts: Sequence[int], cpus_on_
         env["SLURM_SUBMIT_HOST"] = spec.submit_host
     if launch.qos:
         env["SLURM_JOB_QOS"] = launch.qos
+    if launch.start_time:
+        # Epoch seconds, as slurmctld records them: scripts that checkpoint before the limit read the end.
+        env["SLURM_JOB_START_TIME"] = str(int(launch.start_time))
+        env["SLURM_JOB_END_TIME"] = str(int(launch.start_time) + min(launch.time_limit_s, UNLIMITED_END_S))
+    if spec.gpus is not None:
+        env["SLURM_GPUS"] = str(spec.gpus)  # only with -G, as sbatch sets it
+    if spec.cpus_per_gpu:
+        env["SLURM_CPUS_PER_GPU"] = str(spec.cpus_per_gpu)
     if launch.array_job_id is not None and launch.array_task_id is not None:
         env["SLURM_ARRAY_JOB_ID"] = str(launch.array_job_id)
         env["SLURM_ARRAY_TASK_ID"] = str(launch.array_task_id)

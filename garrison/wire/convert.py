@@ -282,6 +282,7 @@ def launch_to_pb(launch: LaunchDescription) -> pb.LaunchJob:
         array_task_max=launch.array_task_max,
         array_task_step=launch.array_task_step,
         batch_signal=launch.batch_signal,
+        start_time=launch.start_time,
         start_barrier=launch.start_barrier,
     )
     if launch.array_job_id is not None:
@@ -317,5 +318,6 @@ def launch_from_pb(msg: pb.LaunchJob) -> LaunchDescription:
         array_task_max=msg.array_task_max,
         array_task_step=msg.array_task_step,
         batch_signal=msg.batch_signal,
+        start_time=msg.start_time,
         start_barrier=msg.start_barrier,
     )

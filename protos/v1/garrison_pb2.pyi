@@ -1793,6 +1793,7 @@ class LaunchJob(_message.Message):
     ARRAY_TASK_MAX_FIELD_NUMBER: _builtins.int
     ARRAY_TASK_STEP_FIELD_NUMBER: _builtins.int
     BATCH_SIGNAL_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
     START_BARRIER_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     attempt: _builtins.int
@@ -1822,6 +1823,8 @@ class LaunchJob(_message.Message):
     array_task_step: _builtins.int
     batch_signal: _builtins.int
     """--signal=B:SIG: SIG reaches each rank's own process only, not its group"""
+    start_time: _builtins.float
+    """the attempt's start, seconds since the epoch (SLURM_JOB_START_TIME); 0: not sent"""
     start_barrier: _builtins.bool
     """A gang's start barrier: the ranks wait until GangRelease (every node of the gang has launched)."""
     @_builtins.property
@@ -1857,11 +1860,12 @@ class LaunchJob(_message.Message):
         array_task_max: _builtins.int = ...,
         array_task_step: _builtins.int = ...,
         batch_signal: _builtins.int = ...,
+        start_time: _builtins.float = ...,
         start_barrier: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_task_id", b"_array_task_id", "array_job_id", b"array_job_id", "array_task_id", b"array_task_id", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_task_id", b"_array_task_id", "account", b"account", "allocation", b"allocation", "array_job_id", b"array_job_id", "array_task_count", b"array_task_count", "array_task_id", b"array_task_id", "array_task_max", b"array_task_max", "array_task_min", b"array_task_min", "array_task_step", b"array_task_step", "attempt", b"attempt", "batch_signal", b"batch_signal", "cluster_name", b"cluster_name", "gid", b"gid", "job_id", b"job_id", "kill_wait_s", b"kill_wait_s", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "partition", b"partition", "qos", b"qos", "restart_count", b"restart_count", "spec", b"spec", "start_barrier", b"start_barrier", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id", "_array_task_id", b"_array_task_id", "account", b"account", "allocation", b"allocation", "array_job_id", b"array_job_id", "array_task_count", b"array_task_count", "array_task_id", b"array_task_id", "array_task_max", b"array_task_max", "array_task_min", b"array_task_min", "array_task_step", b"array_task_step", "attempt", b"attempt", "batch_signal", b"batch_signal", "cluster_name", b"cluster_name", "gid", b"gid", "job_id", b"job_id", "kill_wait_s", b"kill_wait_s", "master_addr", b"master_addr", "master_port", b"master_port", "node_rank", b"node_rank", "partition", b"partition", "qos", b"qos", "restart_count", b"restart_count", "spec", b"spec", "start_barrier", b"start_barrier", "start_time", b"start_time", "time_limit_s", b"time_limit_s", "uid", b"uid", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__array_job_id: _TypeAlias = _typing.Literal["array_job_id"]  # noqa: Y015
     _WhichOneofArgType__array_job_id: _TypeAlias = _typing.Literal["_array_job_id", b"_array_job_id"]  # noqa: Y015

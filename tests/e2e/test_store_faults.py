@@ -237,9 +237,9 @@ def test_a_controller_killed_during_a_preemptions_grace_keeps_it(long_grace_clus
         # killed by a second SIGTERM to the job's processes (the agent's and a restarted controller's), leaving
         # the line without its time.
         f"trap 'read t _ < /proc/uptime; echo USR1 $t >> {signals}' USR1; "
-        f"trap 'read t _ < /proc/uptime; echo TERM $SLURM_RESTART_COUNT $t >> {signals}; exit 143' TERM; "
-        f"echo START $SLURM_RESTART_COUNT >> {signals}; "
-        "while [ $SLURM_RESTART_COUNT -eq 0 ]; do sleep 0.1; done",
+        f"trap 'read t _ < /proc/uptime; echo TERM ${{SLURM_RESTART_COUNT:-0}} $t >> {signals}; exit 143' TERM; "
+        f"echo START ${{SLURM_RESTART_COUNT:-0}} >> {signals}; "
+        "while [ ${SLURM_RESTART_COUNT:-0} -eq 0 ]; do sleep 0.1; done",
     )
     wait_until(lambda: signals.exists() and "START 0" in signals.read_text(), 120, what="the victim to start")
     urgent = c.submit("-q", "urgent", "-G", "8", "-o", "/dev/null", "--wrap", "true")

@@ -18,7 +18,7 @@ def journaled_command(journal: Path, work_s: float) -> str:
     """A --wrap command that records its start and end in ``journal`` around ``sleep work_s``."""
     # bash's $EPOCHREALTIME rather than a `date` child, which a signal to the job's process group could kill
     # mid-line (leaving a line without its time).
-    mark = 'mark() { echo "$1 $SLURM_JOB_ID $SLURM_RESTART_COUNT $EPOCHREALTIME" >> ' + str(journal) + "; }"
+    mark = 'mark() { echo "$1 $SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} $EPOCHREALTIME" >> ' + str(journal) + "; }"
     body = f"{mark}; trap 'mark stopped; exit 143' TERM; mark start; sleep {work_s} & wait $!; mark end"
     return "exec /bin/bash -c " + shlex.quote(body)
 

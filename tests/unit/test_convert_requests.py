@@ -177,7 +177,7 @@ def test_the_engines_instructions_become_controller_messages() -> None:
     # What Slurm's variables need beyond the spec travels too (and the spec's submit host).
     slurm = replace(launch, spec=replace(launch.spec, submit_host="login1"), account="physics", partition="gpu",
                     qos="high", cluster_name="tiny", array_task_count=4, array_task_min=1, array_task_max=7,
-                    array_task_step=2, batch_signal=10)
+                    array_task_step=2, batch_signal=10, start_time=1_700_000_000.25)
     assert launch_from_pb(instruction_to_pb(slurm).launch) == slurm
 
     for action, wire in (("signal", pb.SignalJob.SIGNAL), ("terminate", pb.SignalJob.TERMINATE), ("kill", pb.SignalJob.KILL)):

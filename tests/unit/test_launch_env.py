@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from garrison.model.domain import Allocation, JobSpec, LaunchMode, NodeAllocation
+from garrison.model.jobspec import UNLIMITED_TIME_S
 from garrison.model.launch import LaunchDescription
 from garrison.nodeagent.launch.env import AttemptPaths, RankPlan, cuda_device_numbers, plan_ranks
 
@@ -136,7 +137,7 @@ def slurm_context(launch: LaunchMode, node_rank: int = 0, **changes: object) -> 
                              kill_wait_s=5.0, time_limit_s=600, account="physics", partition="gpu", qos="normal",
                              cluster_name="tiny")
     spec_changes = {k: v for k, v in changes.items() if k in ("ntasks_per_node", "ntasks", "cpus_per_task", "workdir",
-                                                               "submit_dir")}
+                                                               "submit_dir", "gpus", "cpus_per_gpu")}
     others = {k: v for k, v in changes.items() if k not in spec_changes}
     return replace(base, spec=replace(spec, **spec_changes), **others)  # type: ignore[arg-type]
 
@@ -167,6 +168,21 @@ def test_batch_script_gets_slurms_job_variables() -> None:
         "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_GTIDS": "0"}
     assert "SLURM_ARRAY_JOB_ID" not in env
     assert not [name for name in env if name.startswith("TORCHELASTIC_")]
+    assert not {"SLURM_JOB_START_TIME", "SLURM_GPUS", "SLURM_CPUS_PER_GPU"} & set(env)  # none known or asked for
+
+
+def test_start_and_end_times_and_the_gpus_asked_for_are_told_as_sbatch_tells_them() -> None:
+    [rank] = plan(slurm_context(LaunchMode.SINGLE, start_time=1_700_000_000.7, gpus=6, cpus_per_gpu=8), ["script"])
+    env = rank.env
+    assert (env["SLURM_JOB_START_TIME"], env["SLURM_JOB_END_TIME"]) == ("1700000000", "1700000600")
+    assert (env["SLURM_GPUS"], env["SLURM_CPUS_PER_GPU"]) == ("6", "8")
+    # Without a time limit, a year on, as slurmctld records the end of a job without one.
+    [rank] = plan(slurm_context(LaunchMode.SINGLE, start_time=1_700_000_000.0, time_limit_s=UNLIMITED_TIME_S),
+                  ["script"])
+    assert rank.env["SLURM_JOB_END_TIME"] == str(1_700_000_000 + 365 * 24 * 3600)
+    # A first run has no SLURM_RESTART_COUNT, as under slurmd; a rerun has it.
+    [first] = plan(slurm_context(LaunchMode.SINGLE, restart_count=0), ["script"])
+    assert "SLURM_RESTART_COUNT" not in first.env and first.env["GARRISON_RESTART_COUNT"] == "0"
 
 
 def test_ntasks_per_node_gives_the_job_its_task_counts_even_for_a_batch_script() -> None:
