@@ -43,6 +43,9 @@ def _fail(message: str) -> None:
 @click.option("--header", "header", default=None, metavar="NAMES",
               help="Comma-separated column names of a trace without a header line (every line is then a row; "
                    "e.g. Alibaba PAI's tables, whose names are in .header files); needs --columns.")
+@click.option("--time-unit", default="s", show_default=True, type=click.Choice(["us", "ms", "s", "min", "h"]),
+              help="Unit of the trace's plain numbers of time (arrival, duration, start, end, time limit): "
+                   "microseconds, milliseconds, seconds, minutes or hours. Dates are read as dates.")
 @click.option("--seed", default=0, show_default=True, help="Seed for drawn accounts and time limits.")
 @click.option("--accounts", default=4, show_default=True, type=click.IntRange(min=1),
               help="Accounts to draw for jobs the trace gives none.")
@@ -65,6 +68,7 @@ def gsim(
     config_file: Path | None,
     columns: str | None,
     header: str | None,
+    time_unit: str,
     seed: int,
     accounts: int,
     gang_slowdown: float,
@@ -94,6 +98,7 @@ def gsim(
             ),
             preemption=preemption,
             header=header.split(",") if header is not None else None,
+            time_unit=time_unit,
         )
     except (TraceError, ClusterError, PolicyError) as err:
         _fail(str(err))

@@ -16,6 +16,8 @@ from garrison.controller.sim.metrics import ReplayResult
 from garrison.controller.sim.policies import POLICY_NAMES, Policy, default_partition, load_policy
 from garrison.controller.sim.replay import ReplayOptions, check_fits, replay
 from garrison.controller.sim.trace import (
+    ELASTICFLOW,
+    TIME_UNITS,
     ColumnMapping,
     CompletionModel,
     TraceError,
@@ -59,11 +61,17 @@ def prepare(
     options: ReplayOptions | None = None,
     preemption: bool = False,
     header: Sequence[str] | None = None,
+    time_unit: str = "s",
 ) -> Study:
-    """Read and check everything a study needs; raises TraceError, ClusterError or PolicyError."""
+    """Read and check everything a study needs; raises TraceError, ClusterError or PolicyError. ``time_unit``:
+    the unit of the trace's plain numbers of time (TIME_UNITS)."""
     mapping = ColumnMapping.parse(columns) if columns else None
     if header is not None and mapping is None:
         raise TraceError("--header needs --columns: which of the named columns holds what")
+    if time_unit not in TIME_UNITS:
+        raise TraceError(f"--time-unit {time_unit!r}: use one of {', '.join(TIME_UNITS)}")
+    if time_unit != "s":
+        mapping = replace(mapping or ELASTICFLOW, seconds_per_unit=TIME_UNITS[time_unit])
     read = read_trace_counted(trace_path, mapping, header)
     traced = read.jobs
     cluster = parse_cluster(cluster_spec)

@@ -56,6 +56,10 @@ class ColumnMapping:
     account: str | None = None
     qos: str | None = None
     time_limit: str | None = None
+    # Seconds per unit of the plain numbers in the time columns (arrival, duration, start, end, time limit): 1
+    # for seconds, 0.001 for milliseconds, 60 for minutes (gsim --time-unit). Dates and Slurm durations are
+    # read as they say.
+    seconds_per_unit: float = 1.0
 
     FIELDS = ("arrival", "duration", "gpus", "start", "end", "job_id", "user", "account", "qos", "time_limit")
 
@@ -84,6 +88,9 @@ class ColumnMapping:
 
 
 ELASTICFLOW = ColumnMapping(arrival="submission_time", duration="duration", gpus="num_gpu", job_id="job_id")
+
+# gsim --time-unit: the unit of a trace's plain numbers of time, in seconds.
+TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +122,12 @@ def _number(text: str, where: str, column: str) -> float:
 _SLASH_DATE = re.compile(r"^\d{4}/\d{1,2}/\d{1,2}(?:[ T]|$)")
 
 
-def _arrival(text: str, where: str, column: str) -> tuple[float, bool]:
-    """An arrival time: seconds, or a date and time (``2017-10-09 07:01:55``, ISO 8601, read as UTC when it
-    names no zone), as seconds since the epoch. Returns (seconds, whether it was a date)."""
+def _arrival(text: str, where: str, column: str, unit_s: float = 1.0) -> tuple[float, bool]:
+    """An arrival time: a number of ``unit_s`` (seconds by default), or a date and time (``2017-10-09
+    07:01:55``, ISO 8601, read as UTC when it names no zone), as seconds since the epoch. Returns (seconds,
+    whether it was a date)."""
     if _is_number(text):
-        return _number(text, where, column), False
+        return _number(text, where, column) * unit_s, False
     try:
         # 2020/06/09 18:41:01 (some exports' dates) as 2020-06-09 18:41:01
         when = datetime.fromisoformat(text.replace("/", "-") if _SLASH_DATE.match(text) else text)
@@ -210,13 +218,15 @@ def _known(text: str | None) -> str:
     return "" if stripped.lower() in NOT_KNOWN else stripped
 
 
-def _time_limit(text: str, where: str, column: str) -> int | None:
+def _time_limit(text: str, where: str, column: str, unit_s: float = 1.0) -> int | None:
     stripped = _known(text)
     if not stripped:
         return None
     try:
-        # A bare number is seconds (trace convention), not Slurm's minutes; anything else is a Slurm duration.
-        seconds = int(math.ceil(float(stripped))) if _is_number(stripped) else parse_duration(stripped, where)
+        # A bare number is seconds (trace convention; or --time-unit's), not Slurm's minutes; anything else is
+        # a Slurm duration.
+        seconds = (int(math.ceil(float(stripped) * unit_s)) if _is_number(stripped)
+                   else parse_duration(stripped, where))
     except ConfigError:
         raise TraceError(
             f"{where}, column {column!r}: expected seconds or a duration like 4:00:00, got {text!r}"
@@ -305,7 +315,7 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None,
                 if not arrival:  # a task still waiting when the trace was cut, or one that ran before it began
                     without_arrival += 1
                     continue
-                submit_s, dated = _arrival(arrival, where, mapping.arrival)
+                submit_s, dated = _arrival(arrival, where, mapping.arrival, mapping.seconds_per_unit)
                 if arrivals_dated is None:
                     arrivals_dated = dated
                 elif dated != arrivals_dated:
@@ -341,7 +351,8 @@ def read_trace_counted(path: str | Path, mapping: ColumnMapping | None = None,
                         account=cell("account") or None,
                         qos=cell("qos") or None,
                         time_limit_s=(
-                            _time_limit(cell("time_limit") or "", where, mapping.time_limit)
+                            _time_limit(cell("time_limit") or "", where, mapping.time_limit,
+                                        mapping.seconds_per_unit)
                             if mapping.time_limit
                             else None
                         ),
@@ -375,10 +386,11 @@ def _trace_text(path: Path) -> str:
                          f"UTF-8 (convert it: iconv -t UTF-8)") from None
 
 
-def _run_seconds(text: str, where: str, column: str) -> float:
-    """A run time: seconds, or a Slurm duration as sacct prints Elapsed (``01:02:03``, ``1-00:00:00``)."""
+def _run_seconds(text: str, where: str, column: str, unit_s: float = 1.0) -> float:
+    """A run time: a number of ``unit_s`` (seconds by default), or a Slurm duration as sacct prints Elapsed
+    (``01:02:03``, ``1-00:00:00``)."""
     if _is_number(text) or text.lstrip().startswith("-"):
-        return _number(text, where, column)
+        return _number(text, where, column) * unit_s
     try:
         return float(parse_duration(text, where))
     except ConfigError:
@@ -392,13 +404,13 @@ def _run_time(cell: Callable[[str], str | None], mapping: ColumnMapping, where: 
     None when the row has none (an empty cell: the job never ran)."""
     if mapping.duration is not None:
         text = _known(cell("duration"))
-        return _run_seconds(text, where, mapping.duration) if text else None
+        return _run_seconds(text, where, mapping.duration, mapping.seconds_per_unit) if text else None
     assert mapping.start is not None and mapping.end is not None  # ColumnMapping.parse asks for both
     started, ended = _known(cell("start")), _known(cell("end"))
     if not started or not ended:
         return None
-    start_s, start_dated = _arrival(started, where, mapping.start)
-    end_s, end_dated = _arrival(ended, where, mapping.end)
+    start_s, start_dated = _arrival(started, where, mapping.start, mapping.seconds_per_unit)
+    end_s, end_dated = _arrival(ended, where, mapping.end, mapping.seconds_per_unit)
     if start_dated != end_dated:
         raise TraceError(f"{where}, column {mapping.end!r}: the start and end must both be dates or both seconds, "
                          f"got {started!r} and {ended!r}")

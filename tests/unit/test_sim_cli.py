@@ -156,3 +156,14 @@ def test_other_formats_are_refused_in_one_line(tmp_path: Path, content: str, arg
     proc = gsim(str(trace), "--cluster", "1x8", "--policy", "fifo", *args)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_time_unit_reads_a_trace_in_milliseconds(tmp_path: Path) -> None:
+    trace = tmp_path / "ms.csv"
+    trace.write_text("job_id,submission_time,duration,num_gpu\n1,0,600000,1\n2,1000,1200000,1\n")
+    proc = gsim(str(trace), "--cluster", "1x1", "--policy", "fifo", "--time-unit", "ms", "--json")
+    assert proc.returncode == 0, proc.stderr
+    [summary] = json.loads(proc.stdout)["policies"]
+    assert summary["makespan_s"] == pytest.approx(1800.0)  # 600 s, then 1,200 s: read as milliseconds
+    bad = gsim(str(trace), "--cluster", "1x1", "--time-unit", "days")
+    assert bad.returncode == 2 and "--time-unit" in bad.stderr

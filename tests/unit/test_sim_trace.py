@@ -9,6 +9,7 @@ import pytest
 
 from garrison.controller.sim.trace import (
     COMMON_LIMITS_H,
+    ELASTICFLOW,
     ColumnMapping,
     CompletionModel,
     TraceError,
@@ -344,3 +345,19 @@ def test_a_users_jobs_share_the_account_drawn_for_them() -> None:
         by_user.setdefault(job.user, set()).add(job.account)
     assert all(len(accounts) == 1 for accounts in by_user.values())
     assert len({a for accounts in by_user.values() for a in accounts}) > 1  # still drawn, not one for all
+
+
+def test_plain_numbers_of_time_are_read_in_the_unit_given(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    trace = write(tmp_path, "id,submit,begin,finish,g,limit\nj0,1500,2000,62000,1,120000\n"
+                            "j1,90000,2020-01-01 00:00:00,2020-01-01 00:01:00,2,4:00:00\n")
+    mapping = replace(ColumnMapping.parse("job_id=id,arrival=submit,start=begin,end=finish,gpus=g,time_limit=limit"),
+                      seconds_per_unit=0.001)
+    first, second = read_trace(trace, mapping)
+    assert (first.submit_s, first.duration_s, first.time_limit_s) == (1.5, 60.0, 120)
+    # Dates and Slurm durations say their own unit.
+    assert (second.submit_s, second.duration_s, second.time_limit_s) == (90.0, 60.0, 4 * 3600)
+    minutes = write(tmp_path, "job_id,submission_time,duration,num_gpu\n1,2,3,1\n", "minutes.csv")
+    [job] = read_trace(minutes, replace(ELASTICFLOW, seconds_per_unit=60.0))
+    assert (job.submit_s, job.duration_s) == (120.0, 180.0)
