@@ -84,7 +84,7 @@ class ColumnMapping:
                    for f in ("arrival", "duration", "gpus") if f not in values and (f != "duration" or not timed)]
         if missing:
             raise TraceError(f"column mapping: missing {', '.join(missing)}")
-        return cls(**values)
+        return cls(**values)  # type: ignore[arg-type]  # every key is one of FIELDS, each a column name
 
 
 ELASTICFLOW = ColumnMapping(arrival="submission_time", duration="duration", gpus="num_gpu", job_id="job_id")
