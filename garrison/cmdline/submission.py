@@ -62,7 +62,7 @@ DIRECTIVE_QUOTE_LIMIT = 100  # a bad directive's error quotes at most this much 
 IGNORED_VALUE_OPTIONS = (
     ("--mail-type",), ("--mail-user",), ("--wckey",), ("--hint",), ("-L", "--licenses"),
     ("--profile",), ("--acctg-freq",), ("-m", "--distribution"), ("--switches",), ("--reservation",),
-    ("--threads-per-core",), ("--cores-per-socket",), ("--sockets-per-node",), ("--mincpus",), ("--tmp",),
+    ("--threads-per-core",), ("--cores-per-socket",), ("--mincpus",), ("--tmp",),
     ("--gpu-bind",), ("--gpu-freq",), ("--cpu-freq",), ("--network",), ("--mcs-label",), ("--deadline",),
     ("--delay-boot",), ("-M", "--clusters"), ("--power",),
     ("-S", "--core-spec"), ("--thread-spec",), ("--cpu-bind",), ("--mem-bind",), ("--priority",),
@@ -147,6 +147,12 @@ def _gsub_parser() -> Parser:
     _option(parser, "--tres-per-task", metavar="cpu=N,gres/gpu[:TYPE]=N",
             help_text="Resources per task, as -c N and --gpus-per-task [TYPE:]N.")
     _option(parser, "--gres", metavar="gpu[:TYPE]:N", help_text="GPUs on each node, as --gpus-per-node [TYPE:]N.")
+    _option(parser, "--gpus-per-socket", metavar="[TYPE:]N",
+            help_text="GPUs per socket, with --sockets-per-node S: --gpus-per-node N x S.")
+    _option(parser, "--sockets-per-node", metavar="S",
+            help_text="Sockets per node: read with --gpus-per-socket (alone, not acted on).")
+    _option(parser, "-i", "--input", metavar="none",
+            help_text="The batch script's standard input: none (/dev/null), as it is anyway.")
     _option(parser, "--comment", metavar="TEXT", help_text="A comment stored with the job (gjob shows it).")
     parser.add_argument("--open-mode", choices=["append", "truncate"],
                         help="Output files: truncate on the first attempt and append on later ones (the default), "
@@ -392,6 +398,37 @@ def _apply_tres_per_task(chosen: _ChosenOptions) -> None:
         chosen.apply({name: value}, chosen.origin("tres_per_task"), chosen.precedence("tres_per_task"))
 
 
+def _apply_gpus_per_socket(chosen: _ChosenOptions) -> None:
+    """--gpus-per-socket N with --sockets-per-node S as --gpus-per-node N x S (its type kept): the GPUs every
+    node of the job holds, as Slurm counts them. Slurm needs the socket count for it; so does gsub. Given with
+    --gpus-per-node or --gres too, the counts must agree."""
+    text = chosen.text("gpus_per_socket")
+    if text is None:
+        return
+    sockets = chosen.count("sockets_per_node")
+    if sockets is None:
+        raise chosen.error("gpus_per_socket", "needs --sockets-per-node (as in Slurm): how many sockets' GPUs")
+    try:
+        gpu_type, per_socket = parse_gpu_request(text)
+    except UsageError as problem:
+        raise chosen.error("gpus_per_socket", str(problem)) from None
+    per_node = f"{gpu_type}:{per_socket * sockets}" if gpu_type else str(per_socket * sockets)
+    given = chosen.text("gpus_per_node")
+    if given is not None:
+        given_type, given_count = _checked_gpu_request(chosen, "gpus_per_node", given)
+        if given_count != per_socket * sockets or (gpu_type and given_type and gpu_type != given_type):
+            raise chosen.error("gpus_per_socket", f"{text} x {sockets} sockets conflicts with --gpus-per-node {given}")
+        return
+    chosen.apply({"gpus_per_node": per_node}, chosen.origin("gpus_per_socket"), chosen.precedence("gpus_per_socket"))
+
+
+def _checked_gpu_request(chosen: _ChosenOptions, name: str, text: str) -> tuple[str | None, int]:
+    try:
+        return parse_gpu_request(text)
+    except UsageError as problem:
+        raise chosen.error(name, str(problem)) from None
+
+
 def _current_umask() -> int:
     """The caller's umask (reading it means setting it; set it straight back)."""
     mask = os.umask(0o022)
@@ -542,7 +579,12 @@ def parse_submission(
             raise chosen.error(name, str(problem)) from None
 
     _apply_tres_per_task(chosen)
+    _apply_gpus_per_socket(chosen)
     gpu_type, gpus, gpus_per_node, gpus_per_task = _gpu_request(chosen)
+    stdin = chosen.text("input")
+    if stdin is not None and stdin.strip() not in ("none", os.devnull):
+        # A file as the script's standard input is not carried to the node: refused rather than left unread.
+        raise chosen.error("input", f"{stdin[:60]!r}: only none is taken (the script reads {os.devnull})")
     chdir = chosen.nonempty_text("chdir")
     launch = chosen.text("launch")
     requeue = chosen.flag("requeue")
@@ -607,7 +649,16 @@ def parse_submission(
         raise UsageError(str(problem)) from None
     return Submission(spec=spec, array=array, parsable=bool(chosen.flag("parsable")), qos=qos,
                       hold=bool(chosen.flag("hold")), test_only=bool(chosen.flag("test_only")),
-                      ignored=chosen.ignored(), wait=bool(chosen.flag("wait")))
+                      ignored=_ignored(chosen), wait=bool(chosen.flag("wait")))
+
+
+def _ignored(chosen: _ChosenOptions) -> tuple[str, ...]:
+    """The options given and not acted on: those the parser dropped, and --sockets-per-node without
+    --gpus-per-socket (the one option that reads it)."""
+    ignored = chosen.ignored()
+    if chosen.text("sockets_per_node") is not None and chosen.text("gpus_per_socket") is None:
+        ignored = (*ignored, "--sockets-per-node")
+    return ignored
 
 
 def submit_request(submission: Submission) -> dict[str, Any]:

@@ -917,8 +917,37 @@ def test_tres_per_task_is_c_and_gpus_per_task_as_to_sbatch(tmp_path: Path) -> No
 
 
 def test_an_sbatch_option_gsub_lacks_is_named_as_sbatch_s(tmp_path: Path) -> None:
-    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --gpus-per-socket=1\ntrue\n")
-    with pytest.raises(UsageError, match="job.sh line 2: --gpus-per-socket: sbatch's option is not supported by gsub"):
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --export-file=vars\ntrue\n")
+    with pytest.raises(UsageError, match="job.sh line 2: --export-file: sbatch's option is not supported by gsub"):
         parse_submission(["job.sh"], {}, str(tmp_path))
     with pytest.raises(UsageError, match="--nodefile: sbatch's option"):
         parse_submission(["--nodef=hosts", "--wrap", "true"], {}, str(tmp_path))
+
+
+def test_gpus_per_socket_times_sockets_per_node_is_gpus_per_node(tmp_path: Path) -> None:
+    # A real cluster's template: one socket's two GPUs.
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-socket=2\n"
+                                     "#SBATCH --sockets-per-node=1\ntrue\n")
+    submission = parse_submission(["job.sh"], {}, str(tmp_path))
+    assert (submission.spec.gpus_per_node, submission.ignored) == (2, ())
+    spec = parse_submission(["--gpus-per-socket=a100:2", "--sockets-per-node=2", "--wrap", "x"], {}, "/").spec
+    assert (spec.gpus_per_node, spec.gpu_type) == (4, "a100")
+    # The same count given as --gpus-per-node too is one request; another is a conflict.
+    assert parse_submission(["--gpus-per-node=4", "--gpus-per-socket=2", "--sockets-per-node=2", "--wrap", "x"], {},
+                            "/").spec.gpus_per_node == 4
+    with pytest.raises(UsageError, match="conflicts with --gpus-per-node 8"):
+        parse_submission(["--gpus-per-node=8", "--gpus-per-socket=2", "--sockets-per-node=2", "--wrap", "x"], {}, "/")
+    with pytest.raises(UsageError, match="--gpus-per-socket: needs --sockets-per-node"):  # as Slurm requires
+        parse_submission(["--gpus-per-socket=2", "--wrap", "x"], {}, "/")
+    # Alone, --sockets-per-node is accepted and named as not acted on.
+    assert parse_submission(["--sockets-per-node=2", "--wrap", "x"], {}, "/").ignored == ("--sockets-per-node",)
+
+
+@pytest.mark.parametrize("given", [["--input=none"], ["-i", "/dev/null"], ["--input", "none"]])
+def test_input_none_is_what_a_batch_script_reads_anyway(given: list[str]) -> None:
+    assert parse_submission([*given, "--wrap", "x"], {}, "/").spec.command == ()
+
+
+def test_an_input_file_is_refused_in_one_line() -> None:
+    with pytest.raises(UsageError, match="--input: 'data.txt': only none is taken"):
+        parse_submission(["--input=data.txt", "--wrap", "x"], {}, "/")
