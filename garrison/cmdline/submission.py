@@ -581,10 +581,10 @@ def parse_submission(
     _apply_tres_per_task(chosen)
     _apply_gpus_per_socket(chosen)
     gpu_type, gpus, gpus_per_node, gpus_per_task = _gpu_request(chosen)
-    stdin = chosen.text("input")
-    if stdin is not None and stdin.strip() not in ("none", os.devnull):
+    input_file = chosen.text("input")
+    if input_file is not None and input_file.strip() not in ("none", os.devnull):
         # A file as the script's standard input is not carried to the node: refused rather than left unread.
-        raise chosen.error("input", f"{stdin[:60]!r}: only none is taken (the script reads {os.devnull})")
+        raise chosen.error("input", f"{input_file[:60]!r}: only none is taken (the script reads {os.devnull})")
     chdir = chosen.nonempty_text("chdir")
     launch = chosen.text("launch")
     requeue = chosen.flag("requeue")
