@@ -197,10 +197,13 @@ def _gres_gpus_per_task(args: argparse.Namespace, environ: dict[str, str], ntask
     N when the step runs one task per node. Otherwise refused: a task would see fewer GPUs than under srun."""
     if not args.gres:
         return None
-    from garrison.cmdline.parsing import parse_gres
+    from garrison.cmdline.parsing import parse_gres, split_gpu_memory
 
     try:
-        count = parse_gres(args.gres)[1]
+        gres, _ = split_gpu_memory(args.gres)  # GPU memory: the allocation's (gsrun_alloc passes --gres on)
+        if not gres:
+            return None
+        count = parse_gres(gres)[1]
     except UsageError as problem:
         raise UsageError(f"--gres: {problem}") from None
     inside_job = bool(args.jobid or environ.get("SLURM_JOB_ID") or environ.get("GARRISON_JOB_ID"))

@@ -256,6 +256,31 @@ def parse_memory_mb(text: str, *, zero_allowed: bool = False) -> int:
     return megabytes
 
 
+# Generic resources sites define to ask for GPUs with at least so much memory each (vmem:10G, VRAM:12G,
+# gpumem:11G, gpu_mem:48000 in MB, VramPerGpu:20G: all in real scripts, beside gpu:N): what --gpu-mem asks.
+_GPU_MEMORY_GRES = frozenset({"vmem", "vram", "gpumem", "gpumemory", "vrampergpu", "gpuram"})
+
+
+def split_gpu_memory(text: str) -> tuple[str, int | None]:
+    """``--gres`` without its GPU-memory items, and the memory they ask of each GPU in MB (the largest where
+    several do; None where none does): ``gpu:1,vmem:10G`` -> (``gpu:1``, 10240)."""
+    if ":" not in text:
+        return text, None
+    kept: list[str] = []
+    memory: int | None = None
+    for item in text.split(","):
+        name, _, value = item.strip().partition(":")
+        if name.lower().replace("_", "").replace("-", "") not in _GPU_MEMORY_GRES:
+            kept.append(item)
+            continue
+        try:
+            megabytes = parse_memory_mb(value)
+        except UsageError:
+            raise UsageError(f"invalid --gres {text!r}: {name} takes a memory size, such as {name}:16G") from None
+        memory = max(memory or 0, megabytes)
+    return ",".join(kept), memory
+
+
 def parse_gres(text: str) -> tuple[str | None, int]:
     """sbatch's ``--gres=gpu[:TYPE][:N]`` -> (type or None, GPUs per node). Garrison schedules GPUs only:
     any other resource name is an error naming it.

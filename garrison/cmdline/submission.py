@@ -42,6 +42,7 @@ from .parsing import (
     parse_tres_per_task,
     read_directive_lines,
     slurm_dependency,
+    split_gpu_memory,
 )
 
 __all__ = ["HelpRequested", "Submission", "UsageError", "option_strings", "parse_submission", "submit_request",
@@ -362,6 +363,8 @@ def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | 
         gpu_type = requested_type or gpu_type
     gres = chosen.text("gres")
     if gres is not None:
+        gres, _ = split_gpu_memory(gres)  # its GPU memory: _apply_gres_gpu_memory
+    if gres:
         try:
             requested_type, per_node = parse_gres(gres)
         except UsageError as problem:
@@ -396,6 +399,20 @@ def _apply_tres_per_task(chosen: _ChosenOptions) -> None:
         if given is not None and chosen.precedence(name) == chosen.precedence("tres_per_task"):
             raise chosen.error("tres_per_task", f"{text!r} conflicts with --{name.replace('_', '-')} {given}")
         chosen.apply({name: value}, chosen.origin("tres_per_task"), chosen.precedence("tres_per_task"))
+
+
+def _apply_gres_gpu_memory(chosen: _ChosenOptions) -> None:
+    """A site's GPU-memory gres (``--gres=gpu:1,vmem:10G``: parsing.split_gpu_memory) as --gpu-mem, unless that
+    is given from a higher source."""
+    gres = chosen.text("gres")
+    if gres is None:
+        return
+    try:
+        _, memory_mb = split_gpu_memory(gres)
+    except UsageError as problem:
+        raise chosen.error("gres", str(problem)) from None
+    if memory_mb is not None and chosen.precedence("gpu_mem") < chosen.precedence("gres"):
+        chosen.apply({"gpu_mem": f"{memory_mb}M"}, chosen.origin("gres"), chosen.precedence("gres"))
 
 
 def _apply_gpus_per_socket(chosen: _ChosenOptions) -> None:
@@ -580,6 +597,7 @@ def parse_submission(
 
     _apply_tres_per_task(chosen)
     _apply_gpus_per_socket(chosen)
+    _apply_gres_gpu_memory(chosen)
     gpu_type, gpus, gpus_per_node, gpus_per_task = _gpu_request(chosen)
     input_file = chosen.text("input")
     if input_file is not None and input_file.strip() not in ("none", os.devnull):

@@ -951,3 +951,23 @@ def test_input_none_is_what_a_batch_script_reads_anyway(given: list[str]) -> Non
 def test_an_input_file_is_refused_in_one_line() -> None:
     with pytest.raises(UsageError, match="--input: 'data.txt': only none is taken"):
         parse_submission(["--input=data.txt", "--wrap", "x"], {}, "/")
+
+
+@pytest.mark.parametrize(("gres", "per_node", "gpu_mem_mb"), [
+    ("gpu:1,vmem:10G", 1, 10240), ("gpu:1,VRAM:12G", 1, 12288), ("gpu:a100:2,gpu_mem:48000", 2, 48000),
+    ("gpu:1,gpumem:11G", 1, 11264), ("gpu:2,VramPerGpu:20G", 2, 20480),
+])
+def test_a_sites_gpu_memory_gres_is_gpu_mem(gres: str, per_node: int, gpu_mem_mb: int) -> None:
+    spec = parse_submission([f"--gres={gres}", "--wrap", "x"], {}, "/").spec
+    assert (spec.gpus_per_node, spec.gpu_mem_mb) == (per_node, gpu_mem_mb)
+
+
+def test_gpu_memory_gres_gives_way_to_gpu_mem_and_is_checked(tmp_path: Path) -> None:
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --gres=gpu:1,vmem:10G\ntrue\n")
+    assert parse_submission(["--gpu-mem=20G", "job.sh"], {}, str(tmp_path)).spec.gpu_mem_mb == 20480
+    alone = parse_submission(["--gres=vmem:3g", "-G", "1", "--wrap", "x"], {}, "/").spec
+    assert (alone.gpus, alone.gpus_per_node, alone.gpu_mem_mb) == (1, None, 3072)
+    with pytest.raises(UsageError, match="vmem takes a memory size"):
+        parse_submission(["--gres=gpu:1,vmem:lots", "--wrap", "x"], {}, "/")
+    with pytest.raises(UsageError, match="unknown generic resource 'tmpfs'"):  # other resources stay refused
+        parse_submission(["--gres=gpu:1,tmpfs:100G", "--wrap", "x"], {}, "/")

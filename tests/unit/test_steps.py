@@ -412,3 +412,9 @@ def test_an_srun_option_gsrun_lacks_is_named_as_srun_s() -> None:
         gsrun_spec("--bcast=/tmp/x", "true")
     with pytest.raises(UsageError, match="--bcast-exclude: srun's option"):  # a unique prefix, as getopt reads it
         gsrun_spec("--bcast-ex=x", "true")
+
+
+def test_gsrun_gres_gpu_memory_is_the_allocations_not_a_steps() -> None:
+    in_job = {"SLURM_JOB_ID": "12", "SLURM_GPUS_ON_NODE": "1"}
+    assert "gpus_per_task" not in gsrun_spec("--gres=gpu:1,vmem:10G", "true", environ=in_job)
+    assert "gpus_per_task" not in gsrun_spec("--gres=vmem:10G", "true", environ=in_job)
