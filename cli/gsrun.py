@@ -86,6 +86,8 @@ def _parser() -> Parser:
     add("--gpus-per-task", metavar="[TYPE:]N",
         help="GPUs each task holds (out of the job's, whose type they have: srun's TYPE: is taken as given).")
     add("-c", "--cpus-per-task", type=int, help="CPUs each task holds (out of the job's).")
+    add("--ntasks-per-gpu", type=int, help="Tasks per GPU of the job on each node, each bound to its GPU "
+        "(job packing: 2 runs the command twice per GPU).")
     add("--tres-per-task", metavar="cpu=N,gres/gpu[:TYPE]=N", help="Resources per task, as -c and --gpus-per-task.")
     add("-w", "--nodelist", default="", help="Nodes the step must use (comma list or host list).")
     add("--gpu-bind", default="", help="none, closest, single:N, map_gpu:A,B,...")
@@ -292,6 +294,15 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
     ntasks = _positive(args.ntasks, "-n")
     nodes = _positive(args.nodes, "-N")
     per_node = _positive(args.ntasks_per_node, "--ntasks-per-node")
+    per_gpu_given = _positive(args.ntasks_per_gpu, "--ntasks-per-gpu")
+    if per_gpu_given is not None:
+        if args.pty:
+            raise UsageError("--pty runs one task: leave out --ntasks-per-gpu")
+        gpus_here = _env_int(environ, "SLURM_GPUS_ON_NODE")
+        if not gpus_here:
+            raise UsageError("--ntasks-per-gpu: the job has no GPUs here (SLURM_GPUS_ON_NODE)")
+        if ntasks is None and per_node is None:
+            per_node = per_gpu_given * gpus_here  # as many tasks per node as N per GPU: every node's GPUs alike
     if ntasks is None and nodes is None and per_node is None and not args.pty:
         # Inside a job srun takes the job's -n and --ntasks-per-node as its own defaults (SLURM_NTASKS).
         ntasks, per_node = _env_int(environ, "SLURM_NTASKS"), _env_int(environ, "SLURM_NTASKS_PER_NODE")
@@ -327,7 +338,7 @@ def build_spec(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, A
                              f"{environ['SRUN_CPUS_PER_TASK'][:40]!r}")
     if cpus_per_task is not None:
         spec["env"]["SLURM_CPUS_PER_TASK"] = str(cpus_per_task)  # the step's, as slurmstepd sets it
-    per_gpu = _env_int(environ, "SLURM_NTASKS_PER_GPU")
+    per_gpu = per_gpu_given or _env_int(environ, "SLURM_NTASKS_PER_GPU")
     if not per_gpu and environ.get("SLURM_GPUS_PER_TASK") == "1":
         per_gpu = 1
     if per_gpu and not args.gpu_bind and gres_per_task is None and args.gpus_per_task is None:

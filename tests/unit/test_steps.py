@@ -418,3 +418,16 @@ def test_gsrun_gres_gpu_memory_is_the_allocations_not_a_steps() -> None:
     in_job = {"SLURM_JOB_ID": "12", "SLURM_GPUS_ON_NODE": "1"}
     assert "gpus_per_task" not in gsrun_spec("--gres=gpu:1,vmem:10G", "true", environ=in_job)
     assert "gpus_per_task" not in gsrun_spec("--gres=vmem:10G", "true", environ=in_job)
+
+
+def test_gsrun_ntasks_per_gpu_packs_tasks_on_each_gpu() -> None:
+    in_job = {"SLURM_JOB_ID": "12", "SLURM_GPUS_ON_NODE": "4", "SLURM_NTASKS": "1"}
+    spec = gsrun_spec("--ntasks-per-gpu=2", "python", "main.py", environ=in_job)
+    assert (spec["ntasks_per_node"], spec["gpu_bind"], spec["gpu_bind_arg"]) == (8, "single", [2])
+    assert "ntasks" not in spec  # not the job's SLURM_NTASKS: two per GPU on every node
+    assert gsrun_spec("--ntasks-per-gpu=1", "-n", "3", "x", environ=in_job)["ntasks"] == 3
+    for bad in (["--ntasks-per-gpu=0", "x"], ["--ntasks-per-gpu=1", "--pty", "bash"]):
+        with pytest.raises(UsageError, match="ntasks-per-gpu"):
+            gsrun_spec(*bad, environ=in_job)
+    with pytest.raises(UsageError, match="no GPUs here"):
+        gsrun_spec("--ntasks-per-gpu=1", "x", environ={"SLURM_JOB_ID": "12"})
