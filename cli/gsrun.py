@@ -115,8 +115,10 @@ def _parser() -> Parser:
     add("-p", "--partition", default="", help="Outside a job: the allocation's partition.")
     add("-A", "--account", default="", help="Outside a job: the account to charge.")
     add("-q", "--qos", default="", help="Outside a job: the allocation's QoS.")
-    add("-G", "--gpus", default="", help="Outside a job: GPUs for the allocation in all.")
-    add("--gpus-per-node", default="", help="Outside a job: GPUs on each node of the allocation.")
+    add("-G", "--gpus", default="", help="GPUs in all: outside a job the allocation's; inside one the step's, "
+        "shared out over its nodes (-n1 -G1: one GPU for the step's task).")
+    add("--gpus-per-node", default="", help="GPUs on each node: outside a job the allocation's; inside one the "
+        "step's, as --gres=gpu:N.")
     add("--mem", default="", help="Outside a job: memory on each node of the allocation.")
     add("--mem-per-cpu", default="", help="Outside a job: memory per CPU of the allocation.")
     add("--mem-per-gpu", default="", help="Outside a job: memory per GPU of the allocation.")
@@ -193,34 +195,65 @@ def _apply_tres_per_task(args: argparse.Namespace) -> None:
 
 def _gres_gpus_per_task(args: argparse.Namespace, environ: dict[str, str], ntasks: int | None, nodes: int | None,
                         per_node: int | None) -> int | None:
-    """srun's --gres=gpu[:TYPE]:N (N GPUs on each node of the step, shared by its tasks there) as the step's
-    --gpus-per-task, where the two mean the same: None when N is every GPU the job has on the node (a step
+    """srun's --gres=gpu[:TYPE]:N (N GPUs on each node of the step, shared by its tasks there; or its
+    --gpus-per-node N or -G N, _step_gpus_per_node) as the step's --gpus-per-task, where the two mean the same: None when N is every GPU the job has on the node (a step
     without --gpus-per-task sees those already) or when there is no job yet (the allocation gets --gres);
     N when the step runs one task per node. Otherwise refused: a task would see fewer GPUs than under srun."""
-    if not args.gres:
+    inside_job = bool(args.jobid or environ.get("SLURM_JOB_ID") or environ.get("GARRISON_JOB_ID"))
+    option, given, gres_text = (_step_gpus_per_node(args, environ, ntasks, nodes) if inside_job
+                                else ("--gres", args.gres, args.gres))
+    if not gres_text:
         return None
     from garrison.cmdline.parsing import parse_gres, split_gpu_memory
 
     try:
-        gres, _ = split_gpu_memory(args.gres)  # GPU memory: the allocation's (gsrun_alloc passes --gres on)
+        gres, _ = split_gpu_memory(gres_text)  # GPU memory: the allocation's (gsrun_alloc passes --gres on)
         if not gres:
             return None
         count = parse_gres(gres)[1]
     except UsageError as problem:
-        raise UsageError(f"--gres: {problem}") from None
-    inside_job = bool(args.jobid or environ.get("SLURM_JOB_ID") or environ.get("GARRISON_JOB_ID"))
+        raise UsageError(f"{option}: {problem}") from None
     if not inside_job or (count and environ.get("SLURM_GPUS_ON_NODE") == str(count)):
         return None
     if args.gpus_per_task is not None:
-        raise UsageError("give either --gres or --gpus-per-task, not both")
+        raise UsageError(f"give either {option} or --gpus-per-task, not both")
     if count == 0:
         return 0  # --gres=none or gpu:0: a step that holds and sees no GPUs, beside those that do
     one_per_node = per_node == 1 or ntasks == 1 or (ntasks is not None and ntasks == nodes) or (
         ntasks is None and per_node is None)
     if not one_per_node:
-        raise UsageError(f"--gres={args.gres} with several tasks on a node: Garrison gives GPUs to tasks, not to "
-                         "nodes; give --gpus-per-task (or leave --gres out to see all of the job's GPUs)")
+        raise UsageError(f"{option}={given} with several tasks on a node: Garrison gives GPUs to tasks, not to "
+                         f"nodes; give --gpus-per-task (or leave {option} out to see all of the job's GPUs)")
     return count
+
+
+def _step_gpus_per_node(args: argparse.Namespace, environ: dict[str, str], ntasks: int | None,
+                        nodes: int | None) -> tuple[str, str, str]:
+    """(the option, its value, its request as --gres's gpu[:TYPE]:N) of a step's GPUs per node inside a job: --gres, or
+    --gpus-per-node N, or -G/--gpus N shared out over the step's nodes (``srun -n1 -G1 python a.py &``, a GPU
+    for each of several steps side by side, is the common case). ("--gres", "") when none is given."""
+    given = [(name, value) for name, value in (("--gres", args.gres), ("--gpus-per-node", args.gpus_per_node),
+                                               ("--gpus", args.gpus)) if value]
+    if not given:
+        return "--gres", "", ""
+    if len(given) > 1:
+        raise UsageError(f"give one of {' and '.join(name for name, _ in given)} for a step's GPUs")
+    option, value = given[0]
+    if option == "--gres":
+        return option, value, value
+    from garrison.cmdline.parsing import parse_gpu_request
+
+    try:
+        gpu_type, count = parse_gpu_request(value)
+    except UsageError as problem:
+        raise UsageError(f"{option}: {problem}") from None
+    if option == "--gpus":
+        step_nodes = nodes or (1 if ntasks == 1 else _env_int(environ, "SLURM_JOB_NUM_NODES") or 1)
+        if count % step_nodes:
+            raise UsageError(f"--gpus={value} over {step_nodes} nodes: give a multiple of the nodes, or "
+                             "--gpus-per-task")
+        count //= step_nodes
+    return option, value, f"gpu:{gpu_type}:{count}" if gpu_type else f"gpu:{count}"
 
 
 def _binding(text: str, option: str, names: tuple[str, ...], mapped: str) -> tuple[str, list[int]]:

@@ -431,3 +431,22 @@ def test_gsrun_ntasks_per_gpu_packs_tasks_on_each_gpu() -> None:
             gsrun_spec(*bad, environ=in_job)
     with pytest.raises(UsageError, match="no GPUs here"):
         gsrun_spec("--ntasks-per-gpu=1", "x", environ={"SLURM_JOB_ID": "12"})
+
+
+def test_gsrun_gpus_inside_a_job_are_the_steps() -> None:
+    """`srun -n1 -G1 python a.py &`, several side by side: each step's task holds and sees one GPU, as under
+    srun (here it once saw every GPU of the job, and all of them ran on the first)."""
+    in_job = {"SLURM_JOB_ID": "12", "SLURM_GPUS_ON_NODE": "4", "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "2"}
+    assert gsrun_spec("-n1", "--gpus=1", "python", "a.py", environ=in_job)["gpus_per_task"] == 1
+    assert gsrun_spec("-n1", "-G", "a100:2", "x", environ=in_job)["gpus_per_task"] == 2
+    assert gsrun_spec("-n1", "--gpus-per-node=1", "x", environ=in_job)["gpus_per_task"] == 1
+    assert gsrun_spec("-N2", "-n2", "--gpus=4", "x", environ=in_job)["gpus_per_task"] == 2  # shared out over nodes
+    assert "gpus_per_task" not in gsrun_spec("--gpus-per-node=4", "x", environ=in_job)  # every GPU here: as is
+    for bad, message in ((["--gpus=2", "x"], "--gpus=2 with several tasks on a node"),
+                         (["-n1", "--gres=gpu:1", "--gpus=1", "x"], "give one of --gres and --gpus"),
+                         (["-N2", "-n2", "--gpus=3", "x"], "over 2 nodes"),
+                         (["-n1", "--gpus=1", "--gpus-per-task=1", "x"], "give either --gpus or --gpus-per-task")):
+        with pytest.raises(UsageError, match=message):
+            gsrun_spec(*bad, environ=in_job)
+    # Outside a job they shape the allocation (gsrun_alloc), not a step.
+    assert "gpus_per_task" not in gsrun_spec("-G", "1", "x", environ={})
