@@ -28,7 +28,7 @@ from garrison.cmdline.slurm_names import SRUN_OPTION_NAMES
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from garrison.cli.gsrun_alloc import Granted
@@ -39,8 +39,8 @@ PROG = "gsrun"
 # accounting hint whose absence leaves the step's tasks, GPUs and environment as they would be without it:
 # --exclusive/--exact/--overlap/--whole decide whether steps may share CPUs (Garrison's steps hold only what -c
 # asks), --mpi picks a PMI plugin (Garrison's tasks get torch's rendezvous variables, not PMI), -k/--no-kill
-# keeps a step going after a node fails (Garrison requeues the job). Not srun's --signal (a requeue hangs on it)
-# nor --open-mode: their absence would change what the tasks get. (value-taking, flag)
+# keeps a step going after a node fails (Garrison requeues the job). Not srun's --signal (a requeue hangs on it):
+# its absence would change what the tasks get. (value-taking, flag)
 IGNORED_VALUE_OPTIONS = (
     ("--mpi",), ("--hint",), ("-m", "--distribution"), ("--accel-bind",), ("--comment",), ("--mem-bind",),
     ("--cpu-freq",), ("--gpu-freq",), ("--threads-per-core",), ("--ntasks-per-core",), ("--ntasks-per-socket",),
@@ -110,6 +110,9 @@ def _parser() -> Parser:
         "(%%t: a file per task; %%j %%J %%s %%n %%N %%u %%x %%A %%a %%%% expand as srun's).")
     add("-e", "--error", default="", help="Write the tasks' stderr to this file instead of gsrun's stderr "
         "(the same patterns).")
+    add("--open-mode", choices=["append", "truncate"], default=None,
+        help="-o/-e files: emptied first (truncate, srun's default) or appended to; default: the job's "
+             "--open-mode (SLURM_OPEN_MODE), else truncate.")
     # Outside a job, gsrun first asks for an allocation (cli/gsrun_alloc.py); these shape it as sbatch's do.
     add("-t", "--time", default="", help="Outside a job: the allocation's time limit.")
     add("-p", "--partition", default="", help="Outside a job: the allocation's partition.")
@@ -419,6 +422,25 @@ def task_failures(nodes: Sequence[str], ntasks: int, per_node: int | None, codes
     return lines
 
 
+def _truncates(open_mode: str | None, environ: Mapping[str, str]) -> bool:
+    """Whether -o/-e files are emptied first: --open-mode, else the job's (sbatch exports SLURM_OPEN_MODE "a" or
+    "t", as srun reads it), else truncate, srun's default (Slurm's JobFileAppend=0), but on a rerun of a
+    requeued job (SLURM_RESTART_COUNT), whose files are appended to as its batch log is (slurmstepd's rule)."""
+    if open_mode is not None:
+        return open_mode == "truncate"
+    mode = environ.get("SLURM_OPEN_MODE", "").lower()
+    if mode:
+        return not mode.startswith("a")
+    return environ.get("SLURM_RESTART_COUNT", "0") in ("", "0")
+
+
+def _emptied(path: str) -> None:
+    """Truncate (or create) ``path`` before it is opened for appending: every writer of it then appends (O_APPEND),
+    so -o and -e naming one file, or several tasks' output in one, never overwrite each other."""
+    with open(path, "wb"):
+        pass
+
+
 class OutputWriter:
     """The tasks' bytes onto our stdout/stderr (or -o/-e files), each line prefixed "N: " with --label.
 
@@ -426,9 +448,14 @@ class OutputWriter:
     started and its id is known; with %t (or %n, %N) each task gets a file of its own, all of them made then,
     as srun makes them. A plain name is opened at once, so a bad one fails before the step is asked for."""
 
-    def __init__(self, label: bool, output: str, error: str) -> None:
+    def __init__(self, label: bool, output: str, error: str, truncate: bool = False) -> None:
         self.label = label
+        self.truncate = truncate  # --open-mode=truncate: each file emptied when it is opened (once per name)
         self.patterns = {1: output, 2: error}
+        if truncate:
+            for name in {output, error}:
+                if name and "%" not in name:
+                    _emptied(name)
         self.files: dict[int, Any] = {
             1: sys.stdout.buffer if not output else None if "%" in output else open(output, "ab"),  # noqa: SIM115
             2: sys.stderr.buffer if not error else None if "%" in error else open(error, "ab"),  # noqa: SIM115
@@ -456,6 +483,8 @@ class OutputWriter:
         def open_once(path: str) -> Any:
             if path not in opened:
                 try:
+                    if self.truncate:
+                        _emptied(path)
                     opened[path] = open(path, "ab")  # noqa: SIM115 - closed by close()
                 except OSError as exc:
                     raise CliError(f"cannot open {path}: {exc.strerror}") from None
@@ -806,7 +835,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(PROG, exc)
     from garrison.protos.v1 import garrison_pb2 as pb
 
-    writer = OutputWriter(args.label, args.output, args.error)
+    writer = OutputWriter(args.label, args.output, args.error, truncate=_truncates(args.open_mode, os.environ))
     session: StepSession | None = None
     allocation: Granted | None = None
     code = 1

@@ -450,3 +450,32 @@ def test_gsrun_gpus_inside_a_job_are_the_steps() -> None:
             gsrun_spec(*bad, environ=in_job)
     # Outside a job they shape the allocation (gsrun_alloc), not a step.
     assert "gpus_per_task" not in gsrun_spec("-G", "1", "x", environ={})
+
+
+def test_gsrun_output_files_are_truncated_unless_appending_is_asked_for(tmp_path: Any) -> None:
+    """srun's --open-mode: truncate by default (Slurm's JobFileAppend=0), append when asked for, or when the job
+    was (sbatch exports SLURM_OPEN_MODE); one file named by -o and -e is emptied once, then both append to it."""
+    from garrison.cli.gsrun import _truncates
+
+    out = tmp_path / "log"
+    out.write_bytes(b"an earlier run\n")
+    writer = OutputWriter(label=False, output=str(out), error=str(out), truncate=True)
+    writer.write(0, 1, b"out\n")
+    writer.write(0, 2, b"err\n")
+    writer.close()
+    assert out.read_bytes() == b"out\nerr\n"
+    appending = OutputWriter(label=False, output=str(out), error="", truncate=False)
+    appending.write(0, 1, b"more\n")
+    appending.close()
+    assert out.read_bytes() == b"out\nerr\nmore\n"
+    per_task = OutputWriter(label=False, output=f"{tmp_path}/%t.out", error="", truncate=True)
+    (tmp_path / "0.out").write_bytes(b"old")
+    per_task.begin(12, 1, ["node1"], 1, None)
+    per_task.write(0, 1, b"new")
+    per_task.close()
+    assert (tmp_path / "0.out").read_bytes() == b"new"
+    assert _truncates(None, {}) and not _truncates(None, {"SLURM_OPEN_MODE": "a"})
+    assert not _truncates(None, {"SLURM_RESTART_COUNT": "1"}) and _truncates(None, {"SLURM_OPEN_MODE": "t",
+                                                                                  "SLURM_RESTART_COUNT": "1"})
+    assert _truncates("truncate", {"SLURM_OPEN_MODE": "a"}) and not _truncates("append", {})
+    assert _parser().parse_args(["--open-mode=append", "-o", "x", "true"]).open_mode == "append"
