@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from itertools import product
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from garrison.controller.sched.filters.cpu_memory import cpus_needed, mem_needed
@@ -35,7 +36,7 @@ from garrison.controller.sched.topology import gpu_affinity, pick_connected_gpus
 from garrison.model.domain import Allocation, JobSpec, NodeAllocation
 from garrison.model.features import is_matching_or, parse_constraint
 from garrison.model.gputype import gpu_matches
-from garrison.model.hostlist import compress_hostlist, expand_hostlist
+from garrison.model.hostlist import compress_hostlist, expand_hostlist, trailing_number
 
 if TYPE_CHECKING:
     from garrison.controller.sched.pipeline import Pipeline
@@ -422,8 +423,30 @@ def _in_node_list_order(chosen: list[tuple[Candidate, int]]) -> list[tuple[Candi
     Lightning take the head node from (``scontrol show hostnames $SLURM_JOB_NODELIST | head -n1``)."""
     if len(chosen) < 2:
         return chosen
+    numbered = _numbered_alike(chosen)
+    if numbered is not None:  # one prefix and padding (node1..node54): the list's order is the numbers'
+        return [item for _, item in sorted(zip(numbered, chosen, strict=True), key=itemgetter(0))]
     position = {name: i for i, name in enumerate(expand_hostlist(compress_hostlist(c.view.name for c, _ in chosen)))}
     return sorted(chosen, key=lambda item: position[item[0].view.name])
+
+
+def _numbered_alike(chosen: list[tuple[Candidate, int]]) -> list[int] | None:
+    """The nodes' numbers where every name is one prefix and padding with a number (compress_hostlist's one
+    group, listed in number order); None otherwise (the general rule then orders them)."""
+    group: tuple[str, int] | None = None
+    numbers = []
+    for candidate, _ in chosen:
+        split = trailing_number(candidate.view.name)
+        if split is None:
+            return None
+        prefix, digits = split
+        key = (prefix, len(digits) if digits.startswith("0") and len(digits) > 1 else 0)
+        if group is None:
+            group = key
+        elif key != group:
+            return None
+        numbers.append(int(digits))
+    return numbers
 
 
 def _choices(request: Request) -> Choices:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sched_helpers import NOW, machine, node, pending, view_of
 
 from garrison.controller.sched.cycle import schedule
@@ -181,3 +183,19 @@ def test_small_jobs_pack_so_whole_nodes_stay_free() -> None:
     placed = {s.job_id: s.allocation.node_names for s in plan.starts}
     assert placed[1] == ("b",) and placed[2] == ("b",)
     assert set(placed[3]) == {"a", "c"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([*(f"node{i}" for i in range(1, 30)), *(f"gpu{i:02d}" for i in range(1, 12)),
+                                 "n7", "n07", "login", "a10"]), min_size=2, max_size=8, unique=True))
+def test_a_gangs_nodes_come_in_their_node_lists_order(names: list[str]) -> None:
+    """Rank order is the order SLURM_JOB_NODELIST names the nodes in (compress_hostlist's), whether the names
+    share a prefix (numbers alone order them: the common case, without building the list) or not."""
+    from types import SimpleNamespace
+
+    from garrison.controller.sched.placement import _in_node_list_order
+    from garrison.model.hostlist import compress_hostlist, expand_hostlist
+
+    chosen = [(SimpleNamespace(view=SimpleNamespace(name=name)), 1) for name in names]
+    ordered = [candidate.view.name for candidate, _ in _in_node_list_order(chosen)]  # type: ignore[arg-type]
+    assert ordered == expand_hostlist(compress_hostlist(names))
