@@ -123,7 +123,7 @@ class Agent:
         self.jobs = JobManager(self.state_dir, self.notify_path, allow_root_jobs, lease_file=self.lease.path,
                                containment=containment, pids_max=config.job_pids_max, gpu_minors=minors,
                                slurm_path=str(slurm_path) if slurm_path else None, controller=config.controller,
-                               job_devices=config.job_devices)
+                               job_devices=config.job_devices, scratch_dir=config.scratch_dir)
         self._registered = False  # in the current session: the controller accepted the registration
         self.active: set[tuple[int, int]] = set()
         self.checkpoints: dict[tuple[int, int], float] = {}  # last reported checkpoint-mark time
@@ -153,7 +153,8 @@ class Agent:
         # Job steps (gsrun): their own supervisors, output streamed from their files (nodeagent/steps.py).
         self.steps = StepRunner(self.state_dir, allow_root_jobs, self._send, self._outbox_size,
                                 lambda: self.jobs.forkserver, self.jobs.step_cgroup, self.jobs.slurm_path,
-                                controller=config.controller, visible_gpus=self.jobs.visible_gpus)
+                                controller=config.controller, visible_gpus=self.jobs.visible_gpus,
+                                tmp_dir=self.jobs.tmp_dir)
 
     def _in_background(self, work: Callable[..., object], *args: object) -> None:
         """Run ``work`` on the cleanup thread; nobody waits for it, so its failure is logged here."""

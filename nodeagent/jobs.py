@@ -42,6 +42,7 @@ log = logging.getLogger("garrison.agent.jobs")
 
 JOBS_DIR = "jobs"  # under the agent's state dir: one directory per attempt
 USER_DIR = "user"
+TMP_DIR = "tmp"  # the attempt's scratch directory (SLURM_TMPDIR), the job user's, beside USER_DIR
 CHECKPOINT_MARK = "checkpoint-mark"
 MAX_ERROR_FILE_BYTES = 64 << 10
 PLACEHOLDER = "placeholder"  # a node of the allocation with no ranks (e.g. --launch single)
@@ -94,8 +95,16 @@ class JobManager:
         slurm_path: str | None = None,
         controller: str = "",
         job_devices: str = "gpus",
+        scratch_dir: str = "",
     ) -> None:
         self.jobs_dir = state_dir / JOBS_DIR
+        # Where attempts' scratch directories (SLURM_TMPDIR) live: the agent's scratch_dir setting (a local disk
+        # of its own, so a job that fills it cannot fill the state directory and drain the node), or, unset,
+        # each attempt's directory.
+        self.scratch_root = Path(scratch_dir) if scratch_dir else None
+        if self.scratch_root is not None:
+            self.scratch_root.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.scratch_root, 0o711)
         self.slurm_path = slurm_path  # Slurm's command names, first on every job's PATH (garrison.slurmpath)
         self.controller = controller  # its address, for the commands in jobs that lack it (node_defaults)
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +129,12 @@ class JobManager:
 
     def job_dir(self, job_id: int, attempt: int) -> Path:
         return self.jobs_dir / f"{job_id}.{attempt}"
+
+    def scratch_dir(self, job_id: int, attempt: int) -> Path:
+        """The attempt's scratch directory on this node (SLURM_TMPDIR)."""
+        if self.scratch_root is not None:
+            return self.scratch_root / f"{job_id}.{attempt}"
+        return self.job_dir(job_id, attempt) / TMP_DIR
 
     @staticmethod
     def parse_dir_name(name: str) -> tuple[int, int] | None:
@@ -154,6 +169,11 @@ class JobManager:
         user_dir = staging / USER_DIR
         user_dir.mkdir(mode=0o700)
         self._give_to_user(user_dir, launch)
+        scratch = staging / TMP_DIR if self.scratch_root is None else self.scratch_dir(launch.job_id, launch.attempt)
+        if self.scratch_root is not None:
+            remove_tree(scratch)  # an agent that died before acknowledging this attempt's first launch left it
+        scratch.mkdir(mode=0o700)
+        self._give_to_user(scratch, launch)
         if launch.node_rank == 0 and _world_size(launch) > 1:
             # A one-rank job has nobody to rendezvous with: a taken port must not keep it from starting.
             _check_port_free(launch.master_port)
@@ -171,6 +191,7 @@ class JobManager:
             error_file_dir=str(job_dir / USER_DIR),
             checkpoint_dir=checkpoint_dir_for(launch.spec, launch.job_id),
             checkpoint_mark=str(job_dir / USER_DIR / CHECKPOINT_MARK),
+            tmp_dir=str(self.scratch_dir(launch.job_id, launch.attempt)),
         )
         # Unbound ranks may use every CPU the agent may (SLURM_CPUS_ON_NODE).
         ranks = plan_ranks(launch, paths, argv, cpus_on_node=len(os.sched_getaffinity(0)),
@@ -270,6 +291,15 @@ class JobManager:
             if running_job == job_id and self.result(running_job, attempt) is None:
                 return attempt
         return None
+
+    def tmp_dir(self, job_id: int) -> str | None:
+        """The scratch directory (SLURM_TMPDIR) of the job's attempt running here, for its steps' tasks; None
+        where it does not run here or has none (an attempt an older agent launched)."""
+        attempt = self._running_attempt(job_id)
+        if attempt is None:
+            return None
+        path = self.scratch_dir(job_id, attempt)
+        return str(path) if path.is_dir() else None
 
     def visible_gpus(self, job_id: int) -> tuple[int, ...] | None:
         """The GPUs the job's running attempt here lets its processes open (its devices cgroup's), which its
@@ -441,6 +471,8 @@ class JobManager:
             return  # acknowledged before (a result reported again after a reconnect)
         except OSError:
             doomed = job_dir  # a leftover of the same name in the way: remove the attempt where it is
+        if self.scratch_root is not None:
+            remove_tree(self.scratch_dir(job_id, attempt))  # before the job dir, whose absence marks it done
         remove_tree(doomed)
 
     def remove_leftover_removals(self) -> int:
@@ -449,8 +481,18 @@ class JobManager:
         removed = 0
         for entry in os.scandir(self.jobs_dir):
             if entry.name.endswith(REMOVING_SUFFIX) and entry.is_dir(follow_symlinks=False):
+                key = self.parse_dir_name(entry.name.removesuffix(REMOVING_SUFFIX))
+                if key is not None and self.scratch_root is not None:
+                    remove_tree(self.scratch_dir(*key))
                 remove_tree(entry.path)
                 removed += 1
+        if self.scratch_root is not None:
+            # Scratch directories of attempts that are gone (their job directory removed, or never made).
+            for entry in os.scandir(self.scratch_root):
+                key = self.parse_dir_name(entry.name)
+                if key is not None and not self.job_dir(*key).exists():
+                    remove_tree(entry.path)
+                    removed += 1
         return removed
 
     def scan(self) -> tuple[list[tuple[int, int]], list[AttemptResult]]:

@@ -81,7 +81,8 @@ class StepRunner:
                  outbox_size: Callable[[], int], forkserver: Callable[[], Path | None],
                  step_cgroup: Callable[[int, int], dict[str, str] | None] = lambda job_id, step_id: None,
                  slurm_path: str | None = None, controller: str = "",
-                 visible_gpus: Callable[[int], tuple[int, ...] | None] = lambda job_id: None) -> None:
+                 visible_gpus: Callable[[int], tuple[int, ...] | None] = lambda job_id: None,
+                 tmp_dir: Callable[[int], str | None] = lambda job_id: None) -> None:
         self.slurm_path = slurm_path  # Slurm's command names, first on every task's PATH (garrison.slurmpath)
         self.controller = controller  # its address, for the commands in tasks that lack it (node_defaults)
         self.steps_dir = state_dir / STEPS_DIR
@@ -94,6 +95,7 @@ class StepRunner:
         self.revive_forkserver: Callable[[], bool] | None = None  # the agent's: a fork server that died again
         self.step_cgroup = step_cgroup  # the step's cgroup, a child of its job's attempt's (nodeagent/jobs.py)
         self.visible_gpus = visible_gpus  # the GPUs its job's devices cgroup lets it open here (jobs.py)
+        self.tmp_dir = tmp_dir  # its job's attempt's scratch directory here (SLURM_TMPDIR; jobs.py)
         self.local: dict[tuple[int, int], LocalStep] = {}
         self.acks = True  # the controller acknowledges output (RegisterAck.step_output_acks); told at each link
         # The last results the controller acknowledged (the steps forgotten since), newest last: a restarted
@@ -154,7 +156,7 @@ class StepRunner:
             os.chown(io_dir, step.uid, step.gid)
         final_io = str(directory / IO_DIR)
         plans = plan_step_tasks(step, final_io, self.slurm_path, defaults=node_defaults(step.user, self.controller),
-                                visible_gpus=self.visible_gpus(step.job_id))
+                                visible_gpus=self.visible_gpus(step.job_id), tmp_dir=self.tmp_dir(step.job_id))
         here = step.here
         ranks = []
         for local, plan in enumerate(plans):

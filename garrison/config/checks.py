@@ -44,6 +44,8 @@ def check_agent(cfg: AgentConfig, where: str) -> None:
     if cfg.job_devices not in JOB_DEVICE_POLICIES:
         raise ConfigError(f"{where}.job_devices: one of {', '.join(repr(p) for p in JOB_DEVICE_POLICIES)} "
                           f"(not {cfg.job_devices!r})")
+    if cfg.scratch_dir and (not cfg.scratch_dir.startswith("/") or ".." in cfg.scratch_dir.split("/")):
+        raise ConfigError(f"{where}.scratch_dir: must be an absolute path (not {cfg.scratch_dir!r})")
     if not cfg.cgroup_root.strip("/") or ".." in cfg.cgroup_root.split("/"):
         raise ConfigError(f"{where}.cgroup_root: must name a directory below a cgroup (not {cfg.cgroup_root!r})")
     try:

@@ -234,6 +234,9 @@ class AgentConfig:
     # was not given (Slurm's ConstrainDevices=yes: InfiniBand, FUSE and the rest work as on the host), or
     # "allowlist", only its GPUs, the driver's control devices and the standard ones (null, zero, tty, ...).
     job_devices: str = "gpus"
+    # Where each job attempt's scratch directory (SLURM_TMPDIR) is made, an absolute path on a local disk;
+    # empty: inside the attempt's directory under state_dir.
+    scratch_dir: str = ""
 
 
 JOB_DEVICE_POLICIES = ("gpus", "allowlist")

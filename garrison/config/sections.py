@@ -314,6 +314,7 @@ def read_agent(table: Mapping[str, Any], where: str) -> AgentConfig:
         allow_unconfined=s.get_bool("allow_unconfined", d.allow_unconfined),
         job_pids_max=s.get_int("job_pids_max", d.job_pids_max, minimum=1),
         job_devices=s.get_str("job_devices", d.job_devices),
+        scratch_dir=s.get_str("scratch_dir", d.scratch_dir),
     )
     s.finish()
     check_agent(cfg, where)

@@ -37,6 +37,7 @@ class AttemptPaths:
     error_file_dir: str = ""  # where TORCHELASTIC_ERROR_FILE points, per rank
     checkpoint_dir: str = ""  # stable across requeues: where the job keeps its checkpoints
     checkpoint_mark: str = ""  # touching it tells the scheduler work so far is saved (gcheckpoint)
+    tmp_dir: str = ""  # the attempt's own scratch directory on this node (SLURM_TMPDIR), removed when it ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +169,11 @@ def plan_ranks(
         common.pop("GPU_DEVICE_ORDINAL", None)  # a submitting job's, exported: this one has no GPUs
     if paths.checkpoint_mark:
         common["GARRISON_CHECKPOINT_MARK"] = paths.checkpoint_mark
+    if paths.tmp_dir:
+        # Where scripts written for the Alliance's (Compute Canada's) clusters put a job's virtualenv and data
+        # (`virtualenv $SLURM_TMPDIR/env`): node-local, the job's own, gone when it ends. Always this attempt's,
+        # never one exported from where gsub ran.
+        common["SLURM_TMPDIR"] = paths.tmp_dir
     if launch.array_job_id is not None and launch.array_task_id is not None:
         common["GARRISON_ARRAY_JOB_ID"] = str(launch.array_job_id)
         common["GARRISON_ARRAY_TASK_ID"] = str(launch.array_task_id)
@@ -224,14 +230,15 @@ BATCH_TASK_VARIABLES = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID
 
 def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | None = None,
                     defaults: Mapping[str, str] | None = None,
-                    visible_gpus: Collection[int] | None = None) -> list[RankPlan]:
+                    visible_gpus: Collection[int] | None = None, tmp_dir: str | None = None) -> list[RankPlan]:
     """This node's tasks of a step, each with the environment srun gives a task: gsrun's (as --export
     resolved it), then Slurm's step variables and torchrun's worker variables (RANK, LOCAL_RANK, WORLD_SIZE,
     LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT of the step's first node unless the job's environment sets
     them), and CUDA_VISIBLE_DEVICES for
     the task's GPUs, numbered as its processes see them: ``visible_gpus`` are the GPUs the job's devices cgroup
     lets them open on this node, None where every GPU is visible (``cuda_device_numbers``). Output goes to
-    ``io_dir`` (out-TASK, err-TASK), from where the agent streams it."""
+    ``io_dir`` (out-TASK, err-TASK), from where the agent streams it. ``tmp_dir``: the job's attempt's scratch
+    directory on this node (SLURM_TMPDIR: this node's, not the one the batch script was given on the first)."""
     layout = step.layout
     here = step.here
     counts = layout.tasks_per_node()
@@ -268,6 +275,10 @@ def plan_step_tasks(step: StepLaunchDescription, io_dir: str, slurm_path: str | 
         "GROUP_RANK": str(step.node_index),
         "NODE_RANK": str(step.node_index),
     })
+    if tmp_dir:
+        common["SLURM_TMPDIR"] = tmp_dir
+    else:
+        common.pop("SLURM_TMPDIR", None)  # the first node's, inherited: no such directory here
     # srun itself sets no MASTER_ADDR/MASTER_PORT: a script that exports its own (MASTER_PORT=6000 before
     # `srun python train.py`) has its tasks meet there, as under Slurm.
     for name in ("MASTER_ADDR", "MASTER_PORT"):

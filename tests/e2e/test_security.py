@@ -194,6 +194,27 @@ def test_a_job_runs_as_its_user_and_its_output_belongs_to_them(users: Users, clu
     assert text.strip().endswith(f"proc={ALICE}")
 
 
+def test_a_jobs_scratch_directory_is_its_users_alone_and_goes_with_it(users: Users, cluster: Cluster) -> None:
+    """SLURM_TMPDIR: a directory of the job's own on its node that its user may write (a virtualenv goes
+    there on the Alliance's clusters), that no other user may read, and that is gone once the job has ended."""
+    alice = users.alice
+    job = submit_as(users, alice, cluster, "-G", "1", "-o", "tmp-%j.txt", "--wrap",
+                    'echo "tmp=$SLURM_TMPDIR"; stat -c "%U %a" "$SLURM_TMPDIR"; '
+                    'echo data > "$SLURM_TMPDIR/x" && /usr/bin/python3 -m venv --without-pip "$SLURM_TMPDIR/env" '
+                    '&& echo venv-ok; sleep 30')
+    out = alice.work / f"tmp-{job}.txt"
+    wait_until(lambda: out.exists() and "venv-ok" in out.read_text(), 60, what="the job to fill its scratch")
+    lines = out.read_text().splitlines()
+    scratch = Path(lines[0].removeprefix("tmp="))
+    assert lines[1] == f"{ALICE} 700"
+    peek = subprocess.run(["ls", str(scratch)], user=users.bob.uid, group=users.bob.gid, capture_output=True,
+                          text=True, timeout=30)
+    assert peek.returncode != 0 and "Permission denied" in peek.stderr
+    cluster.run("gcancel", job)
+    cluster.wait_done(job)
+    wait_until(lambda: not scratch.exists() or None, 30, what="the scratch directory to be removed")
+
+
 def test_a_job_cannot_write_where_its_user_cannot(users: Users, cluster: Cluster) -> None:
     target = users.bob.work / "stolen.txt"  # bob's private directory
     job = submit_as(users, users.alice, cluster, "-G", "1", "-o", str(target), "--wrap", "echo hi")

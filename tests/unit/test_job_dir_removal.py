@@ -79,3 +79,30 @@ def test_remove_tree_given_a_link_leaves_what_it_names(tmp_path: Path) -> None:
     link.symlink_to(victim)
     remove_tree(link)
     assert (victim / "keep").read_text() == "x"
+
+
+def test_a_scratch_directory_elsewhere_goes_with_its_attempt_and_leftovers_with_the_next_start(tmp_path: Path) -> None:
+    """The agent's scratch_dir: each attempt's SLURM_TMPDIR is DIR/JOB.ATTEMPT, removed when the attempt is
+    acknowledged (links in it not followed); one whose attempt is gone is removed at the next start, one
+    whose attempt still runs is kept."""
+    scratch = tmp_path / "scratch"
+    jobs = JobManager(tmp_path / "agent", str(tmp_path / "notify.sock"), allow_root_jobs=True,
+                      scratch_dir=str(scratch))
+    assert jobs.scratch_dir(7, 0) == scratch / "7.0" and oct(scratch.stat().st_mode & 0o777) == "0o711"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    finished_attempt(jobs, 7, victim)
+    (scratch / "7.0" / "env" / "bin").mkdir(parents=True)
+    (scratch / "7.0" / "data").symlink_to(victim)
+    jobs.acknowledge(7, 0)
+    assert os.listdir(scratch) == [] and victim.is_dir()
+    finished_attempt(jobs, 8, victim)  # still here (running, for the scan)
+    (scratch / "8.0").mkdir()
+    (scratch / "9.0").mkdir()  # its attempt's directory is gone: an agent died between the two removals
+    assert manager_with(tmp_path, scratch).remove_leftover_removals() == 1
+    assert sorted(os.listdir(scratch)) == ["8.0"]
+
+
+def manager_with(tmp_path: Path, scratch: Path) -> JobManager:
+    return JobManager(tmp_path / "agent", str(tmp_path / "notify.sock"), allow_root_jobs=True,
+                      scratch_dir=str(scratch))

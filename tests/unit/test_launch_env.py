@@ -20,7 +20,7 @@ TORCHRUN_KEYS = {
 
 
 PATHS = AttemptPaths(error_file_dir="/var/job/user", checkpoint_dir="/home/u/.garrison/checkpoints/12",
-                     checkpoint_mark="/var/job/user/checkpoint-mark")
+                     checkpoint_mark="/var/job/user/checkpoint-mark", tmp_dir="/var/job/tmp")
 
 
 def context(launch: LaunchMode = LaunchMode.RANK, node_rank: int = 1, env: dict[str, str] | None = None) -> LaunchDescription:
@@ -272,3 +272,9 @@ def test_a_cpu_job_is_not_told_of_gpus_and_memory_variables_name_the_option_give
     env = plan(replace(launch, spec=replace(launch.spec, gpus_per_task=1)), ["script"])[0].env
     assert env["SLURM_GPUS_PER_TASK"] == "1"
     assert "SLURM_OPEN_MODE" not in env
+
+
+def test_each_rank_is_told_its_attempts_scratch_directory_whatever_the_submitter_exported() -> None:
+    ranks = plan(context(LaunchMode.SINGLE, node_rank=0, env={"HOME": "/home/u", "SLURM_TMPDIR": "/old"}),
+                 ["script"])
+    assert [rank.env["SLURM_TMPDIR"] for rank in ranks] == ["/var/job/tmp"]

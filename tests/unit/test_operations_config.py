@@ -72,6 +72,7 @@ def test_operations_keys_are_validated(tmp_path: Path) -> None:
         ('[controller]\nmetrics_address = "9817"\n', "controller.metrics_address: expected HOST:PORT"),
         ('[agent]\nmetrics_address = "host:port"\n', "agent.metrics_address: expected HOST:PORT"),
         ('[agent]\njob_devices = "all"\n', "agent.job_devices: one of 'gpus', 'allowlist' (not 'all')"),
+        ('[agent]\nscratch_dir = "scratch"\n', "agent.scratch_dir: must be an absolute path (not 'scratch')"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(write(tmp_path, text), environ={})

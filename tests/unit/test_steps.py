@@ -479,3 +479,13 @@ def test_gsrun_output_files_are_truncated_unless_appending_is_asked_for(tmp_path
                                                                                   "SLURM_RESTART_COUNT": "1"})
     assert _truncates("truncate", {"SLURM_OPEN_MODE": "a"}) and not _truncates("append", {})
     assert _parser().parse_args(["--open-mode=append", "-o", "x", "true"]).open_mode == "append"
+
+
+def test_a_steps_tasks_get_their_nodes_scratch_directory() -> None:
+    """SLURM_TMPDIR is the job's attempt's directory on the task's own node (the batch script's, exported
+    through gsrun, names the first node's); none where the job has none here."""
+    inherited = replace(launch(1), env={**launch(1).env, "SLURM_TMPDIR": "/state/jobs/12.0/tmp-of-node1"})
+    (task,) = plan_step_tasks(inherited, "/io", tmp_dir="/state/jobs/12.0/tmp")
+    assert task.env["SLURM_TMPDIR"] == "/state/jobs/12.0/tmp"
+    (task,) = plan_step_tasks(inherited, "/io")
+    assert "SLURM_TMPDIR" not in task.env
