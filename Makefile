@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py nodeagent/supervisor/_rankexec.c
+$(STAMP): pyproject.toml setup.py nodeagent/supervisor/_rankexec.c $(wildcard bin/*)
 	$(PYTHON) -m venv $(VENV)
 	# editable_mode=compat: a plain path line, not setuptools' import-hook finder, which costs every Python
 	# process ~17 ms to import (garrison/__init__.py maps the checkout's directories to their package names)

@@ -102,6 +102,25 @@ def test_a_script_submitted_with_export_none_has_a_login_environment_and_srun_wo
     assert seen == {"home": me.pw_dir, "user": me.pw_name, "mine": "unset", "step_home": me.pw_dir}, seen
 
 
+def test_exported_shell_functions_reach_the_job_and_its_steps(cluster: Cluster) -> None:
+    """Lmod's `module` is a bash function its init exports (BASH_FUNC_module%%): sbatch carries it into the
+    job, whose bash scripts and srun steps call it. gsub and gsrun are launched through a shell, which must
+    not drop it (dash drops every variable whose name is no identifier; a job's `module load` failed)."""
+    script = (
+        "#!/bin/bash\n"
+        "#SBATCH --output=functions-%j.out\n"
+        "mymodule load cuda\n"
+        "srun bash -c 'mymodule load in-a-step'\n"
+        'echo "odd=$(printenv odd-name)"\n'
+    )
+    (cluster.work / "functions.sh").write_text(script)
+    env = dict(cluster.env, **{"BASH_FUNC_mymodule%%": '() {  echo "module $*"\n}', "odd-name": "kept"})
+    job_id = cluster.run("gsub", "--parsable", "functions.sh", env=env).stdout.strip()
+    assert cluster.wait_done(job_id)["state"] == "COMPLETED"
+    lines = (cluster.work / f"functions-{job_id}.out").read_text().splitlines()
+    assert lines == ["module load cuda", "module load in-a-step", "odd=kept"], lines
+
+
 def test_signal_b_reaches_the_batch_shell_and_not_its_children(cluster: Cluster) -> None:
     log = cluster.work / "batch-signal.log"
     script = (
