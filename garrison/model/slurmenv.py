@@ -14,6 +14,33 @@ from garrison.model.domain import LaunchMode
 from garrison.model.hostlist import compress_hostlist
 from garrison.model.launch import LaunchDescription
 
+# What describes one job, step or task: Slurm's output variables (and Garrison's of the same kind). A job
+# submitted from inside another (a job that submits its successor, a pipeline's next stage, an salloc shell)
+# arrives with the submitter's values of them in its environment; they are dropped before the new job's own
+# are set (nodeagent/launch/env.py), so none that the new job does not set again survives to mislead it: the
+# submitter's SLURM_ARRAY_TASK_ID in a job that is no array task, its SLURM_NTASKS as the default of every
+# srun in a job that asked for no task count, its SLURM_RESTART_COUNT in a first run. Slurm leaves those it
+# does not set (its users unset them by hand). Input variables (SLURM_CPU_BIND, SLURM_HINT, SLURM_MPI_TYPE,
+# SLURM_EXPORT_ENV, ...), which users set on purpose, are not among them.
+JOB_DESCRIBING_VARIABLES = frozenset({
+    "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_JOB_USER", "SLURM_JOB_UID", "SLURM_JOB_GID",
+    "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_TASKS_PER_NODE",
+    "SLURM_JOB_CPUS_PER_NODE", "SLURM_CPUS_ON_NODE", "SLURMD_NODENAME", "SLURM_TOPOLOGY_ADDR",
+    "SLURM_TOPOLOGY_ADDR_PATTERN", "SLURM_SUBMIT_DIR", "SLURM_SUBMIT_HOST", "SLURM_RESTART_COUNT",
+    "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT", "SLURM_JOB_QOS", "SLURM_CLUSTER_NAME", "SLURM_JOB_START_TIME",
+    "SLURM_JOB_END_TIME", "SLURM_JOB_DEPENDENCY", "SLURM_JOB_RESERVATION", "SLURM_PRIO_PROCESS",
+    "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK",
+    "SLURM_CPUS_PER_GPU", "SLURM_NTASKS_PER_GPU", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE",
+    "SLURM_CPUS_PER_TASK", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU", "SLURM_MEM_PER_NODE", "SLURM_OPEN_MODE",
+    "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN",
+    "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_STEP", "SLURM_TMPDIR", "SLURM_PROCID", "SLURM_LOCALID",
+    "SLURM_NODEID", "SLURM_GTIDS", "SLURM_TASK_PID", "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST",
+    "SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_GPUS",
+    "SLURM_SRUN_COMM_HOST", "SLURM_SRUN_COMM_PORT", "SLURM_STEP_LAUNCHER_PORT", "SLURM_LAUNCH_NODE_IPADDR",
+    "GARRISON_ARRAY_JOB_ID", "GARRISON_ARRAY_TASK_ID", "GARRISON_STEP_ID", "GARRISON_CHECKPOINT_DIR",
+    "GARRISON_CHECKPOINT_MARK",
+})
+
 # A job without a time limit ends, for SLURM_JOB_END_TIME, a year after it started, as slurmctld records it.
 UNLIMITED_END_S = 365 * 24 * 3600
 

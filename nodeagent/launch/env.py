@@ -24,6 +24,7 @@ from garrison.model.launch import LaunchDescription
 from garrison.model.outputpath import resolve_output_path
 
 # Slurm's job variables are the shared vocabulary's (galloc gives them to its command on the submit host).
+from garrison.model.slurmenv import JOB_DESCRIBING_VARIABLES
 from garrison.model.slurmenv import slurm_environment as slurm_environment
 from garrison.model.slurmenv import tasks_per_node_text as tasks_per_node_text
 from garrison.model.steps import StepLaunchDescription
@@ -140,6 +141,9 @@ def plan_ranks(
         # Exported from a submitting torchrun worker, they would make Lightning take the job for torchrun's.
         for name in [name for name in common if name.startswith("TORCHELASTIC_")]:
             del common[name]
+    # A submitting job's own (this job sets its own below, where they apply): slurmenv.JOB_DESCRIBING_VARIABLES.
+    for name in JOB_DESCRIBING_VARIABLES.intersection(common):
+        del common[name]
     common.update(slurm_environment(launch, counts, cpus_on_node))
     common.update(
         {

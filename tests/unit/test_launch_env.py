@@ -278,3 +278,23 @@ def test_each_rank_is_told_its_attempts_scratch_directory_whatever_the_submitter
     ranks = plan(context(LaunchMode.SINGLE, node_rank=0, env={"HOME": "/home/u", "SLURM_TMPDIR": "/old"}),
                  ["script"])
     assert [rank.env["SLURM_TMPDIR"] for rank in ranks] == ["/var/job/tmp"]
+
+
+def test_a_job_submitted_from_inside_another_keeps_none_of_its_job_variables() -> None:
+    """A job that submits its successor (or a pipeline's next stage) exports its own SLURM_* job variables with
+    everything else: the new job's are its own, and those it does not set are gone, not the submitter's (its
+    array index in a job that is no array task, its task count as every srun's default, its restart count
+    in a first run). Variables a user sets for srun on purpose stay."""
+    submitters = {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_JOB_ID": "77", "SLURM_NTASKS": "8", "SLURM_NPROCS": "8",
+                  "SLURM_RESTART_COUNT": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_GPUS": "0,1,2,3",
+                  "SLURM_GPUS_ON_NODE": "4", "SLURM_MEM_PER_CPU": "100", "SLURM_TASK_PID": "99",
+                  "SLURM_TMPDIR": "/old", "GARRISON_ARRAY_TASK_ID": "5", "SLURM_CPU_BIND": "none",
+                  "SLURM_MPI_TYPE": "pmix", "HOME": "/home/u"}
+    [rank] = plan(context(LaunchMode.SINGLE, node_rank=0, env=submitters), ["script"])
+    env = rank.env
+    for name in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_JOB_ID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_ID",
+                 "SLURM_MEM_PER_CPU", "SLURM_TASK_PID", "GARRISON_ARRAY_TASK_ID"):
+        assert name not in env, name
+    assert (env["SLURM_RESTART_COUNT"], env["SLURM_JOB_ID"], env["SLURM_TMPDIR"]) == ("2", "12", "/var/job/tmp")
+    assert (env["SLURM_GPUS_ON_NODE"], env["SLURM_JOB_GPUS"]) == ("2", "4,5")  # its own
+    assert (env["SLURM_CPU_BIND"], env["SLURM_MPI_TYPE"]) == ("none", "pmix")
