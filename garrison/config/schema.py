@@ -155,7 +155,8 @@ class ControllerConfig:
     # The longest time between scheduling cycles: changes trigger one at once (controller/cycles.py); this
     # only recomputes what moves with the clock alone (priorities' age, fair share, quotas).
     schedule_interval_s: float = 30.0
-    kill_wait_s: float = 10.0
+    # SIGTERM to SIGKILL: Slurm's KillWait default, which users' checkpoint-on-SIGTERM handlers are written for.
+    kill_wait_s: float = 30.0
     # galloc renews its allocation's lease every third of this; a lease not renewed for this long (galloc
     # killed, its host gone) ends the allocation.
     allocation_keepalive_s: float = 30.0
