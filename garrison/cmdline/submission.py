@@ -277,6 +277,16 @@ class _ChosenOptions:
         _, origin = self._values.get(name, (None, ""))
         return UsageError(_quoted_briefly(f"{origin}--{name.replace('_', '-')}: {problem}"))
 
+    def converted(self, name: str, parse: Callable[[str], _Value]) -> _Value | None:
+        """The option's value through ``parse`` (None where not given); parse's UsageError names the option."""
+        value = self.text(name)
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except UsageError as problem:
+            raise self.error(name, str(problem)) from None
+
     def nonempty_text(self, name: str) -> str | None:
         value = self.text(name)
         if value is not None and not value.strip():
@@ -386,12 +396,10 @@ def _apply_tres_per_task(chosen: _ChosenOptions) -> None:
     are given, the one from the higher source wins (the command line over a directive, as for any option); from
     the same one, the same count is accepted and different ones refused."""
     text = chosen.text("tres_per_task")
-    if text is None:
+    parsed = chosen.converted("tres_per_task", parse_tres_per_task)
+    if text is None or parsed is None:
         return
-    try:
-        cpus, gpus = parse_tres_per_task(text)
-    except UsageError as problem:
-        raise chosen.error("tres_per_task", str(problem)) from None
+    cpus, gpus = parsed
     for name, value in (("cpus_per_task", None if cpus is None else str(cpus)), ("gpus_per_task", gpus)):
         given = chosen.text(name)
         if value is None or given == value or chosen.precedence(name) > chosen.precedence("tres_per_task"):
@@ -404,13 +412,7 @@ def _apply_tres_per_task(chosen: _ChosenOptions) -> None:
 def _apply_gres_gpu_memory(chosen: _ChosenOptions) -> None:
     """A site's GPU-memory gres (``--gres=gpu:1,vmem:10G``: parsing.split_gpu_memory) as --gpu-mem, unless that
     is given from a higher source."""
-    gres = chosen.text("gres")
-    if gres is None:
-        return
-    try:
-        _, memory_mb = split_gpu_memory(gres)
-    except UsageError as problem:
-        raise chosen.error("gres", str(problem)) from None
+    _, memory_mb = chosen.converted("gres", split_gpu_memory) or ("", None)
     if memory_mb is not None and chosen.precedence("gpu_mem") < chosen.precedence("gres"):
         chosen.apply({"gpu_mem": f"{memory_mb}M"}, chosen.origin("gres"), chosen.precedence("gres"))
 
@@ -425,25 +427,16 @@ def _apply_gpus_per_socket(chosen: _ChosenOptions) -> None:
     sockets = chosen.count("sockets_per_node")
     if sockets is None:
         raise chosen.error("gpus_per_socket", "needs --sockets-per-node (as in Slurm): how many sockets' GPUs")
-    try:
-        gpu_type, per_socket = parse_gpu_request(text)
-    except UsageError as problem:
-        raise chosen.error("gpus_per_socket", str(problem)) from None
+    gpu_type, per_socket = chosen.converted("gpus_per_socket", parse_gpu_request) or (None, 0)
     per_node = f"{gpu_type}:{per_socket * sockets}" if gpu_type else str(per_socket * sockets)
-    given = chosen.text("gpus_per_node")
+    given = chosen.converted("gpus_per_node", parse_gpu_request)
     if given is not None:
-        given_type, given_count = _checked_gpu_request(chosen, "gpus_per_node", given)
+        given_type, given_count = given
         if given_count != per_socket * sockets or (gpu_type and given_type and gpu_type != given_type):
-            raise chosen.error("gpus_per_socket", f"{text} x {sockets} sockets conflicts with --gpus-per-node {given}")
+            raise chosen.error("gpus_per_socket", f"{text} x {sockets} sockets conflicts with --gpus-per-node "
+                                                  f"{chosen.text('gpus_per_node')}")
         return
     chosen.apply({"gpus_per_node": per_node}, chosen.origin("gpus_per_socket"), chosen.precedence("gpus_per_socket"))
-
-
-def _checked_gpu_request(chosen: _ChosenOptions, name: str, text: str) -> tuple[str | None, int]:
-    try:
-        return parse_gpu_request(text)
-    except UsageError as problem:
-        raise chosen.error(name, str(problem)) from None
 
 
 def _current_umask() -> int:
@@ -586,15 +579,7 @@ def parse_submission(
         chosen.apply(option, f"${variable}: ", _ENVIRONMENT_PRECEDENCE)
     chosen.apply(command_line, "", _COMMAND_LINE_PRECEDENCE)
 
-    def converted(name: str, parse: Callable[[str], _Value]) -> _Value | None:
-        value = chosen.text(name)
-        if value is None:
-            return None
-        try:
-            return parse(value)
-        except UsageError as problem:
-            raise chosen.error(name, str(problem)) from None
-
+    converted = chosen.converted
     _apply_tres_per_task(chosen)
     _apply_gpus_per_socket(chosen)
     _apply_gres_gpu_memory(chosen)
