@@ -199,8 +199,8 @@ def _apply_tres_per_task(args: argparse.Namespace) -> None:
 def _gres_gpus_per_task(args: argparse.Namespace, environ: dict[str, str], ntasks: int | None, nodes: int | None,
                         per_node: int | None) -> int | None:
     """srun's --gres=gpu[:TYPE]:N (N GPUs on each node of the step, shared by its tasks there; or its
-    --gpus-per-node N or -G N, _step_gpus_per_node) as the step's --gpus-per-task, where the two mean the same: None when N is every GPU the job has on the node (a step
-    without --gpus-per-task sees those already) or when there is no job yet (the allocation gets --gres);
+    --gpus-per-node N or -G N, _step_gpus_per_node) as the step's --gpus-per-task, where the two mean the same:
+    None when N is every GPU the job has on the node (a step without --gpus-per-task sees those already) or when there is no job yet (the allocation gets --gres);
     N when the step runs one task per node. Otherwise refused: a task would see fewer GPUs than under srun."""
     inside_job = bool(args.jobid or environ.get("SLURM_JOB_ID") or environ.get("GARRISON_JOB_ID"))
     option, given, gres_text = (_step_gpus_per_node(args, environ, ntasks, nodes) if inside_job
@@ -232,9 +232,9 @@ def _gres_gpus_per_task(args: argparse.Namespace, environ: dict[str, str], ntask
 
 def _step_gpus_per_node(args: argparse.Namespace, environ: dict[str, str], ntasks: int | None,
                         nodes: int | None) -> tuple[str, str, str]:
-    """(the option, its value, its request as --gres's gpu[:TYPE]:N) of a step's GPUs per node inside a job: --gres, or
-    --gpus-per-node N, or -G/--gpus N shared out over the step's nodes (``srun -n1 -G1 python a.py &``, a GPU
-    for each of several steps side by side, is the common case). ("--gres", "") when none is given."""
+    """(the option, its value, its request as --gres's gpu[:TYPE]:N) of a step's GPUs per node inside a job:
+    --gres, or --gpus-per-node N, or -G/--gpus N shared out over the step's nodes (``srun -n1 -G1 python a.py &``,
+    a GPU for each of several steps side by side, is the common case). ("--gres", "", "") when none is given."""
     given = [(name, value) for name, value in (("--gres", args.gres), ("--gpus-per-node", args.gpus_per_node),
                                                ("--gpus", args.gpus)) if value]
     if not given:
