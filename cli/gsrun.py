@@ -200,8 +200,9 @@ def _gres_gpus_per_task(args: argparse.Namespace, environ: dict[str, str], ntask
                         per_node: int | None) -> int | None:
     """srun's --gres=gpu[:TYPE]:N (N GPUs on each node of the step, shared by its tasks there; or its
     --gpus-per-node N or -G N, _step_gpus_per_node) as the step's --gpus-per-task, where the two mean the same:
-    None when N is every GPU the job has on the node (a step without --gpus-per-task sees those already) or when there is no job yet (the allocation gets --gres);
-    N when the step runs one task per node. Otherwise refused: a task would see fewer GPUs than under srun."""
+    None when N is every GPU the job has on the node (a step without --gpus-per-task sees those already) or when
+    there is no job yet (the allocation gets --gres); N when the step runs one task per node. Otherwise refused:
+    a task would see fewer GPUs than under srun."""
     inside_job = bool(args.jobid or environ.get("SLURM_JOB_ID") or environ.get("GARRISON_JOB_ID"))
     option, given, gres_text = (_step_gpus_per_node(args, environ, ntasks, nodes) if inside_job
                                 else ("--gres", args.gres, args.gres))
