@@ -248,6 +248,15 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
                 except OSError as error:
                     request["script_errno"] = error.errno or 5
                 continue
+            if "need_file" in response:
+                asked = True
+                path = response["need_file"]
+                try:
+                    with open(path, "rb") as other:
+                        request.setdefault("files", {})[path] = other.read(MAX_OTHER_FILE + 1)
+                except OSError as error:
+                    request.setdefault("file_errnos", {})[path] = error.errno or 5
+                continue
             if response.get("need_stdin"):
                 asked = True
                 request["stdin"] = sys.stdin.buffer.read()
@@ -260,6 +269,7 @@ def submit(args: list[str], prog: str, usage_exit: int = EXIT_USAGE, default_out
 
 
 MAX_OFFERED_SCRIPT = 1 << 20
+MAX_OTHER_FILE = 1 << 20  # -F/--nodefile: a node list past this is refused by the parse, not sent whole
 
 
 def _offered_script(args: list[str], cwd: str) -> dict[str, Any]:

@@ -7,8 +7,9 @@ runs (garrison/cmdline/submission.py), with the same messages.
 
 What the parser would read from the client's machine, the client supplies; nothing here reads a file, so a
 user cannot have the controller read a file for them. A script named on the command line is asked for
-(``need_script``) and the client reads it with its own rights and asks again; so is standard input
-(``need_stdin``), and only when the parse needs it, as gsub reads it only then.
+(``need_script``) and the client reads it with its own rights and asks again; so is another file an option
+names (``need_file``: -F/--nodefile), and standard input (``need_stdin``), each only when the parse needs it,
+as gsub reads them only then.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ PROGS = ("gsub", "sbatch")
 
 class _ScriptNeeded(Exception):
     """The parse reached the script file, which the client has not sent yet."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+class _FileNeeded(Exception):
+    """The parse reached another file (-F/--nodefile), which the client has not sent yet."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -62,9 +71,12 @@ def parse_command_line(request: pb.SubmitCommandLineRequest) -> Parsed | pb.Subm
         submission = parse_submission(
             list(request.argv), dict(request.environment), request.cwd,
             stdin=_stdin_of(request), prog=request.prog, read_file=_script_reader(request), umask=request.umask,
+            read_other_file=_other_file_reader(request),
         )
     except _ScriptNeeded as needed:
         return pb.SubmitCommandLineResponse(need_script=needed.path)
+    except _FileNeeded as needed:
+        return pb.SubmitCommandLineResponse(need_file=needed.path)
     except _StdinNeeded:
         return pb.SubmitCommandLineResponse(need_stdin=True)
     except HelpRequested as help_text:
@@ -105,6 +117,18 @@ def _script_reader(request: pb.SubmitCommandLineRequest) -> Callable[[str], byte
             return request.script
         code = request.script_errno or errno_names.EIO
         raise OSError(code, os.strerror(code))  # FileNotFoundError etc., by errno, as open() raises them
+
+    return read
+
+
+def _other_file_reader(request: pb.SubmitCommandLineRequest) -> Callable[[str], bytes]:
+    def read(path: str) -> bytes:  # another file an option names (-F/--nodefile), joined to cwd
+        if path in request.files:
+            return request.files[path]
+        if path not in request.file_errnos:
+            raise _FileNeeded(path)
+        code = request.file_errnos[path] or errno_names.EIO
+        raise OSError(code, os.strerror(code))
 
     return read
 

@@ -187,6 +187,8 @@ def _gsub_parser() -> Parser:
     _option(parser, "-x", "--exclude", metavar="NODES", help_text="Nodes not to run on, e.g. node3,gpu[01-04].")
     _option(parser, "-w", "--nodelist", metavar="NODES",
             help_text="Nodes to run on, all of them, e.g. node[1-2] (with a larger -N, others are added).")
+    _option(parser, "-F", "--nodefile", metavar="FILE",
+            help_text="As --nodelist, the nodes named in FILE (whitespace, commas or lines between them).")
     _option(parser, "-C", "--constraint", metavar="FEATURES",
             help_text="Node features the job needs: a100, a100&ib (and), a100|h100 (or).")
     _option(parser, "--exclusive", metavar="[=user|mcs|topo]",
@@ -391,6 +393,35 @@ def _gpu_request(chosen: _ChosenOptions) -> tuple[str | None, int | None, int | 
     return gpu_type, counts["gpus"], counts["gpus_per_node"], counts["gpus_per_task"]
 
 
+MAX_NODEFILE_BYTES = 1 << 20
+
+
+def _apply_nodefile(chosen: _ChosenOptions, cwd: str, read_file: Callable[[str], bytes]) -> None:
+    """-F/--nodefile FILE as --nodelist with the names in FILE, which sbatch reads the same way (the names, or
+    host lists, on one line or many). Given with --nodelist, the higher source wins, as for any option; from
+    the same one they are refused."""
+    path = chosen.nonempty_text("nodefile")
+    if path is None or chosen.precedence("nodelist") > chosen.precedence("nodefile"):
+        return
+    if chosen.text("nodelist") is not None and chosen.precedence("nodelist") == chosen.precedence("nodefile"):
+        raise chosen.error("nodefile", "give either --nodelist or --nodefile, not both")
+    try:
+        data = read_file(os.path.join(cwd, path))
+    except FileNotFoundError:
+        raise chosen.error("nodefile", f"no such file: {path}") from None
+    except OSError as error:
+        raise chosen.error("nodefile", f"cannot read {path}: {error.strerror}") from None
+    if len(data) > MAX_NODEFILE_BYTES:
+        raise chosen.error("nodefile", f"{path} is larger than {MAX_NODEFILE_BYTES} bytes")
+    try:
+        names = ",".join(data.decode("utf-8").replace(",", " ").split())
+    except UnicodeDecodeError:
+        raise chosen.error("nodefile", f"{path} is not UTF-8 text") from None
+    if not names:
+        raise chosen.error("nodefile", f"{path} names no node")
+    chosen.apply({"nodelist": names}, chosen.origin("nodefile"), chosen.precedence("nodefile"))
+
+
 def _apply_tres_per_task(chosen: _ChosenOptions) -> None:
     """--tres-per-task's cpu and gres/gpu given as -c and --gpus-per-task, which they are to Slurm. Where both
     are given, the one from the higher source wins (the command line over a directive, as for any option); from
@@ -525,6 +556,7 @@ def _directive_options(script: str, script_text: str, directive: str) -> list[tu
 def parse_submission(
     argv: list[str], environ: Mapping[str, str], cwd: str, stdin: Callable[[], bytes] | None = None,
     prog: str = "gsub", read_file: Callable[[str], bytes] = read_local_file, umask: int | None = None,
+    read_other_file: Callable[[str], bytes] | None = None,
 ) -> Submission:
     """Build the Submission for ``gsub ARGV`` run in directory ``cwd`` with environment ``environ``.
 
@@ -536,7 +568,8 @@ def parse_submission(
     ``#GSUB`` directives, ``#SBATCH`` directives.
 
     ``prog`` is the command's name (gsub, sbatch): a script read from standard input is named after it.
-    ``read_file`` reads the script (an absolute path) and raises OSError as ``open`` does; ``umask`` is the
+    ``read_file`` reads the script (an absolute path) and raises OSError as ``open`` does, and
+    ``read_other_file`` (default: ``read_file``) any other file an option names (-F/--nodefile); ``umask`` is the
     caller's (default: this process's). The controller passes both for a command line it parses for a client
     (controller/rpc/commandline.py), and reads no file itself.
     """
@@ -580,6 +613,7 @@ def parse_submission(
     chosen.apply(command_line, "", _COMMAND_LINE_PRECEDENCE)
 
     converted = chosen.converted
+    _apply_nodefile(chosen, cwd, read_other_file or read_file)
     _apply_tres_per_task(chosen)
     _apply_gpus_per_socket(chosen)
     _apply_gres_gpu_memory(chosen)

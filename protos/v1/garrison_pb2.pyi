@@ -700,6 +700,46 @@ class SubmitCommandLineRequest(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class FilesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.bytes
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.bytes = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class FileErrnosEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ARGV_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     CWD_FIELD_NUMBER: _builtins.int
@@ -712,6 +752,8 @@ class SubmitCommandLineRequest(_message.Message):
     SCRIPT_ERRNO_FIELD_NUMBER: _builtins.int
     STDIN_READABLE_FIELD_NUMBER: _builtins.int
     STDIN_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
+    FILE_ERRNOS_FIELD_NUMBER: _builtins.int
     cwd: _builtins.str
     """relative paths (the script, -D, -o) are against it"""
     umask: _builtins.int
@@ -739,6 +781,14 @@ class SubmitCommandLineRequest(_message.Message):
     def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """the caller's: --export, the SBATCH_*/GSUB_* input variables"""
 
+    @_builtins.property
+    def files(self) -> _containers.ScalarMap[_builtins.str, _builtins.bytes]:
+        """other files the parse read (-F/--nodefile), by the path it asked (need_file)"""
+
+    @_builtins.property
+    def file_errnos(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """or the errno reading one failed with"""
+
     def __init__(
         self,
         *,
@@ -754,10 +804,12 @@ class SubmitCommandLineRequest(_message.Message):
         script_errno: _builtins.int = ...,
         stdin_readable: _builtins.bool = ...,
         stdin: _builtins.bytes | None = ...,
+        files: _abc.Mapping[_builtins.str, _builtins.bytes] | None = ...,
+        file_errnos: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_script", b"_script", "_stdin", b"_stdin", "script", b"script", "stdin", b"stdin"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_script", b"_script", "_stdin", b"_stdin", "argv", b"argv", "cwd", b"cwd", "default_array_output", b"default_array_output", "default_output", b"default_output", "environment", b"environment", "prog", b"prog", "script", b"script", "script_errno", b"script_errno", "script_path", b"script_path", "stdin", b"stdin", "stdin_readable", b"stdin_readable", "umask", b"umask"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_script", b"_script", "_stdin", b"_stdin", "argv", b"argv", "cwd", b"cwd", "default_array_output", b"default_array_output", "default_output", b"default_output", "environment", b"environment", "file_errnos", b"file_errnos", "files", b"files", "prog", b"prog", "script", b"script", "script_errno", b"script_errno", "script_path", b"script_path", "stdin", b"stdin", "stdin_readable", b"stdin_readable", "umask", b"umask"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__script: _TypeAlias = _typing.Literal["script"]  # noqa: Y015
     _WhichOneofArgType__script: _TypeAlias = _typing.Literal["_script", b"_script"]  # noqa: Y015
@@ -779,6 +831,7 @@ class SubmitCommandLineResponse(_message.Message):
     NEED_STDIN_FIELD_NUMBER: _builtins.int
     HELP_FIELD_NUMBER: _builtins.int
     USAGE_ERROR_FIELD_NUMBER: _builtins.int
+    NEED_FILE_FIELD_NUMBER: _builtins.int
     IGNORED_FIELD_NUMBER: _builtins.int
     PARSABLE_FIELD_NUMBER: _builtins.int
     TEST_ONLY_FIELD_NUMBER: _builtins.int
@@ -791,6 +844,8 @@ class SubmitCommandLineResponse(_message.Message):
     """-h/--help: print this, exit 0"""
     usage_error: _builtins.str
     """a mistake on the command line or in a directive: print it, exit as a usage error"""
+    need_file: _builtins.str
+    """read this other file (an absolute path: -F/--nodefile) and ask again with it too"""
     parsable: _builtins.bool
     test_only: _builtins.bool
     wait: _builtins.bool
@@ -811,16 +866,17 @@ class SubmitCommandLineResponse(_message.Message):
         need_stdin: _builtins.bool = ...,
         help: _builtins.str = ...,
         usage_error: _builtins.str = ...,
+        need_file: _builtins.str = ...,
         ignored: _abc.Iterable[_builtins.str] | None = ...,
         parsable: _builtins.bool = ...,
         test_only: _builtins.bool = ...,
         wait: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["help", b"help", "need_script", b"need_script", "need_stdin", b"need_stdin", "outcome", b"outcome", "submitted", b"submitted", "usage_error", b"usage_error"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["help", b"help", "need_file", b"need_file", "need_script", b"need_script", "need_stdin", b"need_stdin", "outcome", b"outcome", "submitted", b"submitted", "usage_error", b"usage_error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["help", b"help", "ignored", b"ignored", "need_script", b"need_script", "need_stdin", b"need_stdin", "outcome", b"outcome", "parsable", b"parsable", "submitted", b"submitted", "test_only", b"test_only", "usage_error", b"usage_error", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["help", b"help", "ignored", b"ignored", "need_file", b"need_file", "need_script", b"need_script", "need_stdin", b"need_stdin", "outcome", b"outcome", "parsable", b"parsable", "submitted", b"submitted", "test_only", b"test_only", "usage_error", b"usage_error", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["submitted", "need_script", "need_stdin", "help", "usage_error"]  # noqa: Y015
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["submitted", "need_script", "need_stdin", "help", "usage_error", "need_file"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
 

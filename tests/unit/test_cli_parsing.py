@@ -920,8 +920,8 @@ def test_an_sbatch_option_gsub_lacks_is_named_as_sbatch_s(tmp_path: Path) -> Non
     (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --export-file=vars\ntrue\n")
     with pytest.raises(UsageError, match="job.sh line 2: --export-file: sbatch's option is not supported by gsub"):
         parse_submission(["job.sh"], {}, str(tmp_path))
-    with pytest.raises(UsageError, match="--nodefile: sbatch's option"):
-        parse_submission(["--nodef=hosts", "--wrap", "true"], {}, str(tmp_path))
+    with pytest.raises(UsageError, match="--bbf: sbatch's option"):
+        parse_submission(["--bbf=stage.conf", "--wrap", "true"], {}, str(tmp_path))
 
 
 def test_gpus_per_socket_times_sockets_per_node_is_gpus_per_node(tmp_path: Path) -> None:
@@ -971,3 +971,15 @@ def test_gpu_memory_gres_gives_way_to_gpu_mem_and_is_checked(tmp_path: Path) -> 
         parse_submission(["--gres=gpu:1,vmem:lots", "--wrap", "x"], {}, "/")
     with pytest.raises(UsageError, match="unknown generic resource 'tmpfs'"):  # other resources stay refused
         parse_submission(["--gres=gpu:1,tmpfs:100G", "--wrap", "x"], {}, "/")
+
+
+def test_a_node_file_is_a_node_list(tmp_path: Path) -> None:
+    (tmp_path / "hosts").write_text("node[1-2]\nnode4 node3,node3\n")
+    (tmp_path / "job.sh").write_text("#!/bin/sh\n#SBATCH -F hosts\ntrue\n")
+    assert parse_submission(["job.sh"], {}, str(tmp_path)).spec.nodelist == ("node1", "node2", "node4", "node3")
+    assert parse_submission(["-w", "node9", "job.sh"], {}, str(tmp_path)).spec.nodelist == ("node9",)  # higher
+    for argv, message in ((["-F", "missing", "--wrap", "x"], "--nodefile: no such file: missing"),
+                          (["-F", "hosts", "-w", "node1", "--wrap", "x"], "give either --nodelist or --nodefile"),
+                          (["--nodefile=/dev/null", "--wrap", "x"], "/dev/null names no node")):
+        with pytest.raises(UsageError, match=message):
+            parse_submission(argv, {}, str(tmp_path))

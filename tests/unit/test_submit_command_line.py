@@ -73,6 +73,12 @@ def fast_path(argv: list[str], environ: dict[str, str], cwd: str, prog: str = "g
                 request.script = Path(outcome.need_script).read_bytes()
             except OSError as error:
                 request.script_errno = error.errno or errno.EIO
+        elif which == "need_file":
+            (asked if asked is not None else []).append(outcome.need_file)
+            try:
+                request.files[outcome.need_file] = Path(outcome.need_file).read_bytes()
+            except OSError as error:
+                request.file_errnos[outcome.need_file] = error.errno or errno.EIO
         elif which == "need_stdin":
             assert stdin is not None, "stdin asked for where the client said there is none"
             request.stdin = stdin
@@ -89,6 +95,8 @@ def workdir(tmp_path: Path) -> Path:
     (tmp_path / "dos.sh").write_bytes(b"#!/bin/sh\r\ntrue\r\n")
     (tmp_path / "plain.sh").write_text("#!/bin/sh\necho hi\n")
     (tmp_path / "adir").mkdir()
+    (tmp_path / "nodes.txt").write_text("node[1-2]\nnode4\n")
+    (tmp_path / "listed.sh").write_text("#!/bin/sh\n#SBATCH --nodefile=nodes.txt\nhostname\n")
     return tmp_path
 
 
@@ -110,6 +118,9 @@ CASES = [
     ["--wrap", "  "],
     ["--help"],
     [],
+    ["-F", "nodes.txt", "--wrap", "x"],
+    ["listed.sh"],
+    ["-F", "missing.txt", "plain.sh"],
 ]
 
 
@@ -148,6 +159,19 @@ def test_the_controller_reads_no_file_and_asks_for_the_script_by_its_full_path(w
     outcome = parse_command_line(request)
     assert isinstance(outcome, pb.SubmitCommandLineResponse)
     assert outcome.usage_error == "cannot read script /etc/shadow: Permission denied"
+
+
+def test_a_node_file_is_asked_for_after_the_script_and_read_by_the_client(workdir: Path) -> None:
+    asked: list[str] = []
+    outcome = fast_path(["listed.sh"], {}, str(workdir), asked=asked)
+    assert asked == [str(workdir / "listed.sh"), str(workdir / "nodes.txt")]
+    assert isinstance(outcome, tuple) and list(outcome[0].spec.nodelist) == ["node1", "node2", "node4"]
+    # One the client cannot read is refused as the full path refuses it.
+    request = pb.SubmitCommandLineRequest(argv=["-F", "/etc/secret", "--wrap", "x"], cwd=str(workdir), prog="gsub",
+                                          script_path="/etc/other", file_errnos={"/etc/secret": errno.EACCES})
+    refused = parse_command_line(request)
+    assert isinstance(refused, pb.SubmitCommandLineResponse)
+    assert refused.usage_error == "--nodefile: cannot read /etc/secret: Permission denied"
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
