@@ -6,7 +6,7 @@ list of task numbers and ranges (``0``, ``1-3``, ``0,4-7``) or ``*`` for every t
 (task 5 of ``4-7`` has offset 1); a line whose first character is ``#`` is a comment, and quotes group words
 as in a shell. A task named twice is refused, as srun refuses it.
 
-Every task of a step runs the same command in Garrison, so the file becomes one small shell program that
+Every task of a step runs the same command in Garrison, so the file becomes one small (bash) program that
 picks the task's line by its ``SLURM_PROCID`` and ``exec``s it: no change to how steps are launched, and
 the tasks' programs run as their own processes, with their signals and exit codes, exactly as srun's do.
 """
@@ -96,4 +96,6 @@ def dispatcher(config_text: str, source: str, ntasks: int | None = None) -> list
             raise UsageError(f"--multi-prog {source}: no program for task {missing[0]} of {ntasks}")
     complaint = shlex.quote(f"srun: error: --multi-prog {source}: no program for task ") + f'"${TASK_VARIABLE}"'
     last = fallback or f"printf '%s\\n' {complaint} >&2; exit 1"
-    return ["/bin/sh", "-c", "\n".join([*branches, last]), "srun-multi-prog"]
+    # bash -p, not sh: dash would drop the exported shell functions (Lmod's `module`) and other variables whose
+    # names are no identifiers before exec'ing the task's program, which srun's tasks get (bin/'s launchers too).
+    return ["/bin/bash", "-p", "-c", "\n".join([*branches, last]), "srun-multi-prog"]

@@ -63,3 +63,13 @@ def test_bad_files_are_one_line_errors(text: str, message: str) -> None:
     with pytest.raises(UsageError, match=re.escape(message)) as caught:
         dispatcher(text, "mp.conf")
     assert "\n" not in str(caught.value)
+
+
+def test_a_tasks_program_gets_the_exported_shell_functions() -> None:
+    """Lmod's `module` is an exported bash function (BASH_FUNC_module%%): the dispatcher passes it on to the
+    task's program, as srun's tasks have it (dash, as /bin/sh, would drop it)."""
+    argv = dispatcher("* bash -c 'mymodule load %t'\n", "mp.conf", ntasks=2)
+    done = subprocess.run(argv, env={**os.environ, "SLURM_PROCID": "1",
+                                     "BASH_FUNC_mymodule%%": '() {  echo "module $*"\n}'},
+                          capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, "module load 1\n"), done.stderr
