@@ -169,8 +169,9 @@ class JobManager:
         user_dir = staging / USER_DIR
         user_dir.mkdir(mode=0o700)
         self._give_to_user(user_dir, launch)
-        scratch = staging / TMP_DIR if self.scratch_root is None else self.scratch_dir(launch.job_id, launch.attempt)
+        scratch = staging / TMP_DIR
         if self.scratch_root is not None:
+            scratch = self.scratch_dir(launch.job_id, launch.attempt)
             remove_tree(scratch)  # an agent that died before acknowledging this attempt's first launch left it
         scratch.mkdir(mode=0o700)
         self._give_to_user(scratch, launch)
